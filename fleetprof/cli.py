@@ -1,0 +1,48 @@
+"""The one CLI, `fleetprof`: subcommands live in fleetprof/commands/, one module each."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from fleetprof.settings import Settings
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None,
+              help="Local state: Kafka logs, chDB store. [env FLEETPROF_DATA_DIR; default ~/.local/share/fleetprof]")
+@click.option("--kafka", default=None, help="Kafka bootstrap host:port. [env FLEETPROF_KAFKA; default 127.0.0.1:9092]")
+@click.option("--clickhouse", default=None,
+              help="ClickHouse server URL (credentials from FLEETPROF_CLICKHOUSE_USER/PASSWORD). Default: chDB in the data dir.")
+@click.option("--database", default=None, help="ClickHouse database. [env FLEETPROF_DATABASE; default fleetprof]")
+@click.pass_context
+def cli(ctx: click.Context, data_dir: Path | None, kafka: str | None, clickhouse: str | None,
+        database: str | None) -> None:
+    """fleetprof: always-on CPU and GPU profiling for fleets of CUDA machines."""
+    settings = Settings()
+    if data_dir is not None:
+        settings.data_dir = data_dir
+    if kafka is not None:
+        settings.kafka = kafka
+    if clickhouse is not None:
+        settings.clickhouse = clickhouse
+    if database is not None:
+        settings.database = database
+    ctx.obj = settings
+
+
+def _register() -> None:
+    from fleetprof.commands import COMMANDS
+
+    for command in COMMANDS:
+        cli.add_command(command)
+
+
+def main() -> None:
+    _register()
+    try:
+        cli.main(prog_name="fleetprof", standalone_mode=True)
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,7 @@
+"""The explicit list of subcommands."""
+
+from __future__ import annotations
+
+import click
+
+COMMANDS: list[click.Command] = []

@@ -1,0 +1,151 @@
+"""The one Avro codec: single-object encoding (C3 01 + CRC-64-AVRO fingerprint, little endian) over fastavro.
+
+A reader resolves the writer schema by its fingerprint and reads the record into the newest known version of the
+same record name, so schemas evolve without a registry server.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import fastavro
+from fastavro.schema import fingerprint, to_parsing_canonical_form
+
+MARKER = b"\xc3\x01"
+HEADER_LEN = len(MARKER) + 8
+SCHEMA_DIR = Path(__file__).resolve().parent
+_U64 = 1 << 64
+_S64_MAX = (1 << 63) - 1
+
+
+class DecodeError(ValueError):
+    """A message that cannot be decoded; str(err) is the one-line reason that goes with its dead letter."""
+
+
+@dataclass(frozen=True)
+class SchemaVersion:
+    name: str  # full record name, e.g. "fleetprof.CpuStackBatch"
+    version: int
+    parsed: dict
+    fingerprint: bytes  # 8 bytes, little endian, as written after the marker
+
+
+def crc64_avro(schema: dict) -> bytes:
+    """CRC-64-AVRO of the schema's Parsing Canonical Form, in single-object byte order."""
+    value = int(fingerprint(to_parsing_canonical_form(schema), "CRC-64-AVRO"), 16)
+    return struct.pack("<Q", value)
+
+
+class SchemaRegistry:
+    """All known versions of every record schema, by fingerprint and by name."""
+
+    def __init__(self) -> None:
+        self._by_fingerprint: dict[bytes, SchemaVersion] = {}
+        self._latest: dict[str, SchemaVersion] = {}
+
+    def register(self, schema_json: dict, version: int) -> SchemaVersion:
+        parsed = fastavro.parse_schema(schema_json, named_schemas={})
+        name = parsed["name"]
+        sv = SchemaVersion(name, version, parsed, crc64_avro(schema_json))
+        self._by_fingerprint[sv.fingerprint] = sv
+        current = self._latest.get(name)
+        if current is None or current.version < version:
+            self._latest[name] = sv
+        return sv
+
+    def register_file(self, path: Path) -> SchemaVersion:
+        # files are named <topic-ish>.v<N>.avsc
+        version = int(path.name.rsplit(".", 2)[1].lstrip("v"))
+        return self.register(json.loads(path.read_text()), version)
+
+    def load_dir(self, directory: Path = SCHEMA_DIR) -> SchemaRegistry:
+        for path in sorted(directory.glob("*.v*.avsc")):
+            self.register_file(path)
+        return self
+
+    def latest(self, name: str) -> SchemaVersion:
+        full = name if "." in name else f"fleetprof.{name}"
+        try:
+            return self._latest[full]
+        except KeyError:
+            raise KeyError(f"no schema named {full}") from None
+
+    def by_fingerprint(self, fp: bytes) -> SchemaVersion | None:
+        return self._by_fingerprint.get(fp)
+
+    def names(self) -> list[str]:
+        return sorted(self._latest)
+
+
+_default: SchemaRegistry | None = None
+
+
+def default_registry() -> SchemaRegistry:
+    global _default
+    if _default is None:
+        _default = SchemaRegistry().load_dir()
+    return _default
+
+
+def encode(name: str, record: dict, registry: SchemaRegistry | None = None, version: int | None = None) -> bytes:
+    """Encode `record` with the newest (or the given) version of schema `name`."""
+    reg = registry or default_registry()
+    sv = reg.latest(name)
+    if version is not None and version != sv.version:
+        sv = next(
+            (v for v in reg._by_fingerprint.values() if v.name == sv.name and v.version == version), None
+        ) or _missing_version(sv.name, version)
+    buf = io.BytesIO()
+    buf.write(MARKER)
+    buf.write(sv.fingerprint)
+    fastavro.schemaless_writer(buf, sv.parsed, record)
+    return buf.getvalue()
+
+
+def _missing_version(name: str, version: int) -> SchemaVersion:
+    raise KeyError(f"no version {version} of schema {name}")
+
+
+def writer_of(data: bytes, registry: SchemaRegistry | None = None) -> SchemaVersion:
+    """The writer schema of an encoded message, or DecodeError saying why not."""
+    if len(data) < HEADER_LEN or data[:2] != MARKER:
+        raise DecodeError("not an Avro single-object message (missing C3 01 marker)")
+    fp = bytes(data[2:HEADER_LEN])
+    sv = (registry or default_registry()).by_fingerprint(fp)
+    if sv is None:
+        raise DecodeError(f"unknown schema fingerprint {struct.unpack('<Q', fp)[0]:016x}")
+    return sv
+
+
+def decode(data: bytes, expect: str | None = None, registry: SchemaRegistry | None = None) -> tuple[str, dict]:
+    """Decode one message into (record name, record) read with the newest version of its schema."""
+    reg = registry or default_registry()
+    writer = writer_of(data, reg)
+    reader = reg.latest(writer.name)
+    if expect is not None:
+        want = expect if "." in expect else f"fleetprof.{expect}"
+        if writer.name != want:
+            raise DecodeError(f"expected {want}, got {writer.name}")
+    buf = io.BytesIO(data)
+    buf.seek(HEADER_LEN)
+    try:
+        record = fastavro.schemaless_reader(buf, writer.parsed, reader.parsed)
+    except Exception as exc:  # fastavro raises EOFError, ValueError, UnicodeDecodeError, IndexError...
+        raise DecodeError(f"truncated or corrupt Avro body for {writer.name}: {type(exc).__name__}: {exc}") from None
+    if buf.tell() != len(data):
+        raise DecodeError(f"{len(data) - buf.tell()} trailing bytes after {writer.name} record")
+    return writer.name, record
+
+
+def u64_to_long(value: int) -> int:
+    """An unsigned 64-bit address as the Avro long with the same bits."""
+    return value - _U64 if value > _S64_MAX else value
+
+
+def long_to_u64(value: int) -> int:
+    return value + _U64 if value < 0 else value
