@@ -1,0 +1,3 @@
+from fleetprof.cli import main
+
+main()

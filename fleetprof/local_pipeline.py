@@ -1,0 +1,139 @@
+"""`fleetprof up`: the whole pipeline on one machine on the embedded defaults.
+
+This process owns the chDB store (one process per data directory): it runs the sink and serves the query API.
+Symbolizers run as child processes in their consumer group and are restarted if they die.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fleetprof.settings import Settings
+
+log = logging.getLogger("fleetprof.up")
+
+
+@dataclass
+class Child:
+    stage: str
+    index: int
+    log_path: Path
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+
+
+@dataclass
+class LocalPipeline:
+    settings: Settings
+    symbolizers: int = 1
+    serve_api: bool = True
+    started_broker: object | None = None
+    store: object | None = None
+    api: object | None = None
+    sink: object | None = None
+    sink_thread: threading.Thread | None = None
+    children: list[Child] = field(default_factory=list)
+    stop_event: threading.Event = field(default_factory=threading.Event)
+
+    def start_kafka(self) -> str:
+        from fleetprof import broker
+
+        s = self.settings
+        if s.kafka_is_local:
+            local = broker.LocalBroker(s.data_dir / "kafka", port=int(s.kafka.rsplit(":", 1)[1]))
+            if not local.is_running():
+                local.start()
+                self.started_broker = local
+        else:
+            broker.wait_for_broker(s.kafka, timeout=30)
+        broker.create_topics(s.kafka)
+        return s.kafka
+
+    def start_store(self) -> list[str]:
+        from fleetprof.store import open_store
+
+        self.store = open_store(self.settings.clickhouse_dsn, self.settings.database)
+        return self.store.migrate()
+
+    def start_processors(self) -> None:
+        from processors.store_writer import StoreRunner
+
+        logs_dir = self.settings.data_dir / "logs"
+        logs_dir.mkdir(parents=True, exist_ok=True)
+        for i in range(self.symbolizers):
+            child = Child("symbolize", i, logs_dir / f"symbolize-{i}.log")
+            self._spawn(child)
+            self.children.append(child)
+        self.sink = StoreRunner(self.store, self.settings.kafka_config(), stop=self.stop_event)
+        self.sink_thread = threading.Thread(target=self._run_sink, name="sink", daemon=True)
+        self.sink_thread.start()
+
+    def _run_sink(self) -> None:
+        try:
+            self.sink.run(self.stop_event)
+        except Exception:
+            log.exception("sink stopped on an error")
+            self.stop_event.set()
+
+    def start_api(self) -> str:
+        from fleetprof.api import serve_api
+
+        host, port = self.settings.api.rsplit(":", 1)
+        self.api = serve_api(self.store, host, int(port))
+        return f"http://{host}:{port}"
+
+    def _spawn(self, child: Child) -> None:
+        env = dict(os.environ)
+        env["FLEETPROF_KAFKA"] = self.settings.kafka  # via env, so settings never show on a command line
+        env["FLEETPROF_DATA_DIR"] = str(self.settings.data_dir)
+        env["FLEETPROF_INSTANCE"] = str(child.index)
+        out = open(child.log_path, "ab")  # noqa: SIM115 - handed to the child for its lifetime
+        child.proc = subprocess.Popen([sys.executable, "-m", "fleetprof", "process", child.stage],
+                                      env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        out.close()
+
+    def supervise(self) -> list[str]:
+        """Restart children that died; returns what happened, for the console."""
+        events = []
+        for child in self.children:
+            code = child.proc.poll() if child.proc else 0
+            if code is not None and not self.stop_event.is_set():
+                child.restarts += 1
+                events.append(f"{child.stage}-{child.index} exited with {code}; restarting (see {child.log_path})")
+                self._spawn(child)
+        return events
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        for child in self.children:
+            if child.proc and child.proc.poll() is None:
+                child.proc.terminate()
+        for child in self.children:
+            if child.proc:
+                try:
+                    child.proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    child.proc.kill()
+        if self.sink_thread:
+            self.sink_thread.join(timeout=30)
+        if self.api:
+            self.api.stop()
+        if self.store:
+            self.store.close()
+        if self.started_broker:
+            self.started_broker.stop()
+
+    def wait(self, poll: float = 1.0, on_event=None) -> None:
+        while not self.stop_event.is_set():
+            time.sleep(poll)
+            for event in self.supervise():
+                log.warning(event)
+                if on_event:
+                    on_event(event)

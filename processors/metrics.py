@@ -1,0 +1,23 @@
+"""Prometheus metrics of the processors (one registry per process; labels carry the stage)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+MESSAGES_IN = Counter("fleetprof_processor_messages_in_total", "Messages consumed", ["stage", "topic"])
+BYTES_IN = Counter("fleetprof_processor_bytes_in_total", "Message bytes consumed", ["stage", "topic"])
+RECORDS_OUT = Counter("fleetprof_processor_records_out_total", "Records produced to topics", ["stage", "topic"])
+ROWS_OUT = Counter("fleetprof_processor_rows_inserted_total", "Rows inserted into ClickHouse", ["stage", "table"])
+DEAD_LETTERS = Counter("fleetprof_processor_dead_letters_total", "Messages sent to the dead-letter topic",
+                       ["stage", "topic"])
+COMMITS = Counter("fleetprof_processor_commits_total", "Batches made durable and committed", ["stage"])
+ABORTS = Counter("fleetprof_processor_aborts_total", "Batches aborted and re-read", ["stage"])
+STORE_RETRIES = Counter("fleetprof_processor_store_retries_total", "Failed ClickHouse writes retried", ["stage"])
+BATCH_SECONDS = Histogram("fleetprof_processor_batch_seconds", "Time to process and commit one batch", ["stage"])
+UNKNOWN_FRAMES = Counter("fleetprof_symbolize_unknown_frames_total", "Frames left unsymbolized", ["stage"])
+SYMBOL_TABLES = Gauge("fleetprof_symbolize_symbol_tables", "Symbol tables held in memory", ["stage"])
+
+
+def serve_metrics(port: int, host: str = "127.0.0.1") -> None:
+    """Expose /metrics on host:port (loopback unless told otherwise)."""
+    start_http_server(port, addr=host)

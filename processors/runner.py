@@ -1,0 +1,209 @@
+"""The runner: the only place processors touch Kafka. Consumer group, batch poll, decode, call the stage's pure
+function, produce in a Kafka transaction together with the consumed offsets, dead-letter what cannot be processed,
+stop cleanly on SIGTERM.
+
+Topic-to-topic stages are exactly-once through Kafka transactions (KIP-447: offsets committed in the same
+transaction as the output). Topic-to-ClickHouse stages use processors/store_writer.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterable
+from typing import Protocol
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from processors import metrics
+from processors.messages import Message, Produced, dead_letter, decode_message
+from schemas import codec, topics
+
+log = logging.getLogger("fleetprof.runner")
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+
+class Stage(Protocol):
+    """A topic-to-topic stage: pure over decoded records."""
+
+    name: str
+    inputs: tuple[str, ...]
+
+    def process(self, messages: list[Message]) -> list[Produced]: ...
+
+
+class BeforeBatch(Protocol):
+    """Optional hook a stage's wiring may give: fetch side inputs (e.g. symbol tables) before a batch."""
+
+    def before_batch(self, messages: list[Message]) -> None: ...
+
+
+def consumer_config(kafka: dict, group: str, **extra: str) -> dict:
+    cfg = dict(kafka)
+    cfg.update({
+        "group.id": group,
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        "isolation.level": "read_committed",
+        "enable.partition.eof": False,
+        "fetch.max.bytes": 64 * 1024 * 1024,
+        "max.partition.fetch.bytes": 16 * 1024 * 1024,
+    })
+    cfg.update(extra)
+    return cfg
+
+
+def instance_id(stage: str, slot: int | None = None) -> str:
+    """Transactional id: stable per instance slot, so a restarted instance fences and aborts the transaction its
+    predecessor left open instead of leaving read_committed consumers waiting for it to time out."""
+    if slot is None:
+        slot = int(os.environ.get("FLEETPROF_INSTANCE", "0"))
+    return f"fleetprof-{stage}-{socket.gethostname()}-{slot}"
+
+
+def install_sigterm(stop: threading.Event) -> None:
+    """SIGTERM and SIGINT finish the batch in hand, commit, leave the group and return."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+
+def expected_schemas(inputs: Iterable[str]) -> dict[str, str]:
+    return {t: topics.BY_NAME[t].schema for t in inputs if t in topics.BY_NAME}
+
+
+def encode_produced(p: Produced) -> tuple[bytes | None, bytes]:
+    key = p.key.encode() if isinstance(p.key, str) else p.key
+    return key, codec.encode(p.schema, p.record)
+
+
+class TopicRunner:
+    """Runs one topic-to-topic stage in a consumer group, exactly once per input message."""
+
+    def __init__(self, stage: Stage, kafka: dict, *, batch_size: int = 200, poll_timeout: float = 0.5,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, group: str | None = None,
+                 txn_timeout: float = 30.0, slot: int | None = None) -> None:
+        self.stage = stage
+        self.batch_size = batch_size
+        self.poll_timeout = poll_timeout
+        self.max_message_bytes = max_message_bytes
+        self.txn_timeout = txn_timeout
+        self.expect = expected_schemas(stage.inputs)
+        self.consumer = Consumer(consumer_config(kafka, group or f"fleetprof-{stage.name}"))
+        pcfg = dict(kafka)
+        pcfg.update({"transactional.id": instance_id(stage.name, slot), "enable.idempotence": True,
+                     "transaction.timeout.ms": 15000,
+                     "linger.ms": 20, "compression.type": "lz4", "message.max.bytes": 8 * 1024 * 1024})
+        self.producer = Producer(pcfg)
+        self.batches = 0
+
+    def start(self) -> None:
+        self.producer.init_transactions(self.txn_timeout)
+        self.consumer.subscribe(list(self.stage.inputs))
+
+    def run(self, stop: threading.Event) -> None:
+        self.start()
+        try:
+            while not stop.is_set():
+                self.run_once()
+        finally:
+            self.close()
+
+    def run_once(self) -> int:
+        """Poll one batch and make it durable; returns the number of messages consumed."""
+        raws = self.consumer.consume(num_messages=self.batch_size, timeout=self.poll_timeout)
+        raws = [m for m in raws if not _is_benign_error(m)]
+        if not raws:
+            return 0
+        started = time.monotonic()
+        decoded: list[Message] = []
+        out: list[Produced] = []
+        for raw in raws:
+            item = decode_message(self.stage.name, raw, self.expect, self.max_message_bytes)
+            metrics.MESSAGES_IN.labels(self.stage.name, raw.topic()).inc()
+            if isinstance(item, Message):
+                decoded.append(item)
+            else:
+                log.warning("dead letter: %s[%d]@%d: %s", raw.topic(), raw.partition(), raw.offset(),
+                            item.record["reason"])
+                out.append(item)
+        if decoded:
+            hook = getattr(self.stage, "before_batch", None)
+            if hook is not None:
+                hook(decoded)
+            out.extend(self._process(decoded))
+        self._commit(out)
+        metrics.BATCH_SECONDS.labels(self.stage.name).observe(time.monotonic() - started)
+        return len(raws)
+
+    def _process(self, decoded: list[Message]) -> list[Produced]:
+        try:
+            return self.stage.process(decoded)
+        except Exception:  # isolate the message that breaks the stage; the rest still goes through
+            log.exception("stage %s failed on a batch of %d; retrying one by one", self.stage.name, len(decoded))
+        out: list[Produced] = []
+        for m in decoded:
+            try:
+                out.extend(self.stage.process([m]))
+            except Exception as exc:
+                out.append(dead_letter(self.stage.name, m.topic, m.partition, m.offset, m.key,
+                                       codec.encode(m.name, m.record), f"processing failed: {exc!r}"))
+        return out
+
+    def _commit(self, out: list[Produced]) -> None:
+        try:
+            self.producer.begin_transaction()
+            for p in out:
+                key, value = encode_produced(p)
+                self._produce(p.topic, key, value)
+                counter = metrics.DEAD_LETTERS if p.topic == "deadletter" else metrics.RECORDS_OUT
+                counter.labels(self.stage.name, p.topic).inc()
+            positions = [tp for tp in self.consumer.position(self.consumer.assignment()) if tp.offset >= 0]
+            self.producer.send_offsets_to_transaction(positions, self.consumer.consumer_group_metadata(),
+                                                      self.txn_timeout)
+            self.producer.commit_transaction(self.txn_timeout)
+            self.batches += 1
+            metrics.COMMITS.labels(self.stage.name).inc()
+        except KafkaException as exc:
+            err = exc.args[0]
+            if not err.txn_requires_abort():
+                raise
+            log.warning("transaction aborted (%s); re-reading the batch", err)
+            self.producer.abort_transaction(self.txn_timeout)
+            metrics.ABORTS.labels(self.stage.name).inc()
+            self._rewind()
+
+    def _produce(self, topic: str, key: bytes | None, value: bytes) -> None:
+        while True:
+            try:
+                self.producer.produce(topic, value=value, key=key)
+                return
+            except BufferError:
+                self.producer.poll(0.1)
+
+    def _rewind(self) -> None:
+        """Seek every assigned partition back to its committed offset after an abort."""
+        for tp in self.consumer.committed(self.consumer.assignment(), timeout=self.txn_timeout):
+            self.consumer.seek(TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0
+                                              else OFFSET_BEGINNING))
+
+    def close(self) -> None:
+        try:
+            self.consumer.close()
+        finally:
+            self.producer.flush(10)
+
+
+def _is_benign_error(raw) -> bool:
+    err = raw.error()
+    if err is None:
+        return False
+    if err.code() in (KafkaError._PARTITION_EOF, KafkaError.UNKNOWN_TOPIC_OR_PART):
+        return True
+    log.warning("consumer error: %s", err)
+    return True

@@ -1,0 +1,84 @@
+"""sink: decoded result records in, ClickHouse rows out (per table). Pure; processors/store_writer.py writes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from processors.messages import Message
+from processors.stack_ids import to_unsigned
+
+FRAME_COLUMNS = ["frame_id", "function", "binary", "kind", "last_seen"]
+STACK_COLUMNS = ["stack_id", "frame_ids", "last_seen"]
+CPU_SAMPLE_COLUMNS = ["ts", "node", "pid", "comm", "container_id", "stack_id", "count"]
+DEVICE_COLUMNS = ["ts", "node", "gpu_index", "uuid", "name", "parent_uuid", "gpu_util_pct", "mem_util_pct",
+                  "mem_used_bytes", "mem_total_bytes", "sm_clock_mhz", "mem_clock_mhz", "power_mw",
+                  "power_limit_mw", "temperature_c", "pcie_tx_kbps", "pcie_rx_kbps", "clock_event_reasons",
+                  "xid_errors", "simulated"]
+PROCESS_COLUMNS = ["ts", "node", "gpu_index", "pid", "comm", "container_id", "sm_util_pct", "mem_util_pct",
+                   "used_memory_bytes", "simulated"]
+
+# Tables whose rows are keyed by content (ReplacingMergeTree): safe to write again, no dedup token needed.
+DEFINITION_TABLES = ("frames", "stacks")
+
+
+@dataclass
+class Rows:
+    columns: list[str]
+    rows: list[list] = field(default_factory=list)
+
+
+def _ts(ns: int) -> datetime:
+    return datetime.fromtimestamp(ns // 1_000_000_000, tz=UTC)
+
+
+def _ts_ms(ns: int) -> datetime:
+    return datetime.fromtimestamp((ns // 1_000_000) / 1000, tz=UTC)
+
+
+def cpu_samples_rows(rec: dict) -> dict[str, Rows]:
+    ts = _ts(rec["window_start_ns"])
+    return {
+        "frames": Rows(FRAME_COLUMNS, [[to_unsigned(f["frame_id"]), f["function"], f["binary"], f["kind"], ts]
+                                       for f in rec["frames"]]),
+        "stacks": Rows(STACK_COLUMNS, [[to_unsigned(s["stack_id"]), [to_unsigned(i) for i in s["frame_ids"]], ts]
+                                       for s in rec["stacks"]]),
+        "cpu_samples": Rows(CPU_SAMPLE_COLUMNS, [[ts, rec["node"], s["pid"], s["comm"], s["container_id"],
+                                                  to_unsigned(s["stack_id"]), s["count"]]
+                                                 for s in rec["samples"]]),
+    }
+
+
+def gpu_metrics_rows(rec: dict) -> dict[str, Rows]:
+    ts = _ts_ms(rec["time_ns"])
+    sim = rec.get("simulated", False)
+    devices = Rows(DEVICE_COLUMNS, [
+        [ts, rec["node"], d["index"], d["uuid"], d["name"], d["parent_uuid"], d["gpu_util_pct"], d["mem_util_pct"],
+         d["mem_used_bytes"], d["mem_total_bytes"], d["sm_clock_mhz"], d["mem_clock_mhz"], d["power_mw"],
+         d["power_limit_mw"], d["temperature_c"], d["pcie_tx_kbps"], d["pcie_rx_kbps"], d["clock_event_reasons"],
+         d["xid_errors"], sim]
+        for d in rec["devices"]])
+    procs = Rows(PROCESS_COLUMNS, [
+        [ts, rec["node"], p["device_index"], p["pid"], p["comm"], p["container_id"], p["sm_util_pct"],
+         p["mem_util_pct"], p["used_memory_bytes"], sim]
+        for p in rec["processes"]])
+    return {"gpu_device_metrics": devices, "gpu_process_metrics": procs}
+
+
+ROW_BUILDERS = {
+    "fleetprof.CpuSamples": cpu_samples_rows,
+    "fleetprof.GpuMetrics": gpu_metrics_rows,
+}
+SINK_INPUTS = ("cpu.samples", "gpu.metrics")
+
+
+def rows_for(messages: list[Message]) -> dict[str, Rows]:
+    """All rows of a batch, merged per table, in message order."""
+    out: dict[str, Rows] = {}
+    for m in messages:
+        for table, rows in ROW_BUILDERS[m.name](m.record).items():
+            if table in out:
+                out[table].rows.extend(rows.rows)
+            else:
+                out[table] = Rows(rows.columns, list(rows.rows))
+    return out

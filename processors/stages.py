@@ -1,0 +1,60 @@
+"""The explicit list of stages, and the wiring that gives each pure function its side inputs."""
+
+from __future__ import annotations
+
+import logging
+
+from processors import metrics
+from processors.messages import Message, Produced
+from processors.symbol_feed import SymbolFeed
+from processors.symbol_tables import SymbolTables
+from processors.symbolize import FrameMemo, SymbolizeStats, symbolize_batch
+from schemas import topics
+
+log = logging.getLogger("fleetprof.stages")
+
+
+class SymbolizeStage:
+    """cpu.stacks → cpu.samples, with symbol tables from the symbols topic."""
+
+    name = "symbolize"
+    inputs = (topics.CPU_STACKS.name,)
+
+    def __init__(self, tables: SymbolTables, feed: SymbolFeed | None = None) -> None:
+        self.tables = tables
+        self.feed = feed
+        self.memo = FrameMemo()
+
+    def before_batch(self, messages: list[Message]) -> None:
+        """Read newly published symbol tables when the batch names a build id not yet known."""
+        if self.feed is None:
+            return
+        needed = set()
+        for m in messages:
+            if m.record.get("kernel_build_id"):
+                needed.add(m.record["kernel_build_id"])
+            for proc in m.record["processes"]:
+                needed.update(mp["build_id"] for mp in proc["mappings"] if mp["build_id"])
+        if any(b not in self.tables for b in needed):
+            self.feed.catch_up()
+        metrics.SYMBOL_TABLES.labels(self.name).set(len(self.tables))
+
+    def process(self, messages: list[Message]) -> list[Produced]:
+        out = []
+        for m in messages:
+            stats = SymbolizeStats()
+            rec = symbolize_batch(m.record, self.tables.get, self.memo, stats)
+            metrics.UNKNOWN_FRAMES.labels(self.name).inc(stats.unknown_frames)
+            out.append(Produced(topics.CPU_SAMPLES.name, m.record["node"], topics.CPU_SAMPLES.schema, rec))
+        return out
+
+
+def build_symbolize(kafka: dict) -> SymbolizeStage:
+    tables = SymbolTables()
+    feed = SymbolFeed(kafka, tables)
+    feed.catch_up(force=True)
+    return SymbolizeStage(tables, feed)
+
+
+# Topic-to-topic stages by name; the sink (topic-to-ClickHouse) is run by processors/store_writer.py.
+TOPIC_STAGES = {"symbolize": build_symbolize}

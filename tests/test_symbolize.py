@@ -1,0 +1,93 @@
+from processors.stack_ids import frame_id
+from processors.symbol_tables import SymbolTables
+from processors.symbolize import FrameMemo, SymbolizeStats, symbolize_batch
+from schemas.codec import u64_to_long
+
+LIBC = "aa" * 20
+KERNEL = "kernel-test"
+KBASE = 0xFFFFFFFF81000000
+
+
+def _tables() -> SymbolTables:
+    t = SymbolTables()
+    # libc: text segment at file offset 0x1000 mapped to vaddr 0x2000 (non-identity, like many real ELF files)
+    t.add_chunk({"build_id": LIBC, "binary": "libc.so.6", "kind": "ELF", "chunk_index": 1, "chunk_count": 2,
+                 "load_segments": [{"file_offset": 0x1000, "vaddr": 0x2000, "memsz": 0x1000}],
+                 "addrs": [0x2400], "sizes": [0x100], "names": ["read"]})
+    t.add_chunk({"build_id": LIBC, "binary": "libc.so.6", "kind": "ELF", "chunk_index": 0, "chunk_count": 2,
+                 "load_segments": [{"file_offset": 0x1000, "vaddr": 0x2000, "memsz": 0x1000}],
+                 "addrs": [0x2000, 0x2100], "sizes": [0x100, 0x100], "names": ["main", "work"]})
+    t.add_chunk({"build_id": KERNEL, "binary": "[kernel.kallsyms]", "kind": "KERNEL", "chunk_index": 0,
+                 "chunk_count": 1, "load_segments": [],
+                 "addrs": [u64_to_long(KBASE), u64_to_long(KBASE + 0x100)], "sizes": [0, 0],
+                 "names": ["entry_SYSCALL_64", "ksys_read"]})
+    return t
+
+
+def _batch(stacks, mappings=None) -> dict:
+    base = 0x7F0000000000
+    maps = mappings if mappings is not None else [
+        {"start": base, "limit": base + 0x2000, "file_offset": 0x1000, "path": "/usr/lib/libc.so.6",
+         "build_id": LIBC}]
+    return {"node": "n1", "window_start_ns": 10**18, "window_ns": 10**10, "frequency_hz": 99,
+            "kernel_build_id": KERNEL, "simulated": False,
+            "processes": [{"pid": 7, "comm": "app", "exe": "/app", "cgroup": "", "container_id": "c1",
+                           "mappings": maps, "stacks": stacks}]}
+
+
+def _names(out):
+    byid = {f["frame_id"]: f for f in out["frames"]}
+    return {tuple(byid[i]["function"] for i in s["frame_ids"]): s["stack_id"] for s in out["stacks"]}
+
+
+def test_user_and_kernel_frames_root_first_and_counts_summed():
+    base = 0x7F0000000000
+    # vaddr 0x2400+x lives at file offset 0x1400+x, i.e. address base + 0x400 + x
+    leaf, caller, root = base + 0x410, base + 0x110, base + 0x010
+    k_leaf, k_root = KBASE + 0x120, KBASE + 0x8
+    stacks = [
+        {"tid": 1, "user_addrs": [leaf, caller, root], "kernel_addrs": [u64_to_long(k_leaf), u64_to_long(k_root)],
+         "count": 3},
+        # same symbols via different addresses and another thread: merges into the same stack
+        {"tid": 2, "user_addrs": [leaf + 4, caller + 8, root + 2],
+         "kernel_addrs": [u64_to_long(k_leaf + 1), u64_to_long(k_root + 1)], "count": 2},
+    ]
+    out = symbolize_batch(_batch(stacks), _tables().get)
+    names = _names(out)
+    assert list(names) == [("main", "work", "read", "entry_SYSCALL_64", "ksys_read")]
+    assert [(s["pid"], s["comm"], s["container_id"], s["count"]) for s in out["samples"]] == [(7, "app", "c1", 5)]
+    kinds = {f["function"]: (f["kind"], f["binary"]) for f in out["frames"]}
+    assert kinds["ksys_read"] == ("KERNEL", "[kernel.kallsyms]")
+    assert kinds["read"] == ("NATIVE", "libc.so.6")
+
+
+def test_return_address_at_function_end_belongs_to_caller():
+    base = 0x7F0000000000
+    # a caller whose call is its last instruction: the return address is the first byte past `work`
+    stacks = [{"tid": 1, "user_addrs": [base + 0x410, base + 0x200], "kernel_addrs": [], "count": 1}]
+    out = symbolize_batch(_batch(stacks), _tables().get)
+    assert list(_names(out)) == [("work", "read")]
+
+
+def test_unknown_frames_are_kept_with_binary_and_offset():
+    base = 0x7F0000000000
+    stacks = [{"tid": 1, "user_addrs": [base + 0x1F00, 0x1234], "kernel_addrs": [u64_to_long(KBASE - 0x10)],
+               "count": 1}]
+    maps = [{"start": base, "limit": base + 0x2000, "file_offset": 0x1000, "path": "/gone/libx.so (deleted)",
+             "build_id": "bb" * 20}]
+    stats = SymbolizeStats()
+    out = symbolize_batch(_batch(stacks, maps), _tables().get, FrameMemo(), stats)
+    assert list(_names(out)) == [("[unknown] 0x1234", "[unknown] libx.so+0x2f00",
+                                  f"[unknown] [kernel.kallsyms]+0x{KBASE - 0x10:x}")]
+    assert stats.unknown_frames == 3
+    assert stats.missing_build_ids == {"bb" * 20}
+
+
+def test_ids_are_stable_across_memos():
+    base = 0x7F0000000000
+    stacks = [{"tid": 1, "user_addrs": [base + 0x110, base + 0x010], "kernel_addrs": [], "count": 1}]
+    a = symbolize_batch(_batch(stacks), _tables().get, FrameMemo())
+    b = symbolize_batch(_batch(stacks), _tables().get, FrameMemo())
+    assert a["stacks"] == b["stacks"]
+    assert {f["frame_id"] for f in a["frames"]} == {frame_id("main", "libc.so.6", "NATIVE"),
+                                                     frame_id("work", "libc.so.6", "NATIVE")}
