@@ -1,0 +1,110 @@
+"""The Avro contract: single-object framing, fingerprints, evolution, and clear errors on bad bytes."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+from fastavro.schema import fingerprint, to_parsing_canonical_form
+
+from schemas import codec, topics
+
+V2_DIR = Path(__file__).parent / "schemas"
+
+KERNEL = {"node": "n1", "pid": 42, "correlation_id": 7, "start_ns": 100, "end_ns": 250, "device_id": 0,
+          "stream_id": 13, "kernel_name": "_Z6kernelPf", "simulated": True}
+
+
+def test_every_topic_names_a_known_schema():
+    reg = codec.default_registry()
+    for t in topics.ALL:
+        assert reg.latest(t.schema).name == f"fleetprof.{t.schema}"
+
+
+def test_single_object_header_is_marker_and_little_endian_crc64():
+    data = codec.encode("GpuKernel", KERNEL)
+    schema = json.loads((codec.SCHEMA_DIR / "gpu_kernel.v1.avsc").read_text())
+    fp = int(fingerprint(to_parsing_canonical_form(schema), "CRC-64-AVRO"), 16)
+    assert data[:2] == b"\xc3\x01"
+    assert data[2:10] == struct.pack("<Q", fp)
+    assert codec.decode(data) == ("fleetprof.GpuKernel", KERNEL)
+
+
+def test_known_crc64_avro_vector():
+    # The Avro specification's fingerprint of the primitive schema "int" (Parsing Canonical Form `"int"`).
+    assert fingerprint('"int"', "CRC-64-AVRO") == "8f5c393f1ad57572"
+
+
+def test_registry_finds_every_latest_schema_by_its_fingerprint():
+    reg = codec.default_registry()
+    for name in reg.names():
+        sv = reg.latest(name)
+        assert reg.by_fingerprint(sv.fingerprint) is sv
+
+
+def _v2_registry() -> codec.SchemaRegistry:
+    reg = codec.SchemaRegistry().load_dir()
+    for path in sorted(V2_DIR.glob("*.avsc")):
+        reg.register_file(path)
+    return reg
+
+
+def test_written_with_v1_read_with_v2_fills_new_fields_with_defaults():
+    v1_bytes = codec.encode("GpuKernel", KERNEL)  # the production registry only knows v1
+    name, rec = codec.decode(v1_bytes, registry=_v2_registry())
+    assert name == "fleetprof.GpuKernel"
+    assert rec == {**KERNEL, "grid": [], "graph_id": None}
+
+
+def test_written_with_v2_read_by_a_v2_reader_and_unknown_to_a_v1_only_reader():
+    reg = _v2_registry()
+    data = codec.encode("GpuKernel", {**KERNEL, "grid": [64, 1, 1], "graph_id": 9}, registry=reg)
+    assert codec.decode(data, registry=reg)[1]["grid"] == [64, 1, 1]
+    with pytest.raises(codec.DecodeError, match="unknown schema fingerprint"):
+        codec.decode(data)
+
+
+def test_dropped_field_is_ignored_and_added_field_defaulted():
+    batch = {"node": "n", "window_start_ns": 1, "window_ns": 2, "frequency_hz": 19, "kernel_build_id": "k",
+             "simulated": True, "processes": [{"pid": 1, "comm": "c", "exe": "", "cgroup": "", "container_id": "",
+                                               "mappings": [], "stacks": [{"tid": 1, "user_addrs": [-1, 5],
+                                                                           "kernel_addrs": [], "count": 3}]}]}
+    _, rec = codec.decode(codec.encode("CpuStackBatch", batch), registry=_v2_registry())
+    assert "simulated" not in rec
+    assert rec["agent_version"] == "unknown"
+    assert rec["processes"][0]["stacks"][0]["user_addrs"] == [-1, 5]
+
+
+@pytest.mark.parametrize("bad, reason", [
+    (b"", "missing C3 01 marker"),
+    (b"\xc3\x01\x00", "missing C3 01 marker"),
+    (b"{\"json\": true}", "missing C3 01 marker"),
+    (codec.MARKER + b"\xff" * 8 + b"\x00", "unknown schema fingerprint ffffffffffffffff"),
+])
+def test_bad_framing_gives_one_line_reason(bad, reason):
+    with pytest.raises(codec.DecodeError) as err:
+        codec.decode(bad)
+    assert reason in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_truncated_and_trailing_bytes_are_errors():
+    data = codec.encode("GpuKernel", KERNEL)
+    for cut in range(codec.HEADER_LEN, len(data)):
+        with pytest.raises(codec.DecodeError, match="truncated or corrupt|trailing"):
+            codec.decode(data[:cut])
+    with pytest.raises(codec.DecodeError, match="1 trailing bytes"):
+        codec.decode(data + b"\x00")
+
+
+def test_expected_record_name_is_enforced():
+    with pytest.raises(codec.DecodeError, match="expected fleetprof.CpuStackBatch"):
+        codec.decode(codec.encode("GpuKernel", KERNEL), expect="CpuStackBatch")
+
+
+def test_unsigned_addresses_keep_their_bits():
+    for value in (0, 1, 0x7FFF_FFFF_FFFF_FFFF, 0xFFFF_FFFF_8100_0000, 0xFFFF_FFFF_FFFF_FFFF):
+        assert codec.long_to_u64(codec.u64_to_long(value)) == value
+        assert -(1 << 63) <= codec.u64_to_long(value) < (1 << 63)
