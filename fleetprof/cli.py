@@ -15,7 +15,8 @@ from fleetprof.settings import Settings
               help="Local state: Kafka logs, chDB store. [env FLEETPROF_DATA_DIR; default ~/.local/share/fleetprof]")
 @click.option("--kafka", default=None, help="Kafka bootstrap host:port. [env FLEETPROF_KAFKA; default 127.0.0.1:9092]")
 @click.option("--clickhouse", default=None,
-              help="ClickHouse server URL (credentials from FLEETPROF_CLICKHOUSE_USER/PASSWORD). Default: chDB in the data dir.")
+              help="ClickHouse server URL (credentials from FLEETPROF_CLICKHOUSE_USER/PASSWORD). "
+                   "Default: chDB in the data dir.")
 @click.option("--database", default=None, help="ClickHouse database. [env FLEETPROF_DATABASE; default fleetprof]")
 @click.pass_context
 def cli(ctx: click.Context, data_dir: Path | None, kafka: str | None, clickhouse: str | None,

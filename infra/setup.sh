@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Idempotent installer: Debian packages (Java for the Kafka broker, Maven for its jars), the .venv with fleetprof
+# and its test extras, and the Kafka jars in infra/kafka/lib. Each step runs only when its result is missing or
+# stale, so a second run is a quick no-op. Works from any cwd; on a fresh Debian 12 machine run it as root.
+#   PYTHON=python3.12 bash infra/setup.sh   picks the interpreter for a new .venv (default: python3)
+set -euo pipefail
+
+cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=.venv
+STAMP=$VENV/.fleetprof-installed
+KAFKA_LIB=infra/kafka/lib
+POM=infra/kafka/pom.xml
+
+say() { echo "fleetprof setup: $*"; }
+die() { echo "fleetprof setup: error: $*" >&2; exit 1; }
+
+# Run quietly; on failure show the tail of what the command said, then stop.
+quiet() {
+    local log
+    log=$(mktemp)
+    if ! "$@" >"$log" 2>&1; then
+        tail -n 20 "$log" >&2
+        rm -f "$log"
+        die "'$*' failed"
+    fi
+    rm -f "$log"
+}
+
+python_ok() {  # $1: interpreter; true when it is Python 3.11+
+    "$1" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null
+}
+
+java_ok() {  # true when `java` is Java 17+
+    local version
+    command -v java >/dev/null || return 1
+    version=$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\)\.\{0,1\}\([0-9]*\).*/\1 \2/p' | head -n 1)
+    set -- $version  # word splitting wanted: "major minor"
+    [ "${1:-0}" = 1 ] && set -- "${2:-0}"
+    [ "${1:-0}" -ge 17 ]
+}
+
+# --- Debian packages, only those missing, with one apt-get update ---
+packages=()
+java_ok || packages+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null || packages+=(maven)
+command -v curl >/dev/null || packages+=(curl)
+if command -v dpkg >/dev/null; then
+    dpkg -s ca-certificates >/dev/null 2>&1 || packages+=(ca-certificates)
+fi
+if [ ! -x "$VENV/bin/python" ]; then
+    command -v "$PYTHON" >/dev/null || packages+=(python3)
+    # Debian splits venv/ensurepip out of python3; without it `python3 -m venv` fails.
+    if ! command -v "$PYTHON" >/dev/null || ! "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null; then
+        packages+=(python3-venv)
+    fi
+fi
+
+if [ ${#packages[@]} -gt 0 ]; then
+    command -v apt-get >/dev/null || die "not a Debian/Ubuntu system: install ${packages[*]} yourself, then rerun"
+    [ "$(id -u)" -eq 0 ] \
+        || die "need root to install ${packages[*]}: run as root, or: sudo apt-get install ${packages[*]}"
+    say "installing ${packages[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    quiet apt-get update -q
+    quiet apt-get install -y -q --no-install-recommends "${packages[@]}"
+fi
+java_ok || die "Java 17+ is still not the default 'java': select it with update-alternatives --config java"
+
+# --- the virtual environment ---
+if [ ! -x "$VENV/bin/python" ]; then
+    command -v "$PYTHON" >/dev/null || die "$PYTHON not found: fleetprof needs Python 3.11+ (set PYTHON=...)"
+    python_ok "$PYTHON" || die "fleetprof needs Python 3.11+, $PYTHON is $("$PYTHON" -V 2>&1)"
+    say "creating $VENV with $("$PYTHON" -V 2>&1)"
+    quiet "$PYTHON" -m venv "$VENV"
+fi
+python_ok "$VENV/bin/python" \
+    || die "$VENV has $("$VENV/bin/python" -V 2>&1); fleetprof needs 3.11+: remove $VENV and rerun"
+
+if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
+    say "installing fleetprof and its test dependencies into $VENV"
+    quiet "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]'
+    touch "$STAMP"
+fi
+
+# --- the Kafka jars: fetched again whenever the pom changed (the stamp holds the pom's hash) ---
+pom_hash=$(sha256sum "$POM" | cut -d' ' -f1)
+if ! compgen -G "$KAFKA_LIB/kafka_2.13-*.jar" >/dev/null \
+        || [ "$(cat "$KAFKA_LIB/.pom.sha256" 2>/dev/null)" != "$pom_hash" ]; then
+    say "fetching the Kafka jars into $KAFKA_LIB (Maven)"
+    # One implementation of the fetch (staging dir, swap, stamp): the one the broker itself uses.
+    "$VENV/bin/python" -c 'from fleetprof.broker import BrokerError, ensure_jars
+try:
+    ensure_jars()
+except BrokerError as exc:
+    raise SystemExit(f"fleetprof setup: error: {exc}")'
+fi
+
+say "ready: $VENV/bin/fleetprof kafka up  |  $VENV/bin/pytest"
