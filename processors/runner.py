@@ -197,6 +197,9 @@ class TopicRunner:
             self.consumer.close()
         finally:
             self.producer.flush(10)
+            closer = getattr(self.stage, "close", None)
+            if closer is not None:
+                closer()
 
 
 def _is_benign_error(raw) -> bool:

@@ -39,6 +39,10 @@ class SymbolizeStage:
             self.feed.catch_up()
         metrics.SYMBOL_TABLES.labels(self.name).set(len(self.tables))
 
+    def close(self) -> None:
+        if self.feed is not None:
+            self.feed.close()
+
     def process(self, messages: list[Message]) -> list[Produced]:
         out = []
         for m in messages:

@@ -52,3 +52,65 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBrok
 def kafka_bootstrap(kafka_broker: LocalBroker) -> str:
     """bootstrap.servers of the session's Kafka broker."""
     return kafka_broker.bootstrap
+
+
+# --- ClickHouse ---
+
+
+@pytest.fixture(scope="session")
+def chdb_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[os.PathLike]:
+    """The session's chDB data directory, `<data-dir>/chdb` (what Settings.clickhouse_dsn names for that data dir).
+
+    chDB opens one directory per process, so every test's database lives in this one. A store is kept open for the
+    whole session so that chDB's engine is not shut down and restarted between tests.
+    """
+    from fleetprof.store import open_store
+
+    path = tmp_path_factory.mktemp("data") / "chdb"
+    keeper = open_store(f"chdb://{path}", "default")
+    try:
+        yield path
+    finally:
+        keeper.close()
+
+
+@pytest.fixture
+def store(chdb_dir: os.PathLike, request: pytest.FixtureRequest) -> Iterator[object]:
+    """A migrated Store on a database of this test's own inside the session's chDB directory."""
+    import re
+    import uuid
+
+    from fleetprof.store import open_store
+
+    name = f"t_{re.sub(r'[^A-Za-z0-9_]', '_', request.node.name)[:40]}_{uuid.uuid4().hex[:8]}"
+    s = open_store(f"chdb://{chdb_dir}", name)
+    try:
+        s.migrate()
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture
+def cpu_store(store: object) -> object:
+    """`store` holding a small known CPU profile in [since, until), ten seconds apart, an hour ago:
+
+    n1 pid 10 comm train: main;run;compute x5, main;run;run;io x3      n2 pid 20 comm serve: main;idle x2
+    Returned as a namespace: .store, .since, .until (aware UTC datetimes).
+    """
+    from datetime import UTC, datetime, timedelta
+    from types import SimpleNamespace
+
+    now = datetime.now(tz=UTC).replace(microsecond=0)
+    since = now - timedelta(hours=1, seconds=now.second % 10)  # recent: older rows would fall to the 30-day TTL
+    until = since + timedelta(seconds=30)
+    frames = [[1, "main", "app", "NATIVE", since], [2, "run", "app", "NATIVE", since],
+              [3, "compute", "app", "NATIVE", since], [4, "io", "libc.so.6", "NATIVE", since],
+              [5, "idle", "app", "NATIVE", since]]
+    stacks = [[100, [1, 2, 3], since], [101, [1, 2, 2, 4], since], [102, [1, 5], since]]
+    samples = [[since, "n1", 10, "train", "", 100, 5], [since + timedelta(seconds=10), "n1", 10, "train", "", 101, 3],
+               [since + timedelta(seconds=20), "n2", 20, "serve", "", 102, 2]]
+    store.insert("frames", frames, ["frame_id", "function", "binary", "kind", "last_seen"])
+    store.insert("stacks", stacks, ["stack_id", "frame_ids", "last_seen"])
+    store.insert("cpu_samples", samples, ["ts", "node", "pid", "comm", "container_id", "stack_id", "count"])
+    return SimpleNamespace(store=store, since=since, until=until)

@@ -91,3 +91,4 @@ def test_ids_are_stable_across_memos():
     assert a["stacks"] == b["stacks"]
     assert {f["frame_id"] for f in a["frames"]} == {frame_id("main", "libc.so.6", "NATIVE"),
                                                      frame_id("work", "libc.so.6", "NATIVE")}
+

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import click
 
+from fleetprof.commands.db import db
 from fleetprof.commands.kafka import kafka
+from fleetprof.commands.loadgen import loadgen
 from fleetprof.commands.process import process
+from fleetprof.commands.query import query
+from fleetprof.commands.sql import sql
 from fleetprof.commands.up import up
 
 COMMANDS: list[click.Command] = []
 COMMANDS.append(kafka)
 COMMANDS.append(process)
 COMMANDS.append(up)
+COMMANDS.append(db)
+COMMANDS.append(sql)
+COMMANDS.append(query)
+COMMANDS.append(loadgen)

@@ -1,0 +1,90 @@
+"""`fleetprof loadgen`: a simulated GPU fleet sending realistic raw data through the real Kafka topics."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from fleetprof.settings import Settings
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "": 1.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|)\s*$")
+
+
+class Duration(click.ParamType):
+    """Seconds, from "30s", "5m", "1.5h", "500ms" or a bare number of seconds."""
+
+    name = "duration"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, int | float):
+            seconds = float(value)
+        else:
+            match = _DURATION.match(str(value))
+            if not match:
+                self.fail(f"{value!r} is not a duration like 30s, 5m, 1h or a number of seconds", param, ctx)
+            seconds = float(match.group(1)) * _UNITS[match.group(2)]
+        if seconds <= 0:
+            self.fail(f"{value!r} must be longer than zero", param, ctx)
+        return seconds
+
+
+@click.command("loadgen")
+@click.option("--nodes", type=click.IntRange(min=1), default=10, show_default=True, help="Simulated nodes.")
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=152.0, show_default=True,
+              help="CPU samples per second per node (19 Hz x 8 busy CPUs).")
+@click.option("--duration", type=Duration(), default="60s", show_default=True, help="30s, 5m, 1h or seconds.")
+@click.option("--window", type=Duration(), default="10s", show_default=True, help="Reporting window per batch.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Same seed, same fleet and data.")
+@click.option("--no-pace", is_flag=True, help="Send as fast as possible; timestamps stay consecutive windows.")
+@click.option("--no-gpu", is_flag=True, help="CPU stacks only: no launches, kernels or GPU metrics.")
+@click.option("--launch-rate", type=click.FloatRange(min=0), default=2.0, show_default=True,
+              help="Sampled CUDA launches per second per GPU (8 GPUs per node).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="Format of the final report.")
+@click.pass_obj
+def loadgen(settings: Settings, nodes: int, rate: float, duration: float, window: float, seed: int, no_pace: bool,
+            no_gpu: bool, launch_rate: float, fmt: str) -> None:
+    """Send simulated nodes' CPU stacks, CUDA launches/kernels, GPU metrics and symbol tables (all marked
+    simulated) to Kafka, then print exact totals of what was sent."""
+    from producers.loadgen import run_loadgen
+    from producers.publisher import PublishError, check_broker
+    from schemas import topics
+
+    kafka = settings.kafka_config()
+    wanted = [topics.SYMBOLS.name, topics.CPU_STACKS.name]
+    if not no_gpu:
+        wanted += [topics.GPU_LAUNCHES.name, topics.GPU_KERNELS.name, topics.GPU_METRICS.name]
+    console = Console(stderr=True)
+    try:
+        with console.status(f"Checking Kafka at {settings.kafka}…"):
+            check_broker(kafka, wanted, timeout=8.0)
+        columns = (TextColumn("[bold]loadgen[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("node-windows"), TimeElapsedColumn(), TimeRemainingColumn())
+        with Progress(*columns, console=console, transient=True) as bar:
+            task = bar.add_task(f"{nodes} nodes" + ("" if no_pace else " (paced)"), total=None)
+            report = run_loadgen(kafka, nodes=nodes, rate=rate, duration=duration, window=window, seed=seed,
+                                 pace=not no_pace, gpu=not no_gpu, launch_rate=launch_rate,
+                                 progress=lambda done, total: bar.update(task, completed=done, total=total))
+    except (PublishError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if fmt == "json":
+        click.echo(json.dumps(report.to_json()))
+        return
+    gen = max(report.generate_s, 1e-9)
+    click.echo(f"sent {len(report.nodes)} simulated nodes x {report.windows} windows of "
+               f"{report.window_ns / 1e9:g} s (seed {seed}) to {settings.kafka} in {report.elapsed_s:.1f} s")
+    click.echo(f"  cpu.stacks    {report.batches:>9,} batches   {report.total_samples:,} samples "
+               f"({report.total_samples / gen:,.0f} samples/s generated and encoded)")
+    if not no_gpu:
+        click.echo(f"  gpu.launches  {report.launches:>9,} sampled launches (standing for {report.launch_weight:,})")
+        click.echo(f"  gpu.kernels   {report.kernels:>9,} kernels, {report.kernel_ns / 1e9:,.3f} s of GPU time")
+        click.echo(f"  gpu.metrics   {report.metrics:>9,} polls")
+    click.echo(f"  symbols       {report.symbol_chunks:>9,} chunks for {len(report.build_ids)} build ids")
+    click.echo(f"  {report.bytes / 1e6:,.1f} MB in all")
+    top = sorted(report.samples_by_leaf.items(), key=lambda kv: -kv[1])[:5]
+    click.echo("top leaf functions: " + "; ".join(f"{fn[:60]} ({binary}) {n:,}" for (binary, fn), n in top))

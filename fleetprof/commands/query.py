@@ -1,0 +1,129 @@
+"""`fleetprof query top|flamegraph`: the named profile queries over a time range, in the usual output formats."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import click
+
+from fleetprof.commands.sql import emit
+from fleetprof.query_client import QueryError, QueryTarget, query_target
+from fleetprof.settings import Settings
+from fleetprof.store import parse_time
+
+# Only CPU for now: GPU kernel time gets its own named queries, and then joins this choice.
+KINDS = ("cpu",)
+
+
+def _range(since: str, until: str) -> tuple[datetime, datetime]:
+    try:
+        end = parse_time(until)
+        start = parse_time(since, now=end)  # a relative --since counts back from --until
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    if start >= end:
+        raise click.ClickException(f"--since ({start.isoformat()}) must be before --until ({end.isoformat()})")
+    return start, end
+
+
+def _filters(node: str | None, pid: int | None, comm: str | None) -> dict[str, Any]:
+    # '' and 0 mean "no filter" to the named queries
+    return {"node": node or "", "pid": pid or 0, "comm": comm or ""}
+
+
+def _run(settings: Settings, work: Any) -> Any:
+    try:
+        with query_target(settings) as target:
+            return work(target)
+    except QueryError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def range_options(func: Any) -> Any:
+    """--kind, --since, --until, --node, --pid, --comm: shared by every profile query."""
+    for option in reversed([
+        click.option("--kind", type=click.Choice(KINDS), default="cpu", show_default=True,
+                     help="What to rank: CPU samples."),
+        click.option("--since", default="1h", show_default=True,
+                     help="Start: 5m, 2h, 7d (before --until), epoch seconds or ISO-8601 (no zone = UTC)."),
+        click.option("--until", default="now", show_default=True, help="End (exclusive), same forms as --since."),
+        click.option("--node", default=None, help="Only this node."),
+        click.option("--pid", type=click.IntRange(min=1), default=None, help="Only this process id."),
+        click.option("--comm", default=None, help="Only processes with this command name."),
+    ]):
+        func = option(func)
+    return func
+
+
+@click.group()
+def query() -> None:
+    """Profile queries over a time range (through the owning process's API, or the store directly)."""
+
+
+@query.command()
+@range_options
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True, help="How many functions.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
+@click.pass_obj
+def top(settings: Settings, kind: str, since: str, until: str, node: str | None, pid: int | None,
+        comm: str | None, limit: int, fmt: str) -> None:
+    """Top functions by self samples, with total (inclusive) samples and share of all samples in the range."""
+    start, end = _range(since, until)
+    params = {"since": start, "until": end, **_filters(node, pid, comm)}
+
+    def work(target: QueryTarget) -> tuple[list[str], list[list[Any]], list[list[Any]]]:
+        columns, rows = target.named("top_functions_cpu", {**params, "limit": limit})
+        _, totals = target.named("totals_cpu", params)
+        return columns, rows, totals
+
+    columns, rows, totals = _run(settings, work)
+    all_samples = sum(int(r[1]) for r in totals)
+    records = [dict(zip(columns, row, strict=True)) for row in rows]
+    for rec in records:
+        rec["share"] = rec["self"] / all_samples if all_samples else 0.0
+    if fmt == "table":
+        out_columns = ["function", "binary", "self", "self %", "total", "total %"]
+        out_rows = [[r["function"], r["binary"], r["self"], _pct(r["self"], all_samples), r["total"],
+                     _pct(r["total"], all_samples)] for r in records]
+        emit(out_columns, out_rows, fmt)
+        click.echo(f"{all_samples} samples from {start.isoformat(timespec='seconds')} to "
+                   f"{end.isoformat(timespec='seconds')}", err=True)
+    else:
+        out_columns = ["function", "binary", "self", "total", "share"]
+        emit(out_columns, [[r[c] for c in out_columns] for r in records], fmt)
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100.0 * part / whole:.1f}%" if whole else "-"
+
+
+def _folded_frame(name: str) -> str:
+    # ';' separates frames and a newline ends a stack in the folded format, so neither may appear inside a name
+    return name.replace(";", ":").replace("\n", " ")
+
+
+@query.command()
+@range_options
+@click.option("--format", "fmt", type=click.Choice(["folded", "json"]), default="folded", show_default=True,
+              help="folded: 'root;...;leaf count' lines for flamegraph.pl / speedscope; json: stacks with counts.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True, path_type=Path), default=None,
+              help="Write to this file instead of stdout.")
+@click.pass_obj
+def flamegraph(settings: Settings, kind: str, since: str, until: str, node: str | None, pid: int | None,
+               comm: str | None, fmt: str, output: Path | None) -> None:
+    """CPU stacks over the range with their sample counts, root first."""
+    start, end = _range(since, until)
+    params = {"since": start, "until": end, **_filters(node, pid, comm)}
+    _, rows = _run(settings, lambda target: target.named("flamegraph_cpu", params))
+    if fmt == "folded":
+        text = "".join(f"{';'.join(_folded_frame(f) for f in functions)} {count}\n" for functions, count in rows)
+    else:
+        text = json.dumps([{"stack": functions, "count": count} for functions, count in rows], indent=2) + "\n"
+    if output is None:
+        click.echo(text, nl=False)
+    else:
+        output.write_text(text)
+        click.echo(f"wrote {len(rows)} stacks to {output}", err=True)

@@ -1,0 +1,461 @@
+"""The ClickHouse store, always through clickhouse-connect: chDB in-process (chdb:///dir) or a server (http(s)://).
+
+A `Store` is safe to share between threads (the sink inserting while API threads query): each call leases a client
+of its own from a small pool, because one chDB handle (or one HTTP session) runs one statement at a time and its
+session state (database, settings) must not leak between callers. Ad-hoc SQL runs on separate clients created with
+readonly=1, so ClickHouse itself refuses anything that writes.
+
+chDB allows one process per data directory; a second process gets `StoreBusy`.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import re
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import clickhouse_connect
+from clickhouse_connect.driver.client import Client
+from clickhouse_connect.driver.exceptions import ClickHouseError
+
+from fleetprof.settings import SQL_DIR
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS_DIR = SQL_DIR / "migrations"
+QUERIES_DIR = SQL_DIR / "queries"
+STORE_SQL_DIR = SQL_DIR / "store"
+
+CHDB_PREFIX = "chdb://"
+USER_ENV = "FLEETPROF_CLICKHOUSE_USER"
+PASSWORD_ENV = "FLEETPROF_CLICKHOUSE_PASSWORD"
+
+_NAME_RE = re.compile(r"^[a-z0-9_]+$")
+_TABLE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DATABASE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
+_PLACEHOLDER_RE = re.compile(r"\{(\w+):([^{}]+)\}")
+_DEFAULT_RE = re.compile(r"^--\s*@default\s+(\w+)\s*=[ \t]*(.*?)\s*$", re.MULTILINE)
+_STATEMENT_END_RE = re.compile(r";[ \t]*$", re.MULTILINE)
+_MIGRATION_RE = re.compile(r"^(\d{4})_\w+\.sql$")
+_RELATIVE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d|w)$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+class StoreError(RuntimeError):
+    """A store failure with a one-line message meant for people."""
+
+
+class StoreBusy(StoreError):
+    """The chDB directory is held by another process (chDB allows one process per directory)."""
+
+    def __init__(self, path: Path, pid: int | None = None):
+        self.path = path
+        self.pid = pid
+        owner = f"process {pid}" if pid else "another process"
+        super().__init__(f"the chDB store at {path} is in use by {owner}")
+
+
+class UnknownQuery(StoreError):
+    """No sql/queries/<name>.sql."""
+
+
+class ParamError(StoreError, ValueError):
+    """A named query's parameter is missing, unknown, or not of the placeholder's type."""
+
+
+# --- SQL files ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NamedQuery:
+    """One sql/queries/<name>.sql: its text, its placeholders' ClickHouse types, and the defaults it declares."""
+
+    name: str
+    sql: str
+    params: dict[str, str]
+    defaults: dict[str, str]
+
+
+def named_queries() -> list[str]:
+    """Names of the queries under sql/queries/."""
+    return sorted(p.stem for p in QUERIES_DIR.glob("*.sql") if _NAME_RE.match(p.stem))
+
+
+def named_query(name: str) -> NamedQuery:
+    """Load sql/queries/<name>.sql; placeholders are `{name:Type}`, defaults are `-- @default name = text` lines."""
+    path = QUERIES_DIR / f"{name}.sql"
+    # The name comes from URLs and command lines: never let it walk out of sql/queries/
+    if not _NAME_RE.match(name) or not path.is_file():
+        raise UnknownQuery(f"no named query {name!r} (known: {', '.join(named_queries())})")
+    return _load_named(path, path.stat().st_mtime_ns)
+
+
+@cache
+def _load_named(path: Path, _mtime: int) -> NamedQuery:
+    sql = path.read_text()
+    params: dict[str, str] = {}
+    for pname, ptype in _PLACEHOLDER_RE.findall(sql):
+        params.setdefault(pname, ptype.strip())
+    defaults = dict(_DEFAULT_RE.findall(sql))
+    return NamedQuery(path.stem, sql, params, defaults)
+
+
+def store_sql(name: str) -> str:
+    """A statement the store itself runs (sql/store/<name>.sql)."""
+    return (STORE_SQL_DIR / f"{name}.sql").read_text()
+
+
+def split_statements(text: str) -> list[str]:
+    """Split a migration file at `;` ending a line; drop pieces that hold only comments."""
+    pieces = _STATEMENT_END_RE.split(text)
+    return [p.strip() for p in pieces if any(ln.strip() and not ln.strip().startswith("--") for ln in p.splitlines())]
+
+
+def migration_files() -> list[tuple[int, str, Path]]:
+    """(version, name, path) of every sql/migrations/NNNN_name.sql, in order."""
+    found = []
+    for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
+        match = _MIGRATION_RE.match(path.name)
+        if match:
+            found.append((int(match.group(1)), path.stem, path))
+    return found
+
+
+# --- parameters -----------------------------------------------------------------------------------------------------
+
+
+def parse_time(text: str, now: datetime | None = None) -> datetime:
+    """`5m` / `2h` / `7d` / `1w` before now, epoch seconds, or ISO-8601 (no zone means UTC): an aware UTC datetime."""
+    text = text.strip()
+    now = now or datetime.now(tz=UTC)
+    if text == "now":
+        return now
+    match = _RELATIVE_RE.match(text)
+    if match:
+        return now - timedelta(**{_UNITS[match.group(2)]: float(match.group(1))})
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        return datetime.fromtimestamp(float(text), tz=UTC)
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"not a time: {text!r} (use 5m, 2h, 7d, epoch seconds or ISO-8601)") from None
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
+def _unwrap(ch_type: str) -> str:
+    for wrapper in ("Nullable(", "LowCardinality("):
+        if ch_type.startswith(wrapper) and ch_type.endswith(")"):
+            return _unwrap(ch_type[len(wrapper):-1])
+    return ch_type
+
+
+def coerce_param(ch_type: str, text: str) -> Any:
+    """Text (from a URL or a command line) to the Python value for a `{name:ch_type}` placeholder."""
+    base = _unwrap(ch_type)
+    int_match = re.fullmatch(r"(U?)Int(\d+)", base)
+    if int_match:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"expected an integer ({ch_type}), got {text!r}") from None
+        bits = int(int_match.group(2))
+        lo, hi = (0, 2**bits - 1) if int_match.group(1) else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+        if not lo <= value <= hi:
+            raise ValueError(f"{value} is out of range for {ch_type}")
+        return value
+    if base.startswith(("Float", "Decimal")):
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"expected a number ({ch_type}), got {text!r}") from None
+    if base == "Bool":
+        lowered = text.lower()
+        if lowered not in ("1", "0", "true", "false"):
+            raise ValueError(f"expected true or false, got {text!r}")
+        return lowered in ("1", "true")
+    if base.startswith("DateTime"):
+        return parse_time(text)
+    if base in ("Date", "Date32"):
+        try:
+            return date.fromisoformat(text)
+        except ValueError:
+            raise ValueError(f"expected a date YYYY-MM-DD, got {text!r}") from None
+    # String, Enum, UUID, Array(...) and the rest: ClickHouse parses the text form itself
+    return text
+
+
+def bind_named(query: NamedQuery, params: dict[str, Any]) -> dict[str, Any]:
+    """The values for every placeholder: given ones (text coerced by type), then declared defaults."""
+    unknown = sorted(set(params) - set(query.params))
+    if unknown:
+        raise ParamError(f"{query.name} has no parameter {', '.join(unknown)} (takes {', '.join(query.params)})")
+    bound: dict[str, Any] = {}
+    for pname, ptype in query.params.items():
+        if pname in params:
+            value = params[pname]
+        elif pname in query.defaults:
+            value = query.defaults[pname]
+        else:
+            raise ParamError(f"{query.name} needs parameter {pname} ({ptype})")
+        if isinstance(value, str) and not _unwrap(ptype).startswith(("String", "FixedString")):
+            try:
+                value = coerce_param(ptype, value)
+            except ValueError as exc:
+                raise ParamError(f"parameter {pname}: {exc}") from None
+        bound[pname] = value
+    return bound
+
+
+def one_line(exc: BaseException) -> str:
+    """The first line of an exception's message, without ClickHouse's version trailer."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return re.sub(r"\s*\(version [^)]*\)", "", text)
+
+
+# --- opening --------------------------------------------------------------------------------------------------------
+
+
+def _chdb_path(dsn: str) -> Path:
+    raw = dsn[len(CHDB_PREFIX):].split("?", 1)[0]
+    if not raw or raw in ("memory", ":memory:"):
+        raise StoreError(f"{dsn}: fleetprof needs a chDB data directory (chdb:///path/to/dir)")
+    # realpath: chDB compares engine paths literally, and clickhouse-connect reads chdb://a/b as host a, database b
+    return Path(os.path.realpath(raw))
+
+
+def _holder(path: Path) -> int | None:
+    """The pid of another live process that holds chDB's lock on this directory, 0 if unknown pid, None if free."""
+    status = path / "status"
+    try:
+        content = status.read_text()
+    except OSError:
+        return None  # chDB removes the status file when its engine shuts down cleanly
+    match = re.search(r"PID:\s*(\d+)", content)
+    pid = int(match.group(1)) if match else 0
+    if pid == os.getpid():
+        return None  # this process's own engine: more clients on the same directory are fine
+    # The file outlives a crashed owner, so ask the lock itself. flock locks belong to an open file, so probing from
+    # this process is only safe because the pid above says this process does not own the engine.
+    try:
+        fd = os.open(status, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return pid
+        return None
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+# Clients return aware datetimes (tz_mode="aware"): by default they come back naive when the server's zone is UTC
+# and aware otherwise, which differs between a laptop and a fleet's server.
+
+
+def _chdb_factory(path: Path) -> Callable[[str | None, bool], Client]:
+    dsn = f"{CHDB_PREFIX}{path}"
+
+    def make(database: str | None, readonly: bool) -> Client:
+        settings = {"readonly": 1} if readonly else {}
+        try:
+            return clickhouse_connect.get_client(dsn=dsn, database=database, settings=settings, tz_mode="aware")
+        except ClickHouseError as exc:
+            message = str(exc)
+            if "cannot connect with different path" in message:
+                raise StoreError(f"this process already has another chDB store open; cannot also open {path}") from None
+            holder = _holder(path)
+            if holder is not None:
+                raise StoreBusy(path, holder or None) from None
+            raise StoreError(f"cannot open the chDB store at {path}: {one_line(exc)}") from exc
+
+    return make
+
+
+def _server_factory(url: str) -> Callable[[str | None, bool], Client]:
+    # Credentials only from the environment (never flags, never logged); a URL's own user:password also works.
+    username = os.environ.get(USER_ENV) or None
+    password = os.environ.get(PASSWORD_ENV)
+
+    def make(database: str | None, readonly: bool) -> Client:
+        kwargs: dict[str, Any] = {"dsn": url, "database": database, "autogenerate_session_id": False,
+                                  "tz_mode": "aware"}
+        if username:
+            kwargs["username"] = username
+        if password is not None:
+            kwargs["password"] = password
+        if readonly:
+            kwargs["settings"] = {"readonly": 1}
+        try:
+            return clickhouse_connect.get_client(**kwargs)
+        except ClickHouseError as exc:
+            raise StoreError(f"cannot reach ClickHouse at {_redact(url)}: {one_line(exc)}") from exc
+
+    return make
+
+
+def _redact(url: str) -> str:
+    return re.sub(r"//[^@/]*@", "//", url)
+
+
+def open_store(dsn: str, database: str) -> Store:
+    """Open the store at `dsn` (chdb:///dir or http(s)://host:port), creating `database` if missing.
+
+    Raises StoreBusy when another process holds the chDB directory.
+    """
+    if not _DATABASE_RE.match(database):
+        raise StoreError(f"not a usable database name: {database!r} (letters, digits, _ and -)")
+    if dsn.startswith(CHDB_PREFIX):
+        path = _chdb_path(dsn)
+        holder = _holder(path)  # checked first so a busy store fails fast, before chDB prints its own complaint
+        if holder is not None:
+            raise StoreBusy(path, holder or None)
+        path.mkdir(parents=True, exist_ok=True)
+        factory = _chdb_factory(path)
+        location = str(path)
+    elif dsn.startswith(("http://", "https://")):
+        factory = _server_factory(dsn)
+        location = _redact(dsn)
+    else:
+        raise StoreError(f"unsupported store address {dsn!r} (use chdb:///dir or http(s)://host:port)")
+    bootstrap = factory(None, False)
+    try:
+        bootstrap.command(store_sql("create_database"), parameters={"database": database})
+        return Store(factory, database, location)
+    finally:
+        # closed only after the Store's own client exists, so chDB's engine is not shut down and restarted
+        bootstrap.close()
+
+
+# --- the store ------------------------------------------------------------------------------------------------------
+
+
+class _Pool:
+    """Clients handed out one caller at a time, created on demand, all closed together."""
+
+    def __init__(self, make: Callable[[], Client]):
+        self._make = make
+        self._idle: list[Client] = []
+        self._all: list[Client] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @contextmanager
+    def lease(self) -> Iterator[Client]:
+        with self._lock:
+            if self._closed:
+                raise StoreError("the store is closed")
+            client = self._idle.pop() if self._idle else None
+        if client is None:
+            client = self._make()
+            with self._lock:
+                self._all.append(client)
+        try:
+            yield client
+        finally:
+            with self._lock:
+                if not self._closed:
+                    self._idle.append(client)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            clients, self._all, self._idle = self._all, [], []
+        for client in clients:
+            client.close()
+
+
+class Store:
+    """The fleetprof tables in one ClickHouse database; share one instance between threads."""
+
+    def __init__(self, factory: Callable[[str | None, bool], Client], database: str, location: str):
+        self.database = database
+        self.location = location
+        # For callers that need the raw clickhouse-connect API; the Store's own methods lease pooled clients instead,
+        # so this one is never busy with their work.
+        self.client: Client = factory(database, False)
+        self._writers = _Pool(lambda: factory(database, False))
+        self._readers = _Pool(lambda: factory(database, True))
+        self._no_dedup = self._no_dedup_settings()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Store({self.location}, database={self.database})"
+
+    def _no_dedup_settings(self) -> dict[str, Any]:
+        # Tables with non_replicated_deduplication_window also drop a block identical to a recent one when no token
+        # is given; two equal partial aggregates are legitimate, so without a token nothing is deduplicated.
+        # Newer servers replaced insert_deduplicate with deduplicate_insert and ignore the old one.
+        known = self.client.query(store_sql("server_setting"), parameters={"name": "deduplicate_insert"})
+        if known.result_rows[0][0]:
+            return {"deduplicate_insert": "disable"}
+        return {"insert_deduplicate": 0}
+
+    def migrate(self) -> list[str]:
+        """Apply the sql/migrations files not yet recorded in schema_migrations, in order; return their names."""
+        with self._writers.lease() as client:
+            present = client.query(store_sql("migrations_table")).result_rows[0][0]
+            applied = {r[0] for r in client.query(store_sql("applied_migrations")).result_rows} if present else set()
+            done = []
+            for version, name, path in migration_files():
+                if version in applied:
+                    continue
+                for statement in split_statements(path.read_text()):
+                    client.command(statement)
+                client.insert("schema_migrations", [[version, name, datetime.now(tz=UTC)]],
+                              column_names=["version", "name", "applied_at"])
+                log.info("applied migration %s to %s", name, self.database)
+                done.append(name)
+            return done
+
+    def insert(self, table: str, rows: Sequence[Sequence[Any]], column_names: list[str],
+               dedup_token: str | None = None) -> None:
+        """Insert rows; with a dedup_token, inserting the same token again (e.g. after a crash) is a no-op."""
+        if not _TABLE_RE.match(table):
+            raise StoreError(f"not a table name: {table!r}")
+        if not rows:
+            return
+        settings = {"insert_deduplication_token": dedup_token} if dedup_token else self._no_dedup
+        with self._writers.lease() as client:
+            client.insert(table, rows, column_names=column_names, settings=settings)
+
+    def query_named(self, name: str, params: dict[str, Any]) -> tuple[list[str], list[tuple]]:
+        """Run sql/queries/<name>.sql; text values are coerced to the placeholders' types, defaults fill the rest."""
+        query = named_query(name)
+        bound = bind_named(query, params)
+        with self._writers.lease() as client:
+            result = client.query(query.sql, parameters=bound)
+        return list(result.column_names), list(result.result_rows)
+
+    def query_sql(self, sql: str, params: dict[str, Any] | None = None, *,
+                  readonly: bool = True) -> tuple[list[str], list[tuple]]:
+        """Run one statement with bound `{name:Type}` parameters; read-only (enforced by ClickHouse) by default."""
+        pool = self._readers if readonly else self._writers
+        with pool.lease() as client:
+            result = client.query(sql, parameters=params or {})
+        return list(result.column_names), list(result.result_rows)
+
+    def close(self) -> None:
+        """Close every client; chDB's engine (and its directory lock) goes when the process's last client closes."""
+        self._readers.close()
+        self._writers.close()
+        self.client.close()
