@@ -11,7 +11,6 @@ import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form

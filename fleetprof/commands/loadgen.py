@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import click
@@ -44,11 +45,13 @@ class Duration(click.ParamType):
 @click.option("--no-gpu", is_flag=True, help="CPU stacks only: no launches, kernels or GPU metrics.")
 @click.option("--launch-rate", type=click.FloatRange(min=0), default=2.0, show_default=True,
               help="Sampled CUDA launches per second per GPU (8 GPUs per node).")
+@click.option("--node-prefix", default="sim-node", show_default=True,
+              help="Node names are <prefix>-0001…; another prefix keeps two runs apart.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="Format of the final report.")
 @click.pass_obj
 def loadgen(settings: Settings, nodes: int, rate: float, duration: float, window: float, seed: int, no_pace: bool,
-            no_gpu: bool, launch_rate: float, fmt: str) -> None:
+            no_gpu: bool, launch_rate: float, node_prefix: str, fmt: str) -> None:
     """Send simulated nodes' CPU stacks, CUDA launches/kernels, GPU metrics and symbol tables (all marked
     simulated) to Kafka, then print exact totals of what was sent."""
     from producers.loadgen import run_loadgen
@@ -66,9 +69,10 @@ def loadgen(settings: Settings, nodes: int, rate: float, duration: float, window
         columns = (TextColumn("[bold]loadgen[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("node-windows"), TimeElapsedColumn(), TimeRemainingColumn())
         with Progress(*columns, console=console, transient=True) as bar:
-            task = bar.add_task(f"{nodes} nodes" + ("" if no_pace else " (paced)"), total=None)
+            windows = max(1, math.ceil(duration / window - 1e-9))
+            task = bar.add_task(f"{nodes} nodes" + ("" if no_pace else " (paced)"), total=nodes * windows)
             report = run_loadgen(kafka, nodes=nodes, rate=rate, duration=duration, window=window, seed=seed,
-                                 pace=not no_pace, gpu=not no_gpu, launch_rate=launch_rate,
+                                 pace=not no_pace, gpu=not no_gpu, launch_rate=launch_rate, node_prefix=node_prefix,
                                  progress=lambda done, total: bar.update(task, completed=done, total=total))
     except (PublishError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None

@@ -1,0 +1,206 @@
+"""loadgen: a simulated fleet sending realistic raw data through the real topics.
+
+The data source for end-to-end tests before real collectors exist and for the fleet benchmark. Per window and node:
+one CpuStackBatch (split if it would pass the message size limit) with exactly round(rate * window) samples, the
+trainers' sampled launches and kernels, and one GpuMetrics per second. Symbol tables go out first, durably. The
+report holds exact totals of what was sent, so tests can compare stored results with it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from producers.publisher import Publisher, PublishError
+from producers.synthetic_fleet import FREQUENCY_HZ, KERNEL_BUILD_ID, SimNode, SyntheticFleet
+from schemas import topics
+from schemas.codec import encode
+from schemas.fast_encoders import DEFAULT_MAX_BYTES, LaunchEncoder, encode_cpu_batches, process_head
+
+SECOND_NS = 1_000_000_000
+Progress = Callable[[int, int], None]  # (node-windows done, node-windows in all)
+
+
+@dataclass
+class LoadgenReport:
+    """Exact totals of what one run sent. Functions are (binary, function) as the symbolizer names them."""
+
+    nodes: list[str]
+    windows: int
+    window_ns: int
+    first_window_start_ns: int
+    end_ns: int  # end of the last window
+    samples_per_node: dict[str, int]
+    samples_by_leaf: dict[tuple[str, str], int]
+    samples_by_function: dict[tuple[str, str], int]  # each stack counted once per function in it
+    batches: int  # cpu.stacks messages
+    build_ids: list[str]
+    symbol_chunks: int
+    launches: int = 0
+    launch_weight: int = 0  # sum of the launches' weights
+    kernels: int = 0
+    kernel_ns: int = 0
+    kernels_per_node: dict[str, int] = field(default_factory=dict)
+    kernel_ns_per_node: dict[str, int] = field(default_factory=dict)
+    kernel_ns_by_name: dict[str, int] = field(default_factory=dict)
+    metrics: int = 0
+    messages_by_topic: dict[str, int] = field(default_factory=dict)
+    bytes_by_topic: dict[str, int] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+    generate_s: float = 0.0  # producing the windows, without model set-up, pacing and the final flush
+    simulated: bool = True
+
+    @property
+    def total_samples(self) -> int:
+        return sum(self.samples_per_node.values())
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.bytes_by_topic.values())
+
+    def to_json(self) -> dict:
+        """JSON-ready: function keys become [binary, function, count] rows, most samples first."""
+        out = asdict(self)
+        for key in ("samples_by_leaf", "samples_by_function"):
+            out[key] = [[b, f, n] for (b, f), n in sorted(out[key].items(), key=lambda kv: -kv[1])]
+        out.update(total_samples=self.total_samples, bytes=self.bytes)
+        return out
+
+
+class _Run:
+    """One loadgen run: the fleet, the publisher, caches, and exact counts of everything sent."""
+
+    def __init__(self, fleet: SyntheticFleet, publisher: Publisher, window_ns: int, max_bytes: int) -> None:
+        self.fleet, self.publisher, self.window_ns, self.max_bytes = fleet, publisher, window_ns, max_bytes
+        self.messages: Counter[str] = Counter()
+        self.bytes: Counter[str] = Counter()
+        self.heads: dict[tuple[int, int], bytes] = {}  # a process's metadata and mappings never change: encode once
+        self.launch_encoder = LaunchEncoder()
+        self.pair_counts = np.zeros(len(fleet.probs), dtype=np.int64)
+        self.launch_weight = self.kernel_ns = 0
+        self.kernels_node: Counter[str] = Counter()
+        self.kernel_ns_node: Counter[str] = Counter()
+        self.kernel_ns_name: Counter[str] = Counter()
+
+    def send(self, topic: topics.Topic, key: str, value: bytes) -> None:
+        self.publisher.publish(topic.name, key, value)
+        self.messages[topic.name] += 1
+        self.bytes[topic.name] += len(value)
+
+    def symbols(self) -> int:
+        chunks = [(b.build_id, c) for b in self.fleet.binaries for c in b.symbol_chunks()]
+        for build_id, chunk in chunks:
+            self.send(topics.SYMBOLS, f"{build_id}/{chunk['chunk_index']}", encode("SymbolChunk", chunk))
+        return len(chunks)
+
+    def cpu(self, n: int, node: SimNode, start: int, samples: int) -> None:
+        used, procs, counts = self.fleet.cpu_window(node, samples)
+        self.pair_counts += counts
+        batch = {"node": node.name, "window_start_ns": start, "window_ns": self.window_ns,
+                 "frequency_hz": FREQUENCY_HZ, "kernel_build_id": KERNEL_BUILD_ID, "simulated": True,
+                 "processes": procs}
+        for p, rec in zip(used, procs, strict=True):
+            if (n, p) not in self.heads:
+                self.heads[n, p] = process_head(rec)
+        for message in encode_cpu_batches(batch, self.max_bytes, [self.heads[n, p] for p in used]):
+            self.send(topics.CPU_STACKS, node.name, message)
+
+    def gpu(self, node: SimNode, start: int, launch_rate: float) -> None:
+        launches, kernels = self.fleet.gpu_window(node, start, self.window_ns, launch_rate)
+        for rec in launches:
+            self.send(topics.GPU_LAUNCHES, f"{node.name}/{rec['pid']}", self.launch_encoder.encode(rec))
+            self.launch_weight += rec["weight"]
+        for rec in kernels:
+            self.send(topics.GPU_KERNELS, f"{node.name}/{rec['pid']}", encode("GpuKernel", rec))
+            ns = rec["end_ns"] - rec["start_ns"]
+            self.kernel_ns += ns
+            self.kernel_ns_name[rec["kernel_name"]] += ns
+            self.kernel_ns_node[node.name] += ns
+        self.kernels_node[node.name] += len(kernels)
+        for t in range(-(-start // SECOND_NS) * SECOND_NS, start + self.window_ns, SECOND_NS):  # NVML polls, 1 Hz
+            self.send(topics.GPU_METRICS, node.name, encode("GpuMetrics", self.fleet.metrics(node, t)))
+
+
+def _check_args(nodes: int, rate: float, duration: float, window: float, launch_rate: float) -> None:
+    for name, value, ok, want in (("nodes", nodes, nodes >= 1, ">= 1"), ("rate", rate, rate > 0, "> 0"),
+                                  ("duration", duration, duration > 0, "> 0"),
+                                  ("window", window, window >= 0.001, ">= 0.001 s"),
+                                  ("launch_rate", launch_rate, launch_rate >= 0, ">= 0")):
+        if not ok or not math.isfinite(value):
+            raise ValueError(f"{name} must be {want}, got {value}")
+
+
+def run_loadgen(config: dict, nodes: int, rate: float, duration: float, window: float = 10.0, seed: int = 0,
+                pace: bool = True, gpu: bool = True, progress: Progress | None = None, node_prefix: str = "sim-node",
+                launch_rate: float = 2.0, max_message_bytes: int = DEFAULT_MAX_BYTES,
+                flush_timeout: float = 120.0) -> LoadgenReport:
+    """Send `duration` seconds of a `nodes`-node fleet, `rate` CPU samples per second per node.
+
+    pace=True sends each window when it ends in real time; pace=False sends as fast as possible, with windows
+    that end at the current aligned window boundary. `launch_rate`: sampled launches per second per GPU.
+    Raises PublishError if anything could not be delivered.
+    """
+    _check_args(nodes, rate, duration, window, launch_rate)
+    t0 = time.perf_counter()
+    fleet = SyntheticFleet(seed=seed, node_prefix=node_prefix)
+    sim = [fleet.node(i) for i in range(nodes)]
+    window_ns = max(1, round(window * SECOND_NS))
+    n_windows = max(1, math.ceil(duration / window - 1e-9))
+    per_window = round(rate * window)
+    run = _Run(fleet, Publisher(config), window_ns, max_message_bytes)
+    chunks = run.symbols()
+    if run.publisher.flush(flush_timeout):  # durable before any batch refers to them
+        raise PublishError(f"symbol tables not delivered within {flush_timeout:.0f} s")
+
+    t_windows, waited = time.perf_counter(), 0.0
+    first = time.time_ns() // window_ns * window_ns - (0 if pace else n_windows * window_ns)
+    for w in range(n_windows):
+        start = first + w * window_ns
+        pause = (start + window_ns - time.time_ns()) / SECOND_NS if pace else 0.0
+        if pause > 0:
+            time.sleep(pause)
+            waited += pause
+        for n, node in enumerate(sim):
+            run.cpu(n, node, start, per_window)
+            if gpu:
+                run.gpu(node, start, launch_rate)
+            if progress is not None:
+                progress(w * nodes + n + 1, n_windows * nodes)
+    generate_s = time.perf_counter() - t_windows - waited
+    remaining = run.publisher.flush(flush_timeout)  # raises PublishError if any message failed
+    if remaining:
+        raise PublishError(f"{remaining} messages still undelivered after {flush_timeout:.0f} s")
+
+    leaf, inclusive = _function_counts(fleet, run.pair_counts)
+    names = [node.name for node in sim]
+    return LoadgenReport(
+        nodes=names, windows=n_windows, window_ns=window_ns, first_window_start_ns=first,
+        end_ns=first + n_windows * window_ns, samples_per_node={name: per_window * n_windows for name in names},
+        samples_by_leaf=leaf, samples_by_function=inclusive, batches=run.messages[topics.CPU_STACKS.name],
+        build_ids=[b.build_id for b in fleet.binaries], symbol_chunks=chunks,
+        launches=run.messages[topics.GPU_LAUNCHES.name], launch_weight=run.launch_weight,
+        kernels=run.messages[topics.GPU_KERNELS.name], kernel_ns=run.kernel_ns,
+        kernels_per_node=dict(run.kernels_node), kernel_ns_per_node=dict(run.kernel_ns_node),
+        kernel_ns_by_name=dict(run.kernel_ns_name), metrics=run.messages[topics.GPU_METRICS.name],
+        messages_by_topic=dict(run.messages), bytes_by_topic=dict(run.bytes),
+        elapsed_s=time.perf_counter() - t0, generate_s=generate_s)
+
+
+def _function_counts(fleet: SyntheticFleet, pair_counts: np.ndarray) -> tuple[dict, dict]:
+    """Samples per leaf function and per function anywhere in the stack, from the counts per (process, path)."""
+    t = fleet.templates
+    per_tpl = np.zeros(len(t.kinds), dtype=np.int64)
+    np.add.at(per_tpl, fleet.pair_tpl, pair_counts)
+    leaf: Counter[tuple[str, str]] = Counter()
+    inclusive: Counter[tuple[str, str]] = Counter()
+    for i in np.flatnonzero(per_tpl).tolist():
+        count = int(per_tpl[i])
+        leaf[t.leaf[i]] += count
+        for fn in t.functions[i]:
+            inclusive[fn] += count
+    return dict(leaf), dict(inclusive)
