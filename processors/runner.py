@@ -42,8 +42,16 @@ class BeforeBatch(Protocol):
     def before_batch(self, messages: list[Message]) -> None: ...
 
 
-def consumer_config(kafka: dict, group: str, **extra: str) -> dict:
+def client_config(kafka: dict, **extra: object) -> dict:
+    """librdkafka settings with its log lines routed into Python logging (structured, to the process's log)."""
     cfg = dict(kafka)
+    cfg["logger"] = logging.getLogger("fleetprof.rdkafka")
+    cfg.update(extra)
+    return cfg
+
+
+def consumer_config(kafka: dict, group: str, **extra: str) -> dict:
+    cfg = client_config(kafka)
     cfg.update({
         "group.id": group,
         "enable.auto.commit": False,
@@ -95,7 +103,7 @@ class TopicRunner:
         self.txn_timeout = txn_timeout
         self.expect = expected_schemas(stage.inputs)
         self.consumer = Consumer(consumer_config(kafka, group or f"fleetprof-{stage.name}"))
-        pcfg = dict(kafka)
+        pcfg = client_config(kafka)
         pcfg.update({"transactional.id": instance_id(stage.name, slot), "enable.idempotence": True,
                      "transaction.timeout.ms": 15000,
                      "linger.ms": 20, "compression.type": "lz4", "message.max.bytes": 8 * 1024 * 1024})
@@ -117,7 +125,7 @@ class TopicRunner:
     def run_once(self) -> int:
         """Poll one batch and make it durable; returns the number of messages consumed."""
         raws = self.consumer.consume(num_messages=self.batch_size, timeout=self.poll_timeout)
-        raws = [m for m in raws if not _is_benign_error(m)]
+        raws = [m for m in raws if not skip_consumer_error(m)]
         if not raws:
             return 0
         started = time.monotonic()
@@ -202,7 +210,7 @@ class TopicRunner:
                 closer()
 
 
-def _is_benign_error(raw) -> bool:
+def skip_consumer_error(raw) -> bool:
     err = raw.error()
     if err is None:
         return False

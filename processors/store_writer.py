@@ -19,7 +19,13 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from processors import metrics
 from processors.messages import Message, Produced, dead_letter, decode_message
-from processors.runner import DEFAULT_MAX_MESSAGE_BYTES, _is_benign_error, consumer_config, expected_schemas
+from processors.runner import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    client_config,
+    consumer_config,
+    expected_schemas,
+    skip_consumer_error,
+)
 from processors.sink import DEFINITION_TABLES, SINK_INPUTS, Rows, rows_for
 from schemas import codec
 
@@ -69,8 +75,7 @@ class StoreRunner:
         self.expect = expected_schemas(inputs)
         self.stop = stop or threading.Event()
         self.consumer = Consumer(consumer_config(kafka, group or f"fleetprof-{name}"))
-        pcfg = dict(kafka)
-        pcfg.update({"enable.idempotence": True, "acks": "all"})
+        pcfg = client_config(kafka, **{"enable.idempotence": True, "acks": "all"})
         self.producer = Producer(pcfg)
         self.buffers: dict[tuple[str, int], list] = {}
         self.first_seen: dict[tuple[str, int], float] = {}
@@ -123,7 +128,7 @@ class StoreRunner:
 
     def run_once(self) -> int:
         raws = [m for m in self.consumer.consume(num_messages=self.batch_messages, timeout=self.poll_timeout)
-                if not _is_benign_error(m)]
+                if not skip_consumer_error(m)]
         now = time.monotonic()
         for raw in raws:
             tp = (raw.topic(), raw.partition())

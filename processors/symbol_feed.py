@@ -7,6 +7,7 @@ import time
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
+from processors.runner import client_config
 from processors.symbol_tables import SymbolTables
 from schemas import codec, topics
 
@@ -17,7 +18,7 @@ class SymbolFeed:
     """Follows the symbols topic from the beginning; `catch_up` reads up to the current end."""
 
     def __init__(self, kafka: dict, tables: SymbolTables, min_interval: float = 1.0) -> None:
-        cfg = dict(kafka)
+        cfg = client_config(kafka)
         cfg.update({"group.id": "fleetprof-symbols-reader", "enable.auto.commit": False,
                     "auto.offset.reset": "earliest", "isolation.level": "read_committed",
                     "max.partition.fetch.bytes": 16 * 1024 * 1024})

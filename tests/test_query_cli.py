@@ -161,3 +161,12 @@ def test_sql_needs_exactly_one_statement(cpu_store, tmp_path):
     assert result.exit_code == 1 and "either a statement or --file" in result.stderr
     result = run_here([*base_args(cpu_store), "sql", "SELECT 1", "--param", "novalue"], silent_address())
     assert result.exit_code == 1 and "name=value" in result.stderr
+
+
+def test_table_output_keeps_bracketed_names(capsys):
+    from fleetprof.commands.sql import emit
+
+    emit(["function", "binary", "self"], [["__schedule", "[kernel.kallsyms]", 3], ["[unknown] 0x10", "[unknown]", 1]],
+         "table")
+    out = capsys.readouterr().out
+    assert "[kernel.kallsyms]" in out and "[unknown] 0x10" in out

@@ -11,6 +11,7 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from fleetprof.query_client import QueryError, query_target
 from fleetprof.settings import Settings
@@ -41,7 +42,7 @@ def emit(columns: list[str], rows: list[list[Any]], fmt: str) -> None:
             numeric = isinstance(sample, int | float) and not isinstance(sample, bool)
             table.add_column(name, justify="right" if numeric else "left", overflow="fold")
         for row in rows:
-            table.add_row(*(_cell(v) for v in row))
+            table.add_row(*(Text(_cell(v)) for v in row))  # Text: '[kernel.kallsyms]' is no markup tag
         Console(soft_wrap=False).print(table)
 
 
