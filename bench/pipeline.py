@@ -20,9 +20,10 @@ import threading
 import time
 import uuid
 from contextlib import ExitStack
+from datetime import UTC, datetime
 from pathlib import Path
 
-from confluent_kafka import Consumer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -41,34 +42,51 @@ def free_ports(n: int) -> list[int]:
         return [s.getsockname()[1] for s in socks]
 
 
-def raw_consume(bootstrap: str, topic: str, messages: int) -> tuple[float, int]:
-    """Seconds for a plain confluent-kafka consumer to read `messages` messages of `topic` from the start."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"raw-{uuid.uuid4()}", "auto.offset.reset": "earliest",
-                  "enable.auto.commit": False, "fetch.max.bytes": 64 << 20, "max.partition.fetch.bytes": 16 << 20})
-    c.subscribe([topic])
-    seen = nbytes = 0
-    t0 = None
-    while seen < messages:
+def raw_consume(bootstrap: str, topic: str, messages: int) -> tuple[float, list[bytes]]:
+    """Seconds for a plain confluent-kafka consumer to fetch `messages` messages of `topic` from the start.
+
+    Partitions are assigned directly (no group join), so the time is fetching alone.
+    """
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"raw-{uuid.uuid4()}", "enable.auto.commit": False,
+                  "fetch.max.bytes": 64 << 20, "max.partition.fetch.bytes": 16 << 20})
+    parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+    t0 = time.perf_counter()
+    c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+    values: list[bytes] = []
+    while len(values) < messages:
         for m in c.consume(1000, 1.0):
             if m.error() is None:
-                if t0 is None:
-                    t0 = time.perf_counter()  # from the first message: group join is not throughput
-                seen += 1
-                nbytes += len(m.value())
+                values.append(m.value())
     elapsed = time.perf_counter() - t0
     c.close()
-    return elapsed, nbytes
+    return elapsed, values
+
+
+def symbolize_only(bootstrap: str, values: list[bytes]) -> float:
+    """Seconds for the pure symbolize function alone (decode included) over the same messages, one core."""
+    from processors.stages import build_symbolize
+    from processors.symbolize import symbolize_batch
+    from schemas import codec
+
+    stage = build_symbolize({"bootstrap.servers": bootstrap})
+    t0 = time.perf_counter()
+    for v in values:
+        symbolize_batch(codec.decode(v)[1], stage.tables.get, stage.memo)
+    elapsed = time.perf_counter() - t0
+    stage.close()
+    return elapsed
 
 
 def stored_total(store) -> int:
-    _, rows = store.query_named("totals_cpu", {"since": 0, "until": 4_000_000_000, "node": ""})
+    _, rows = store.query_named("totals_cpu", {"since": datetime(2000, 1, 1, tzinfo=UTC),
+                                               "until": datetime(2100, 1, 1, tzinfo=UTC), "node": ""})
     return sum(int(r[-1]) for r in rows)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=100)
-    ap.add_argument("--windows", type=int, default=6, help="10 s windows per node")
+    ap.add_argument("--windows", type=int, default=30, help="10 s windows per node")
     ap.add_argument("--rate", type=float, default=152.0, help="CPU samples/s per node (19 Hz x 8 busy CPUs)")
     ap.add_argument("--symbolizers", type=int, default=1)
     args = ap.parse_args()
@@ -89,7 +107,10 @@ def main() -> None:
         samples = report.total_samples
         batches = report.batches
 
-        raw_s, raw_bytes = raw_consume(broker.bootstrap, "cpu.stacks", batches)
+        raw_s, values = raw_consume(broker.bootstrap, "cpu.stacks", batches)
+        raw_bytes = sum(len(v) for v in values)
+        sym_s = symbolize_only(broker.bootstrap, values)
+        del values
 
         store = open_store(f"chdb://{tmp / 'chdb'}", "bench")
         store.migrate()
@@ -124,6 +145,7 @@ def main() -> None:
             "symbolizers": args.symbolizers, "batches": batches, "samples": samples,
             "message_mb": round(raw_bytes / 1e6, 1), "loadgen_s": round(produce_s, 2),
             "raw_consume_s": round(raw_s, 3), "raw_samples_per_s": round(samples / raw_s),
+            "symbolize_only_s": round(sym_s, 2), "symbolize_only_samples_per_s": round(samples / sym_s),
             "pipeline_s": round(pipe_s, 2), "pipeline_samples_per_s": round(samples / pipe_s),
             "pipeline_steady_samples_per_s": round(samples / steady_s),
             "ratio_pipeline_to_raw": round((samples / pipe_s) / (samples / raw_s), 4),

@@ -23,10 +23,11 @@ from typing import Any
 
 import uvicorn
 from clickhouse_connect.driver.exceptions import ClickHouseError, OperationalError
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from fleetprof.store import ParamError, Store, StoreError, UnknownQuery, one_line
@@ -90,6 +91,10 @@ def _clickhouse_error(exc: ClickHouseError) -> JSONResponse:
 def create_app(store: Store) -> Starlette:
     """The Starlette app over one Store. Handlers are sync, so Starlette runs them in its thread pool."""
 
+    def metrics(request: Request) -> Response:
+        # the processes that host the API also run the sink: its counters are this registry's
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
     def healthz(request: Request) -> JSONResponse:
         return JSONResponse({"status": "ok", "service": "fleetprof", "database": store.database})
 
@@ -130,6 +135,7 @@ def create_app(store: Store) -> Starlette:
         Route("/healthz", healthz, methods=["GET"]),
         Route("/api/query/{name}", named, methods=["GET"]),
         Route("/api/sql", sql, methods=["POST"]),
+        Route("/metrics", metrics, methods=["GET"]),
     ])
 
 

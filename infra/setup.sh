@@ -46,6 +46,7 @@ packages=()
 java_ok || packages+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || packages+=(maven)
 command -v curl >/dev/null || packages+=(curl)
+command -v c++filt >/dev/null || packages+=(binutils)  # tests check mangled names with c++filt
 if command -v dpkg >/dev/null; then
     dpkg -s ca-certificates >/dev/null 2>&1 || packages+=(ca-certificates)
 fi

@@ -18,7 +18,7 @@ class Message:
     key: bytes | None
     name: str  # record name, e.g. fleetprof.CpuStackBatch
     record: dict
-    size: int = 0
+    value: bytes = b""  # the bytes as received, for a dead letter that keeps the message whole
 
 
 @dataclass
@@ -29,6 +29,7 @@ class Produced:
     key: bytes | str | None
     schema: str
     record: dict
+    source: Message | None = None  # the input it came from, so an unsendable output can be dead-lettered
 
 
 def dead_letter(stage: str, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
@@ -52,4 +53,4 @@ def decode_message(stage: str, raw, expect: dict[str, str], max_bytes: int) -> M
         name, record = codec.decode(value, expect=expect.get(topic))
     except codec.DecodeError as exc:
         return dead_letter(stage, topic, partition, offset, key, value, str(exc))
-    return Message(topic, partition, offset, key, name, record, len(value))
+    return Message(topic, partition, offset, key, name, record, value)

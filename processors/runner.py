@@ -25,6 +25,7 @@ from schemas import codec, topics
 
 log = logging.getLogger("fleetprof.runner")
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+MAX_OUTPUT_BYTES = 1_000_000  # Kafka's default message.max.bytes; stages split their outputs below it
 
 
 class Stage(Protocol):
@@ -106,7 +107,7 @@ class TopicRunner:
         pcfg = client_config(kafka)
         pcfg.update({"transactional.id": instance_id(stage.name, slot), "enable.idempotence": True,
                      "transaction.timeout.ms": 15000,
-                     "linger.ms": 20, "compression.type": "lz4", "message.max.bytes": 8 * 1024 * 1024})
+                     "linger.ms": 20, "compression.type": "lz4"})
         self.producer = Producer(pcfg)
         self.batches = 0
 
@@ -160,7 +161,7 @@ class TopicRunner:
                 out.extend(self.stage.process([m]))
             except Exception as exc:
                 out.append(dead_letter(self.stage.name, m.topic, m.partition, m.offset, m.key,
-                                       codec.encode(m.name, m.record), f"processing failed: {exc!r}"))
+                                       m.value, f"processing failed: {exc!r}"))
         return out
 
     def _commit(self, out: list[Produced]) -> None:
@@ -168,6 +169,12 @@ class TopicRunner:
             self.producer.begin_transaction()
             for p in out:
                 key, value = encode_produced(p)
+                if len(value) > MAX_OUTPUT_BYTES and p.source is not None:
+                    src = p.source
+                    p = dead_letter(self.stage.name, src.topic, src.partition, src.offset, src.key,
+                                    src.value,
+                                    f"output of {len(value)} bytes exceeds the {MAX_OUTPUT_BYTES}-byte message limit")
+                    key, value = encode_produced(p)
                 self._produce(p.topic, key, value)
                 counter = metrics.DEAD_LETTERS if p.topic == "deadletter" else metrics.RECORDS_OUT
                 counter.labels(self.stage.name, p.topic).inc()

@@ -8,10 +8,12 @@ from processors import metrics
 from processors.messages import Message, Produced
 from processors.symbol_feed import SymbolFeed
 from processors.symbol_tables import SymbolTables
-from processors.symbolize import FrameMemo, SymbolizeStats, symbolize_batch
+from processors.symbolize import FrameMemo, SymbolizeStats, split_samples, symbolize_batch
 from schemas import topics
 
 log = logging.getLogger("fleetprof.stages")
+# Symbolized output is larger than its input (frame names); keep each message well under Kafka's default 1 MB.
+MAX_OUTPUT_BYTES = 600 * 1024
 
 
 class SymbolizeStage:
@@ -49,7 +51,8 @@ class SymbolizeStage:
             stats = SymbolizeStats()
             rec = symbolize_batch(m.record, self.tables.get, self.memo, stats)
             metrics.UNKNOWN_FRAMES.labels(self.name).inc(stats.unknown_frames)
-            out.append(Produced(topics.CPU_SAMPLES.name, m.record["node"], topics.CPU_SAMPLES.schema, rec))
+            for part in split_samples(rec, MAX_OUTPUT_BYTES):
+                out.append(Produced(topics.CPU_SAMPLES.name, m.record["node"], topics.CPU_SAMPLES.schema, part, m))
         return out
 
 

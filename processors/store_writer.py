@@ -199,7 +199,7 @@ class StoreRunner:
                 good.append(m)
             except Exception as exc:
                 dead.append(dead_letter(self.name, m.topic, m.partition, m.offset, m.key,
-                                        codec.encode(m.name, m.record), f"row building failed: {exc!r}"))
+                                        m.value, f"row building failed: {exc!r}"))
         return rows_for(good)
 
     def _insert(self, table: str, rows: Rows, token: str) -> None:

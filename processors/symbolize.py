@@ -26,17 +26,20 @@ class FrameMemo:
     """Frame and stack ids already computed, bounded so a long-running processor does not grow forever."""
 
     max_entries: int = 2_000_000
-    frames: dict = field(default_factory=dict)  # key -> (frame_id, function, binary, kind)
+    frames: dict = field(default_factory=dict)  # key -> frame id
+    by_id: dict = field(default_factory=dict)  # frame id -> (frame_id, function, binary, kind)
     stacks: dict = field(default_factory=dict)  # tuple(frame ids) -> stack id
 
-    def frame(self, key: object, function: str, binary: str, kind: str) -> tuple[int, str, str, str]:
-        hit = self.frames.get(key)
-        if hit is None:
+    def frame(self, key: object, function: str, binary: str, kind: str) -> int:
+        fid = self.frames.get(key)
+        if fid is None:
             if len(self.frames) >= self.max_entries:
                 self.frames.clear()
-            hit = (frame_id(function, binary, kind), function, binary, kind)
-            self.frames[key] = hit
-        return hit
+                self.by_id.clear()
+            fid = frame_id(function, binary, kind)
+            self.frames[key] = fid
+            self.by_id[fid] = (fid, function, binary, kind)
+        return fid
 
     def stack(self, frame_ids: tuple[int, ...]) -> int:
         sid = self.stacks.get(frame_ids)
@@ -61,66 +64,92 @@ def binary_name(path: str) -> str:
     return os.path.basename(path) or path or "[anon]"
 
 
-def _user_frames(proc: dict, addrs: np.ndarray, is_leaf: np.ndarray, tables: TableLookup, memo: FrameMemo,
-                 stats: SymbolizeStats) -> list[tuple[int, str, str, str]]:
-    """One resolved frame per user address."""
+def _resolve(ids: np.ndarray, where: np.ndarray, keys: np.ndarray, make) -> None:
+    """ids[where] = frame id of each key, computing each distinct key once (`make(key) -> frame id`)."""
+    if len(where) == 0:
+        return
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    fids = np.fromiter((make(int(k)) for k in uniq), dtype=np.int64, count=len(uniq))
+    ids[where] = fids[inverse]
+
+
+def _map_addresses(proc: dict, addrs: np.ndarray, groups: dict[tuple[str, str], int]) -> tuple[np.ndarray,
+                                                                                                  np.ndarray]:
+    """Each user address's (build id, binary) group (-1: in no mapping) and its file offset."""
     maps = sorted(proc["mappings"], key=lambda m: m["start"])
+    if not maps:
+        return np.full(len(addrs), -1, dtype=np.int64), addrs
     starts = as_u64([m["start"] for m in maps])
     limits = as_u64([m["limit"] for m in maps])
     offsets = as_u64([m["file_offset"] for m in maps])
-    out: list = [None] * len(addrs)
-    mi = np.searchsorted(starts, addrs, side="right").astype(np.int64) - 1 if len(maps) else np.full(len(addrs), -1)
-    mapped = (mi >= 0) & (addrs < limits[np.maximum(mi, 0)]) if len(maps) else np.zeros(len(addrs), bool)
-    for i in np.flatnonzero(~mapped):
-        out[i] = memo.frame(("?", int(addrs[i])), f"[unknown] 0x{int(addrs[i]):x}", "[unknown]", "UNKNOWN")
-        stats.unknown_frames += 1
-    for m in np.unique(mi[mapped]):
-        sel = np.flatnonzero(mapped & (mi == m))
-        mapping = maps[m]
-        binary = binary_name(mapping["path"])
-        file_off = addrs[sel] - starts[m] + offsets[m]
-        table = tables(mapping["build_id"]) if mapping["build_id"] else None
+    mgroup = np.array([groups.setdefault((m["build_id"], binary_name(m["path"])), len(groups)) for m in maps],
+                      dtype=np.int64)
+    mi = np.searchsorted(starts, addrs, side="right").astype(np.int64) - 1
+    safe = np.maximum(mi, 0)
+    mapped = (mi >= 0) & (addrs < limits[safe])
+    group = np.where(mapped, mgroup[safe], -1)
+    file_off = np.where(mapped, addrs - starts[safe] + offsets[safe], addrs)
+    return group, file_off
+
+
+def _user_frames(group: np.ndarray, file_off: np.ndarray, is_leaf: np.ndarray, groups: dict[tuple[str, str], int],
+                 tables: TableLookup, memo: FrameMemo, stats: SymbolizeStats) -> np.ndarray:
+    """The frame id of every user address of the batch, one table lookup per binary."""
+    ids = np.zeros(len(group), dtype=np.int64)
+    order = np.argsort(group, kind="stable")
+    bounds = np.searchsorted(group[order], np.arange(-1, len(groups) + 1))
+    orphans = order[bounds[0]:bounds[1]]
+    stats.unknown_frames += len(orphans)
+    _resolve(ids, orphans, file_off[orphans],
+             lambda a: memo.frame(("?", a), f"[unknown] 0x{a:x}", "[unknown]", "UNKNOWN"))
+    for (build_id, binary), g in groups.items():
+        sel = order[bounds[g + 1]:bounds[g + 2]]
+        if len(sel) == 0:
+            continue
+        off = file_off[sel]
+        table = tables(build_id) if build_id else None
         if table is None:
-            if mapping["build_id"]:
-                stats.missing_build_ids.add(mapping["build_id"])
+            if build_id:
+                stats.missing_build_ids.add(build_id)
             syms = np.full(len(sel), -1)
         else:
             # a return address points past its call; step back one byte so it lands in the caller
-            lookup_off = file_off - (~is_leaf[sel]).astype(np.uint64)
-            syms = table.lookup(table.to_vaddr(lookup_off))
-        build_id = mapping["build_id"]
-        for j, s, off in zip(sel, syms, file_off, strict=True):
-            if s >= 0:
-                out[j] = memo.frame((build_id, int(s)), table.names[s], binary, "NATIVE")
-            else:
-                out[j] = memo.frame((binary, int(off)), f"[unknown] {binary}+0x{int(off):x}", binary, "UNKNOWN")
-                stats.unknown_frames += 1
-    return out
+            syms = table.lookup(table.to_vaddr(off - (~is_leaf[sel]).astype(np.uint64)))
+        known = syms >= 0
+        if table is not None:
+            names = table.names
+            _resolve(ids, sel[known], syms[known],
+                     lambda s, t=build_id, b=binary, n=names: memo.frame((t, b, s), n[s], b, "NATIVE"))
+        stats.unknown_frames += int((~known).sum())
+        _resolve(ids, sel[~known], off[~known],
+                 lambda o, b=binary: memo.frame((b, o), f"[unknown] {b}+0x{o:x}", b, "UNKNOWN"))
+    return ids
 
 
 def _kernel_frames(addrs: np.ndarray, is_leaf: np.ndarray, table: SymbolTable | None, memo: FrameMemo,
-                   stats: SymbolizeStats) -> list[tuple[int, str, str, str]]:
+                   stats: SymbolizeStats) -> np.ndarray:
+    ids = np.zeros(len(addrs), dtype=np.int64)
     syms = table.lookup(addrs - (~is_leaf).astype(np.uint64)) if table is not None else np.full(len(addrs), -1)
-    out = []
-    for a, s in zip(addrs, syms, strict=True):
-        if s >= 0:
-            out.append(memo.frame(("k", table.build_id, int(s)), table.names[s], KERNEL_BINARY, "KERNEL"))
-        else:
-            out.append(memo.frame(("k?", int(a)), f"[unknown] {KERNEL_BINARY}+0x{int(a):x}", KERNEL_BINARY,
-                                  "UNKNOWN"))
-            stats.unknown_frames += 1
-    return out
+    known = syms >= 0
+    if table is not None:
+        names = table.names
+        _resolve(ids, np.flatnonzero(known), syms[known],
+                 lambda s, t=table.build_id: memo.frame(("k", t, s), names[s], KERNEL_BINARY, "KERNEL"))
+    stats.unknown_frames += int((~known).sum())
+    _resolve(ids, np.flatnonzero(~known), addrs[~known],
+             lambda a: memo.frame(("k?", a), f"[unknown] {KERNEL_BINARY}+0x{a:x}", KERNEL_BINARY, "UNKNOWN"))
+    return ids
 
 
 def _flatten(stacks: list[dict], field_name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """All addresses of one kind in one array, with each stack's bounds and a leaf marker."""
-    lengths = np.array([len(s[field_name]) for s in stacks], dtype=np.int64)
-    bounds = np.concatenate(([0], np.cumsum(lengths)))
+    """All addresses of one kind in one array, with each stack's length and a leaf marker."""
+    lengths = np.fromiter((len(s[field_name]) for s in stacks), dtype=np.int64, count=len(stacks))
     flat = [a for s in stacks for a in s[field_name]]
     addrs = as_u64(flat) if flat else np.zeros(0, np.uint64)
     is_leaf = np.zeros(len(addrs), dtype=bool)
-    is_leaf[bounds[:-1][lengths > 0]] = True
-    return addrs, bounds, is_leaf
+    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    is_leaf[starts[lengths > 0]] = True
+    return addrs, lengths, is_leaf
 
 
 def symbolize_batch(batch: dict, tables: TableLookup, memo: FrameMemo | None = None,
@@ -131,37 +160,87 @@ def symbolize_batch(batch: dict, tables: TableLookup, memo: FrameMemo | None = N
     kernel_table = tables(batch["kernel_build_id"]) if batch.get("kernel_build_id") else None
     if batch.get("kernel_build_id") and kernel_table is None:
         stats.missing_build_ids.add(batch["kernel_build_id"])
-    frames: dict[int, tuple] = {}
+    procs = [p for p in batch["processes"] if p["stacks"]]
+    all_stacks = [s for p in procs for s in p["stacks"]]
+    # every process at once: one address array per kind, so the lookups below run once per binary, not per process
+    groups: dict[tuple[str, str], int] = {}
+    ulens = np.zeros(0, dtype=np.int64)
+    group_parts, off_parts, leaf_parts, len_parts = [], [], [], []
+    for proc in procs:
+        addrs, lengths, leaf = _flatten(proc["stacks"], "user_addrs")
+        group, off = _map_addresses(proc, addrs, groups)
+        group_parts.append(group)
+        off_parts.append(off)
+        leaf_parts.append(leaf)
+        len_parts.append(lengths)
+    if procs:
+        ulens = np.concatenate(len_parts)
+        uids = _user_frames(np.concatenate(group_parts), np.concatenate(off_parts), np.concatenate(leaf_parts),
+                            groups, tables, memo, stats)
+    else:
+        uids = np.zeros(0, dtype=np.int64)
+    kaddrs, klens, kleaf = _flatten(all_stacks, "kernel_addrs")
+    kids = _kernel_frames(kaddrs, kleaf, kernel_table, memo, stats)
+    stats.frames += len(uids) + len(kids)
+    ufr, kfr = uids.tolist(), kids.tolist()
+    ub = np.concatenate(([0], np.cumsum(ulens))).tolist()
+    kb = np.concatenate(([0], np.cumsum(klens))).tolist()
     stacks: dict[int, tuple[int, ...]] = {}
     counts: dict[tuple, int] = {}
-    for proc in batch["processes"]:
-        st = proc["stacks"]
-        if not st:
-            continue
-        uaddrs, ubounds, uleaf = _flatten(st, "user_addrs")
-        kaddrs, kbounds, kleaf = _flatten(st, "kernel_addrs")
-        ufr = _user_frames(proc, uaddrs, uleaf, tables, memo, stats)
-        kfr = _kernel_frames(kaddrs, kleaf, kernel_table, memo, stats)
-        stats.frames += len(ufr) + len(kfr)
-        for i, s in enumerate(st):
+    i = 0
+    for proc in procs:
+        pid, comm, cid = proc["pid"], proc["comm"], proc.get("container_id", "")
+        for s in proc["stacks"]:
             # leaf-first addresses become root-first frames: user root … user leaf, kernel entry … kernel leaf
-            path = ufr[ubounds[i]:ubounds[i + 1]][::-1] + kfr[kbounds[i]:kbounds[i + 1]][::-1]
-            ids = tuple(f[0] for f in path)
+            ids = tuple(ufr[ub[i]:ub[i + 1]][::-1] + kfr[kb[i]:kb[i + 1]][::-1])
+            i += 1
             sid = memo.stack(ids)
-            if sid not in stacks:
-                stacks[sid] = ids
-                for f in path:
-                    frames[f[0]] = f
-            key = (proc["pid"], proc["comm"], proc.get("container_id", ""), sid)
+            stacks[sid] = ids
+            key = (pid, comm, cid, sid)
             counts[key] = counts.get(key, 0) + s["count"]
+    frames = [memo.by_id[f] for f in np.unique(np.concatenate([uids, kids])).tolist()]
     return {
         "node": batch["node"],
         "window_start_ns": batch["window_start_ns"],
         "window_ns": batch["window_ns"],
-        "frames": [{"frame_id": f[0], "function": f[1], "binary": f[2], "kind": f[3]} for f in frames.values()],
+        "frames": [{"frame_id": f[0], "function": f[1], "binary": f[2], "kind": f[3]} for f in frames],
         "stacks": [{"stack_id": sid, "frame_ids": list(ids)} for sid, ids in stacks.items()],
         "samples": [
             {"pid": pid, "comm": comm, "container_id": cid, "stack_id": sid, "count": n}
             for (pid, comm, cid, sid), n in counts.items()
         ],
     }
+
+
+def estimated_bytes(rec: dict) -> int:
+    """An upper-bound-ish size of the encoded CpuSamples record, without encoding it."""
+    frames = sum(len(f["function"]) + len(f["binary"]) + 24 for f in rec["frames"])
+    stacks = sum(10 * len(s["frame_ids"]) + 12 for s in rec["stacks"])
+    samples = sum(len(s["comm"]) + len(s["container_id"]) + 28 for s in rec["samples"])
+    return 64 + len(rec["node"]) + frames + stacks + samples
+
+
+def split_samples(rec: dict, max_bytes: int) -> list[dict]:
+    """Split a CpuSamples record by its samples so each part stays under max_bytes; each part carries exactly
+    the stacks and frames its samples reference."""
+    if estimated_bytes(rec) <= max_bytes or len(rec["samples"]) <= 1:
+        return [rec]
+    stacks = {s["stack_id"]: s for s in rec["stacks"]}
+    frames = {f["frame_id"]: f for f in rec["frames"]}
+    parts, current, size = [], [], 0
+    for sample in rec["samples"]:
+        st = stacks[sample["stack_id"]]
+        cost = 12 * len(st["frame_ids"]) + sum(len(frames[i]["function"]) + 40 for i in st["frame_ids"]) + 64
+        if current and size + cost > max_bytes:
+            parts.append(current)
+            current, size = [], 0
+        current.append(sample)
+        size += cost
+    parts.append(current)
+    out = []
+    for samples in parts:
+        used = list(dict.fromkeys(s["stack_id"] for s in samples))
+        fids = list(dict.fromkeys(i for sid in used for i in stacks[sid]["frame_ids"]))
+        out.append({**rec, "samples": samples, "stacks": [stacks[s] for s in used],
+                    "frames": [frames[i] for i in fids]})
+    return out

@@ -128,3 +128,13 @@ def test_stop_releases_the_port(cpu_store):
     server.stop()
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_metrics_endpoint_serves_the_processors_counters(api):
+    from processors import metrics
+
+    http, _, _ = api
+    metrics.COMMITS.labels("sink").inc()
+    response = http.get("/metrics")
+    assert response.status_code == 200
+    assert 'fleetprof_processor_commits_total{stage="sink"}' in response.text

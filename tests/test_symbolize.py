@@ -92,3 +92,24 @@ def test_ids_are_stable_across_memos():
     assert {f["frame_id"] for f in a["frames"]} == {frame_id("main", "libc.so.6", "NATIVE"),
                                                      frame_id("work", "libc.so.6", "NATIVE")}
 
+
+
+def test_large_outputs_split_by_samples_and_keep_every_count():
+    from processors.symbolize import estimated_bytes, split_samples
+    from schemas import codec
+
+    base = 0x7F0000000000
+    stacks = [{"tid": i, "user_addrs": [base + 0x410 + (i % 8), base + 0x110, base + 0x10 + i % 3],
+               "kernel_addrs": [], "count": i + 1} for i in range(40)]
+    batch = _batch(stacks)
+    batch["processes"] = [dict(batch["processes"][0], pid=p, stacks=stacks) for p in range(50)]
+    rec = symbolize_batch(batch, _tables().get)
+    parts = split_samples(rec, max_bytes=400)
+    assert len(parts) > 5
+    assert sum(s["count"] for p in parts for s in p["samples"]) == sum(s["count"] for s in rec["samples"])
+    for part in parts:
+        assert len(codec.encode("CpuSamples", part)) <= max(estimated_bytes(part), 400) + 64
+        ids = {s["stack_id"] for s in part["samples"]}
+        assert {s["stack_id"] for s in part["stacks"]} == ids
+        assert {f["frame_id"] for f in part["frames"]} == {i for s in part["stacks"] for i in s["frame_ids"]}
+    assert split_samples(rec, max_bytes=10**9) == [rec]

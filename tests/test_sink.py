@@ -1,0 +1,41 @@
+"""sink rows: result records to ClickHouse rows, exactly (ids as UInt64, times as the window start)."""
+
+from datetime import UTC, datetime
+
+from processors.messages import Message
+from processors.sink import cpu_samples_rows, gpu_metrics_rows, rows_for
+
+T = 1_764_000_000_123_456_789
+
+
+def test_cpu_samples_rows():
+    rec = {"node": "n", "window_start_ns": T, "window_ns": 10**10,
+           "frames": [{"frame_id": -1, "function": "f", "binary": "b", "kind": "NATIVE"}],
+           "stacks": [{"stack_id": -2, "frame_ids": [-1, 5]}],
+           "samples": [{"pid": 3, "comm": "c", "container_id": "k", "stack_id": -2, "count": 9}]}
+    rows = cpu_samples_rows(rec)
+    ts = datetime.fromtimestamp(T // 10**9, tz=UTC)
+    assert rows["frames"].rows == [[2**64 - 1, "f", "b", "NATIVE", ts]]
+    assert rows["stacks"].rows == [[2**64 - 2, [2**64 - 1, 5], ts]]
+    assert rows["cpu_samples"].rows == [[ts, "n", 3, "c", "k", 2**64 - 2, 9]]
+
+
+def test_gpu_metrics_rows_keep_nulls_and_the_simulated_label():
+    dev = {"index": 1, "uuid": "GPU-1", "name": "H100 (simulated)", "parent_uuid": "", "gpu_util_pct": None,
+           "mem_util_pct": 5, "mem_used_bytes": 7, "mem_total_bytes": 8, "sm_clock_mhz": 1, "mem_clock_mhz": 2,
+           "power_mw": 3, "power_limit_mw": 4, "temperature_c": 40, "pcie_tx_kbps": None, "pcie_rx_kbps": 6,
+           "clock_event_reasons": 0, "xid_errors": [79]}
+    proc = {"device_index": 1, "pid": 9, "comm": "python", "container_id": "", "sm_util_pct": 50,
+            "mem_util_pct": None, "used_memory_bytes": 100}
+    rows = gpu_metrics_rows({"node": "n", "time_ns": T, "simulated": True, "devices": [dev], "processes": [proc]})
+    ts = datetime.fromtimestamp(1_764_000_000.123, tz=UTC)
+    assert rows["gpu_device_metrics"].rows == [[ts, "n", 1, "GPU-1", "H100 (simulated)", "", None, 5, 7, 8, 1, 2, 3,
+                                                4, 40, None, 6, 0, [79], True]]
+    assert rows["gpu_process_metrics"].rows == [[ts, "n", 1, 9, "python", "", 50, None, 100, True]]
+
+
+def test_rows_for_merges_tables_in_message_order():
+    rec = {"node": "n", "window_start_ns": T, "window_ns": 1, "frames": [], "stacks": [],
+           "samples": [{"pid": 1, "comm": "c", "container_id": "", "stack_id": 1, "count": 1}]}
+    msgs = [Message("cpu.samples", 0, i, None, "fleetprof.CpuSamples", dict(rec, node=f"n{i}")) for i in range(3)]
+    assert [r[1] for r in rows_for(msgs)["cpu_samples"].rows] == ["n0", "n1", "n2"]
