@@ -20,6 +20,17 @@ from fleetprof.settings import Settings
 log = logging.getLogger("fleetprof.up")
 
 
+def _answers(bootstrap: str) -> bool:
+    """Whether a Kafka broker (ours from an earlier run, or the user's own) already serves this address."""
+    from fleetprof import broker
+
+    try:
+        broker.wait_for_broker(bootstrap, timeout=1.5)
+        return True
+    except broker.BrokerError:
+        return False
+
+
 @dataclass
 class Child:
     stage: str
@@ -46,8 +57,9 @@ class LocalPipeline:
         from fleetprof import broker
 
         s = self.settings
-        if s.kafka_is_local:
-            local = broker.LocalBroker(s.data_dir / "kafka", port=int(s.kafka.rsplit(":", 1)[1]))
+        if s.kafka_is_local and not _answers(s.kafka):
+            port = int(s.kafka.rsplit(":", 1)[1])
+            local = broker.LocalBroker(s.data_dir / "kafka", port=port, controller_port=port + 1)
             if not local.is_running():
                 local.start()
                 self.started_broker = local

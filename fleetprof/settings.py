@@ -45,7 +45,9 @@ class Settings:
 
     @property
     def kafka_is_local(self) -> bool:
-        return self.kafka == DEFAULT_KAFKA and "FLEETPROF_KAFKA_SECURITY_PROTOCOL" not in os.environ
+        """A plaintext loopback address: `fleetprof up` may start its own broker there."""
+        host = self.kafka.rsplit(":", 1)[0]
+        return host in ("127.0.0.1", "localhost") and "FLEETPROF_KAFKA_SECURITY_PROTOCOL" not in os.environ
 
     def kafka_config(self) -> dict[str, str]:
         """librdkafka settings: bootstrap servers plus FLEETPROF_KAFKA_<SETTING> security settings from env."""

@@ -37,10 +37,17 @@ class Stage(Protocol):
     def process(self, messages: list[Message]) -> list[Produced]: ...
 
 
-class BeforeBatch(Protocol):
-    """Optional hook a stage's wiring may give: fetch side inputs (e.g. symbol tables) before a batch."""
+class StageHooks(Protocol):
+    """Optional hooks a stage may have: fetch side inputs (e.g. symbol tables) before a batch, learn whether the
+    batch's output was committed or aborted, release resources."""
 
     def before_batch(self, messages: list[Message]) -> None: ...
+
+    def after_commit(self) -> None: ...
+
+    def after_abort(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 def client_config(kafka: dict, **extra: object) -> dict:
@@ -155,6 +162,7 @@ class TopicRunner:
             return self.stage.process(decoded)
         except Exception:  # isolate the message that breaks the stage; the rest still goes through
             log.exception("stage %s failed on a batch of %d; retrying one by one", self.stage.name, len(decoded))
+            self._hook("after_abort")  # forget what the failed attempt half-did
         out: list[Produced] = []
         for m in decoded:
             try:
@@ -182,6 +190,7 @@ class TopicRunner:
             self.producer.send_offsets_to_transaction(positions, self.consumer.consumer_group_metadata(),
                                                       self.txn_timeout)
             self.producer.commit_transaction(self.txn_timeout)
+            self._hook("after_commit")
             self.batches += 1
             metrics.COMMITS.labels(self.stage.name).inc()
         except KafkaException as exc:
@@ -190,8 +199,14 @@ class TopicRunner:
                 raise
             log.warning("transaction aborted (%s); re-reading the batch", err)
             self.producer.abort_transaction(self.txn_timeout)
+            self._hook("after_abort")
             metrics.ABORTS.labels(self.stage.name).inc()
             self._rewind()
+
+    def _hook(self, name: str) -> None:
+        hook = getattr(self.stage, name, None)
+        if hook is not None:
+            hook()
 
     def _produce(self, topic: str, key: bytes | None, value: bytes) -> None:
         while True:

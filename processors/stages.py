@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from processors import metrics
+from processors.known_ids import KnownIds
 from processors.messages import Message, Produced
 from processors.symbol_feed import SymbolFeed
 from processors.symbol_tables import SymbolTables
@@ -22,10 +23,16 @@ class SymbolizeStage:
     name = "symbolize"
     inputs = (topics.CPU_STACKS.name,)
 
-    def __init__(self, tables: SymbolTables, feed: SymbolFeed | None = None) -> None:
+    def __init__(self, tables: SymbolTables, feed: SymbolFeed | None = None, resend_s: float = 3600.0) -> None:
         self.tables = tables
         self.feed = feed
         self.memo = FrameMemo()
+        # Stack and frame definitions already committed to cpu.samples are not sent again (they dominate the
+        # output); each is re-sent after resend_s, which keeps its last_seen fresh in the store.
+        self.sent_stacks = KnownIds(refresh_s=resend_s)
+        self.sent_frames = KnownIds(refresh_s=resend_s)
+        self.pending_stacks: set[int] = set()
+        self.pending_frames: set[int] = set()
 
     def before_batch(self, messages: list[Message]) -> None:
         """Read newly published symbol tables when the batch names a build id not yet known."""
@@ -52,8 +59,26 @@ class SymbolizeStage:
             rec = symbolize_batch(m.record, self.tables.get, self.memo, stats)
             metrics.UNKNOWN_FRAMES.labels(self.name).inc(stats.unknown_frames)
             for part in split_samples(rec, MAX_OUTPUT_BYTES):
+                part = self._new_definitions_only(part)
                 out.append(Produced(topics.CPU_SAMPLES.name, m.record["node"], topics.CPU_SAMPLES.schema, part, m))
         return out
+
+    def _new_definitions_only(self, rec: dict) -> dict:
+        stacks = self.sent_stacks.unseen([s["stack_id"] for s in rec["stacks"]]) - self.pending_stacks
+        kept = [s for s in rec["stacks"] if s["stack_id"] in stacks]
+        frames = self.sent_frames.unseen([f for s in kept for f in s["frame_ids"]]) - self.pending_frames
+        self.pending_stacks |= stacks
+        self.pending_frames |= frames
+        return {**rec, "stacks": kept, "frames": [f for f in rec["frames"] if f["frame_id"] in frames]}
+
+    def after_commit(self) -> None:
+        self.sent_stacks.add(self.pending_stacks)
+        self.sent_frames.add(self.pending_frames)
+        self.pending_stacks, self.pending_frames = set(), set()
+
+    def after_abort(self) -> None:
+        # the aborted output never happened: its definitions must go out again with the retried batch
+        self.pending_stacks, self.pending_frames = set(), set()
 
 
 def build_symbolize(kafka: dict) -> SymbolizeStage:

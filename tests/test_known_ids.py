@@ -1,6 +1,6 @@
 """The sink's memory of what is already durable."""
 
-from processors.store_writer import KnownIds
+from processors.known_ids import KnownIds
 
 
 def test_known_ids_are_rewritten_after_the_refresh_interval_and_bounded():

@@ -1,0 +1,62 @@
+"""The README's main job as a user runs it: `fleetprof up`, then `fleetprof loadgen`, then `fleetprof query top`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from tests.conftest import free_ports
+
+
+def _fleetprof(env: dict, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fleetprof", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_up_then_loadgen_then_query_top_shows_exactly_what_was_sent(tmp_path):
+    kafka_port, api_port = free_ports(2)
+    env = dict(os.environ, FLEETPROF_DATA_DIR=str(tmp_path / "data"), FLEETPROF_KAFKA=f"127.0.0.1:{kafka_port}",
+               FLEETPROF_API=f"127.0.0.1:{api_port}")
+    up = subprocess.Popen([sys.executable, "-m", "fleetprof", "up"], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not any("query API at" in line for line in lines):
+            line = up.stdout.readline()
+            if not line and up.poll() is not None:
+                break
+            lines.append(line)
+        assert any("query API at" in line for line in lines), "".join(lines)
+
+        sent = _fleetprof(env, "loadgen", "--nodes", "3", "--duration", "6s", "--window", "2s", "--no-pace",
+                          "--format", "json")
+        assert sent.returncode == 0, sent.stderr
+        report = json.loads(sent.stdout)
+        want = {f"{f} ({b})": n for b, f, n in report["samples_by_leaf"]}
+
+        got: dict[str, int] = {}
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and got != want:
+            top = _fleetprof(env, "query", "top", "--kind", "cpu", "--since", "5m", "--limit", "100000",
+                             "--format", "json")
+            assert top.returncode == 0, top.stderr
+            got = {f"{r['function']} ({r['binary']})": r["self"] for r in json.loads(top.stdout) if r["self"]}
+            time.sleep(1)
+        assert got == want
+        assert sum(got.values()) == report["total_samples"]
+    finally:
+        up.send_signal(signal.SIGTERM)
+        try:
+            out, _ = up.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            up.kill()
+            raise
+    assert up.returncode == 0, out
+    assert "stopped" in out
+    status = _fleetprof(env, "kafka", "status")
+    assert status.returncode == 3  # the broker `up` started is gone with it
