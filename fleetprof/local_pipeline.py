@@ -52,6 +52,7 @@ class LocalPipeline:
     sink_thread: threading.Thread | None = None
     children: list[Child] = field(default_factory=list)
     stop_event: threading.Event = field(default_factory=threading.Event)
+    failure: str | None = None
 
     def start_kafka(self) -> str:
         from fleetprof import broker
@@ -90,8 +91,9 @@ class LocalPipeline:
     def _run_sink(self) -> None:
         try:
             self.sink.run(self.stop_event)
-        except Exception:
+        except Exception as exc:
             log.exception("sink stopped on an error")
+            self.failure = f"the sink stopped: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             self.stop_event.set()
 
     def start_api(self) -> str:

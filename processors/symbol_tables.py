@@ -7,8 +7,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-_MASK = np.uint64(0xFFFFFFFFFFFFFFFF)
-
 
 def as_u64(values: list[int]) -> np.ndarray:
     """Avro longs (addresses with the same bits) as uint64."""
@@ -59,8 +57,11 @@ def table_from_chunks(chunks: list[dict]) -> SymbolTable:
     order = np.argsort(starts, kind="stable")
     starts, sizes = starts[order], sizes[order]
     names = [names[i] for i in order]
-    # A zero size (common in assembly and kallsyms) extends the symbol to the next one.
-    nexts = np.append(starts[1:], _MASK)
+    # A zero size (common in assembly and kallsyms) extends the symbol to the next one; the last such symbol ends
+    # at its page's end, as perf does, rather than swallowing every higher address.
+    page = np.uint64(4096)
+    last_end = (starts[-1:] // page + np.uint64(1)) * page if len(starts) else starts[-1:]
+    nexts = np.append(starts[1:], last_end)
     ends = np.where(sizes > 0, starts + sizes, nexts)
     segs = sorted(first["load_segments"], key=lambda s: s["file_offset"])
     return SymbolTable(

@@ -46,6 +46,8 @@ def up(settings: Settings, symbolizers: int, api_addr: str | None) -> None:
                       " fleetprof query top --kind cpu --since 5m")
         console.print("Press Ctrl-C to stop.")
         pipeline.wait(on_event=lambda e: console.print(f"[yellow]![/] {e}"))
+        if pipeline.failure:
+            raise RuntimeError(f"{pipeline.failure} (see {settings.data_dir / 'logs' / 'up.log'})")
     except Exception as exc:  # one line for the user; details are in the log
         import logging
 
