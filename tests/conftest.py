@@ -23,6 +23,20 @@ def free_ports(count: int) -> list[int]:
         return [sock.getsockname()[1] for sock in socks]
 
 
+def consecutive_free_port() -> int:
+    """A free port p with p+1 also free: `fleetprof kafka` and `up` put the controller on port+1."""
+    for _ in range(50):
+        with socket.socket() as first, socket.socket() as second:
+            first.bind(("127.0.0.1", 0))
+            port = first.getsockname()[1]
+            try:
+                second.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no two consecutive free ports")
+
+
 def _broker_unavailable(reason: str) -> None:
     # On CI a missing Java or jar is a broken runner, not a reason to quietly skip the real-broker tests.
     if os.environ.get("CI"):

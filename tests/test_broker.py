@@ -16,6 +16,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 from fleetprof.broker import BrokerError, LocalBroker, create_topics
 from schemas import topics
+from tests.conftest import consecutive_free_port
 
 
 def _admin(bootstrap: str) -> AdminClient:
@@ -26,20 +27,6 @@ def _fleetprof(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
     # The real entry point in a child process: exit codes and stderr exactly as a user sees them.
     cmd = [sys.executable, "-c", "from fleetprof.cli import main; main()", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, check=False)
-
-
-def _consecutive_free_port() -> int:
-    """A free port p with p+1 also free: `fleetprof kafka` puts the controller on port+1."""
-    for _ in range(50):
-        with socket.socket() as first, socket.socket() as second:
-            first.bind(("127.0.0.1", 0))
-            port = first.getsockname()[1]
-            try:
-                second.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no two consecutive free ports")
 
 
 def test_start_is_idempotent(kafka_broker: LocalBroker) -> None:
@@ -109,7 +96,7 @@ def test_start_refuses_a_port_someone_else_holds(tmp_path: Path) -> None:
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         port = squatter.getsockname()[1]
-        broker = LocalBroker(tmp_path, port=port, controller_port=_consecutive_free_port())
+        broker = LocalBroker(tmp_path, port=port, controller_port=consecutive_free_port())
         with pytest.raises(BrokerError, match="already in use"):
             broker.start()
     assert not broker.is_running()
@@ -117,7 +104,7 @@ def test_start_refuses_a_port_someone_else_holds(tmp_path: Path) -> None:
 
 def test_cli_up_status_down(kafka_broker: LocalBroker, tmp_path: Path) -> None:
     # Depends on kafka_broker only so that a machine without Java skips (or, on CI, fails) here as well.
-    port = _consecutive_free_port()
+    port = consecutive_free_port()
     bootstrap = f"127.0.0.1:{port}"
     common = ["--data-dir", str(tmp_path), "--kafka", bootstrap]
     try:
@@ -145,7 +132,7 @@ def test_cli_up_status_down(kafka_broker: LocalBroker, tmp_path: Path) -> None:
 def test_missing_java_is_one_clear_line(tmp_path: Path) -> None:
     # A PATH with no java on it (the interpreter is started by its absolute path).
     env = {"PATH": str(tmp_path / "empty-bin"), "HOME": str(tmp_path)}
-    port = _consecutive_free_port()
+    port = consecutive_free_port()
     result = _fleetprof("--data-dir", str(tmp_path), "--kafka", f"127.0.0.1:{port}", "kafka", "up", env=env)
     assert result.returncode != 0
     assert "Traceback" not in result.stderr

@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
-from tests.conftest import free_ports
+from tests.conftest import consecutive_free_port, free_ports
 
 
 def _fleetprof(env: dict, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -18,21 +17,8 @@ def _fleetprof(env: dict, *args: str, timeout: float = 120) -> subprocess.Comple
                           timeout=timeout)
 
 
-def _port_pair() -> int:
-    """A free port whose successor is free too: `up` puts the broker's controller on port + 1."""
-    for _ in range(50):
-        (port,) = free_ports(1)
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port + 1))
-                return port
-            except OSError:
-                continue
-    raise AssertionError("no two adjacent free ports")
-
-
 def test_up_then_loadgen_then_query_top_shows_exactly_what_was_sent(tmp_path):
-    kafka_port = _port_pair()
+    kafka_port = consecutive_free_port()
     api_port = next(p for p in free_ports(3) if p not in (kafka_port, kafka_port + 1))
     env = dict(os.environ, FLEETPROF_DATA_DIR=str(tmp_path / "data"), FLEETPROF_KAFKA=f"127.0.0.1:{kafka_port}",
                FLEETPROF_API=f"127.0.0.1:{api_port}")
