@@ -41,8 +41,10 @@ def dead_letter(stage: str, topic: str, partition: int, offset: int, key: bytes 
     return Produced("deadletter", key, "DeadLetter", record)
 
 
-def decode_message(stage: str, raw, expect: dict[str, str], max_bytes: int) -> Message | Produced:
-    """A confluent_kafka Message to a decoded Message, or the dead letter saying why it is not one."""
+def decode_message(stage: str, raw, expect: dict[str, str], max_bytes: int,
+                   columnar: bool = False) -> Message | Produced:
+    """A confluent_kafka Message to a decoded Message, or the dead letter saying why it is not one. columnar: CPU
+    stack batches come with each process's stacks as a PackedStacks (see `codec.decode`)."""
     topic, partition, offset, value, key = raw.topic(), raw.partition(), raw.offset(), raw.value(), raw.key()
     if value is None:
         return dead_letter(stage, topic, partition, offset, key, value, "empty message (no value)")
@@ -50,7 +52,7 @@ def decode_message(stage: str, raw, expect: dict[str, str], max_bytes: int) -> M
         return dead_letter(stage, topic, partition, offset, key, value,
                            f"oversize message: {len(value)} bytes > limit {max_bytes}")
     try:
-        name, record = codec.decode(value, expect=expect.get(topic))
+        name, record = codec.decode(value, expect=expect.get(topic), columnar=columnar)
     except codec.DecodeError as exc:
         return dead_letter(stage, topic, partition, offset, key, value, str(exc))
     return Message(topic, partition, offset, key, name, record, value)

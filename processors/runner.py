@@ -29,7 +29,8 @@ MAX_OUTPUT_BYTES = 1_000_000  # Kafka's default message.max.bytes; stages split 
 
 
 class Stage(Protocol):
-    """A topic-to-topic stage: pure over decoded records."""
+    """A topic-to-topic stage: pure over decoded records. A stage with `columnar_input = True` gets CPU stack
+    batches with each process's stacks as a PackedStacks (schemas/fast_codec.py) instead of a list of dicts."""
 
     name: str
     inputs: tuple[str, ...]
@@ -110,6 +111,7 @@ class TopicRunner:
         self.max_message_bytes = max_message_bytes
         self.txn_timeout = txn_timeout
         self.expect = expected_schemas(stage.inputs)
+        self.columnar = bool(getattr(stage, "columnar_input", False))
         self.consumer = Consumer(consumer_config(kafka, group or f"fleetprof-{stage.name}"))
         pcfg = client_config(kafka)
         pcfg.update({"transactional.id": instance_id(stage.name, slot), "enable.idempotence": True,
@@ -140,7 +142,7 @@ class TopicRunner:
         decoded: list[Message] = []
         out: list[Produced] = []
         for raw in raws:
-            item = decode_message(self.stage.name, raw, self.expect, self.max_message_bytes)
+            item = decode_message(self.stage.name, raw, self.expect, self.max_message_bytes, self.columnar)
             metrics.MESSAGES_IN.labels(self.stage.name, raw.topic()).inc()
             if isinstance(item, Message):
                 decoded.append(item)

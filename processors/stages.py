@@ -22,6 +22,7 @@ class SymbolizeStage:
 
     name = "symbolize"
     inputs = (topics.CPU_STACKS.name,)
+    columnar_input = True  # symbolize_batch works on address columns: skip building a dict per stack
 
     def __init__(self, tables: SymbolTables, feed: SymbolFeed | None = None, resend_s: float = 3600.0) -> None:
         self.tables = tables

@@ -14,6 +14,7 @@ import numpy as np
 
 from processors.stack_ids import frame_id, stack_id
 from processors.symbol_tables import SymbolTable, as_u64
+from schemas.fast_codec import PackedStacks
 
 KERNEL_BINARY = "[kernel.kallsyms]"
 _DELETED = " (deleted)"
@@ -73,10 +74,12 @@ def _resolve(ids: np.ndarray, where: np.ndarray, keys: np.ndarray, make) -> None
     ids[where] = fids[inverse]
 
 
-def _map_addresses(proc: dict, addrs: np.ndarray, groups: dict[tuple[str, str], int]) -> tuple[np.ndarray,
-                                                                                                  np.ndarray]:
-    """Each user address's (build id, binary) group (-1: in no mapping) and its file offset."""
-    maps = sorted(proc["mappings"], key=lambda m: m["start"])
+def _map_addresses(procs: list[tuple[dict, PackedStacks]], groups: dict[tuple[str, str], int]) -> tuple[np.ndarray,
+                                                                                                      np.ndarray]:
+    """Each user address's (build id, binary) group (-1: in no mapping of its process) and its file offset, for
+    every process at once: one searchsorted per process, the rest on the whole batch."""
+    maps = [m for proc, _ in procs for m in sorted(proc["mappings"], key=lambda m: m["start"])]
+    addrs = _cat([st.user_addrs for _, st in procs]).view(np.uint64)
     if not maps:
         return np.full(len(addrs), -1, dtype=np.int64), addrs
     starts = as_u64([m["start"] for m in maps])
@@ -84,8 +87,11 @@ def _map_addresses(proc: dict, addrs: np.ndarray, groups: dict[tuple[str, str], 
     offsets = as_u64([m["file_offset"] for m in maps])
     mgroup = np.array([groups.setdefault((m["build_id"], binary_name(m["path"])), len(groups)) for m in maps],
                       dtype=np.int64)
-    mi = np.searchsorted(starts, addrs, side="right").astype(np.int64) - 1
-    safe = np.maximum(mi, 0)
+    first = np.cumsum([0] + [len(proc["mappings"]) for proc, _ in procs]).tolist()  # each process's mappings
+    mi = _cat([np.searchsorted(starts[lo:hi], st.user_addrs.view(np.uint64), side="right").astype(np.int64) - 1
+               for (_, st), lo, hi in zip(procs, first[:-1], first[1:], strict=True)])
+    safe = np.minimum(np.maximum(mi, 0) + np.repeat(first[:-1], [len(st.user_addrs) for _, st in procs]),
+                      len(maps) - 1)
     mapped = (mi >= 0) & (addrs < limits[safe])
     group = np.where(mapped, mgroup[safe], -1)
     file_off = np.where(mapped, addrs - starts[safe] + offsets[safe], addrs)
@@ -141,63 +147,59 @@ def _kernel_frames(addrs: np.ndarray, is_leaf: np.ndarray, table: SymbolTable | 
     return ids
 
 
-def _flatten(stacks: list[dict], field_name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """All addresses of one kind in one array, with each stack's length and a leaf marker."""
-    lengths = np.fromiter((len(s[field_name]) for s in stacks), dtype=np.int64, count=len(stacks))
-    flat = [a for s in stacks for a in s[field_name]]
-    addrs = as_u64(flat) if flat else np.zeros(0, np.uint64)
-    is_leaf = np.zeros(len(addrs), dtype=bool)
-    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+def _cat(arrays: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
+
+
+def _leaves(lengths: np.ndarray) -> np.ndarray:
+    """A marker on the first (leaf) address of each stack, for stacks laid out one after another."""
+    is_leaf = np.zeros(int(lengths.sum()), dtype=bool)
+    starts = np.cumsum(lengths) - lengths
     is_leaf[starts[lengths > 0]] = True
-    return addrs, lengths, is_leaf
+    return is_leaf
 
 
 def symbolize_batch(batch: dict, tables: TableLookup, memo: FrameMemo | None = None,
                     stats: SymbolizeStats | None = None) -> dict:
-    """Resolve every stack of a CpuStackBatch and sum counts per (process, symbolized stack)."""
+    """Resolve every stack of a CpuStackBatch and sum counts per (process, symbolized stack). A process's "stacks"
+    may be StackCount dicts or a PackedStacks (what `codec.decode(..., columnar=True)` gives)."""
     memo = memo if memo is not None else FrameMemo()
     stats = stats if stats is not None else SymbolizeStats()
     kernel_table = tables(batch["kernel_build_id"]) if batch.get("kernel_build_id") else None
     if batch.get("kernel_build_id") and kernel_table is None:
         stats.missing_build_ids.add(batch["kernel_build_id"])
-    procs = [p for p in batch["processes"] if p["stacks"]]
-    all_stacks = [s for p in procs for s in p["stacks"]]
+    procs: list[tuple[dict, PackedStacks]] = []  # the processes that have stacks, with their stacks as columns
+    for proc in batch["processes"]:
+        stacks = proc["stacks"]
+        packed = stacks if isinstance(stacks, PackedStacks) else PackedStacks.from_records(stacks)
+        if len(packed):
+            procs.append((proc, packed))
     # every process at once: one address array per kind, so the lookups below run once per binary, not per process
     groups: dict[tuple[str, str], int] = {}
-    ulens = np.zeros(0, dtype=np.int64)
-    group_parts, off_parts, leaf_parts, len_parts = [], [], [], []
-    for proc in procs:
-        addrs, lengths, leaf = _flatten(proc["stacks"], "user_addrs")
-        group, off = _map_addresses(proc, addrs, groups)
-        group_parts.append(group)
-        off_parts.append(off)
-        leaf_parts.append(leaf)
-        len_parts.append(lengths)
-    if procs:
-        ulens = np.concatenate(len_parts)
-        uids = _user_frames(np.concatenate(group_parts), np.concatenate(off_parts), np.concatenate(leaf_parts),
-                            groups, tables, memo, stats)
-    else:
-        uids = np.zeros(0, dtype=np.int64)
-    kaddrs, klens, kleaf = _flatten(all_stacks, "kernel_addrs")
-    kids = _kernel_frames(kaddrs, kleaf, kernel_table, memo, stats)
+    group, file_off = _map_addresses(procs, groups)
+    ulens = _cat([st.user_lens for _, st in procs])
+    uids = _user_frames(group, file_off, _leaves(ulens), groups, tables, memo, stats)
+    klens = _cat([st.kernel_lens for _, st in procs])
+    kids = _kernel_frames(_cat([st.kernel_addrs for _, st in procs]).view(np.uint64), _leaves(klens),
+                          kernel_table, memo, stats)
     stats.frames += len(uids) + len(kids)
     ufr, kfr = uids.tolist(), kids.tolist()
     ub = np.concatenate(([0], np.cumsum(ulens))).tolist()
     kb = np.concatenate(([0], np.cumsum(klens))).tolist()
+    sample_counts = _cat([st.counts for _, st in procs]).tolist()
     stacks: dict[int, tuple[int, ...]] = {}
     counts: dict[tuple, int] = {}
     i = 0
-    for proc in procs:
+    for proc, st in procs:
         pid, comm, cid = proc["pid"], proc["comm"], proc.get("container_id", "")
-        for s in proc["stacks"]:
+        for _ in range(len(st)):
             # leaf-first addresses become root-first frames: user root … user leaf, kernel entry … kernel leaf
             ids = tuple(ufr[ub[i]:ub[i + 1]][::-1] + kfr[kb[i]:kb[i + 1]][::-1])
-            i += 1
             sid = memo.stack(ids)
             stacks[sid] = ids
             key = (pid, comm, cid, sid)
-            counts[key] = counts.get(key, 0) + s["count"]
+            counts[key] = counts.get(key, 0) + sample_counts[i]
+            i += 1
     frames = [memo.by_id[f] for f in np.unique(np.concatenate([uids, kids])).tolist()]
     return {
         "node": batch["node"],

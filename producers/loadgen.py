@@ -20,7 +20,7 @@ from producers.publisher import Publisher, PublishError
 from producers.synthetic_fleet import FREQUENCY_HZ, KERNEL_BUILD_ID, SimNode, SyntheticFleet
 from schemas import topics
 from schemas.codec import encode
-from schemas.fast_encoders import DEFAULT_MAX_BYTES, LaunchEncoder, encode_cpu_batches, process_head
+from schemas.fast_codec import DEFAULT_MAX_BYTES, LaunchEncoder, encode_cpu_batches, process_head
 
 SECOND_NS = 1_000_000_000
 Progress = Callable[[int, int], None]  # (node-windows done, node-windows in all)

@@ -121,8 +121,13 @@ def writer_of(data: bytes, registry: SchemaRegistry | None = None) -> SchemaVers
     return sv
 
 
-def decode(data: bytes, expect: str | None = None, registry: SchemaRegistry | None = None) -> tuple[str, dict]:
-    """Decode one message into (record name, record) read with the newest version of its schema."""
+def decode(data: bytes, expect: str | None = None, registry: SchemaRegistry | None = None, *,
+           columnar: bool = False) -> tuple[str, dict]:
+    """Decode one message into (record name, record) read with the newest version of its schema.
+
+    columnar: a CpuStackBatch v1 read as v1 comes back with each process's stacks as a `PackedStacks`
+    (schemas/fast_codec.py, vectorized); every other message is read as usual.
+    """
     reg = registry or default_registry()
     writer = writer_of(data, reg)
     reader = reg.latest(writer.name)
@@ -130,6 +135,11 @@ def decode(data: bytes, expect: str | None = None, registry: SchemaRegistry | No
         want = expect if "." in expect else f"fleetprof.{expect}"
         if writer.name != want:
             raise DecodeError(f"expected {want}, got {writer.name}")
+    if columnar and writer is reader:  # a newer reader version would add or drop fields: fastavro resolves those
+        from schemas import columnar_decode  # imported here: it imports this module
+
+        if writer.fingerprint == columnar_decode.CPU_BATCH_V1_FINGERPRINT:
+            return writer.name, columnar_decode.decode_cpu_batch_columnar(data)
     buf = io.BytesIO(data)
     buf.seek(HEADER_LEN)
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from processors.messages import Message, Produced, decode_message
 from schemas import codec
+from schemas.fast_codec import PackedStacks
 
 
 class Raw:
@@ -58,3 +59,18 @@ def test_oversize_empty_wrong_schema_and_garbage_are_dead_letters():
         "s", Raw(wrong, topic="cpu.stacks"), {"cpu.stacks": "CpuStackBatch"}, 1 << 20).record["reason"]
     assert "missing C3 01 marker" in _reason(b"garbage")
     assert "truncated" in _reason(data[:-4])
+
+
+def test_columnar_cpu_batches_keep_the_raw_bytes():
+    batch = {"node": "n", "window_start_ns": 1, "window_ns": 2, "frequency_hz": 19, "kernel_build_id": "",
+             "simulated": True, "processes": [{"pid": 1, "comm": "c", "exe": "", "cgroup": "", "container_id": "",
+                                               "mappings": [], "stacks": [{"tid": 1, "user_addrs": [-1, 5],
+                                                                           "kernel_addrs": [], "count": 3}]}]}
+    value = codec.encode("CpuStackBatch", batch)
+    raw = Raw(value, topic="cpu.stacks")
+    m = decode_message("s", raw, {"cpu.stacks": "CpuStackBatch"}, 1 << 20, columnar=True)
+    assert isinstance(m, Message) and m.value == value
+    stacks = m.record["processes"][0]["stacks"]
+    assert isinstance(stacks, PackedStacks) and stacks.records() == batch["processes"][0]["stacks"]
+    plain = decode_message("s", raw, {"cpu.stacks": "CpuStackBatch"}, 1 << 20)
+    assert plain.record == batch

@@ -1,7 +1,16 @@
+"""symbolize_batch: frames root first, return addresses stepped back, unknowns kept, stable ids, split outputs; the
+same output whether a process's stacks are StackCount dicts or the columns the columnar decoder gives."""
+
+from __future__ import annotations
+
 from processors.stack_ids import frame_id
 from processors.symbol_tables import SymbolTables
 from processors.symbolize import FrameMemo, SymbolizeStats, symbolize_batch
+from producers.synthetic_binaries import KERNEL_BUILD_ID
+from producers.synthetic_fleet import FREQUENCY_HZ, SyntheticFleet
+from schemas import codec
 from schemas.codec import u64_to_long
+from schemas.fast_codec import PackedStacks
 
 LIBC = "aa" * 20
 KERNEL = "kernel-test"
@@ -35,6 +44,19 @@ def _batch(stacks, mappings=None) -> dict:
                            "mappings": maps, "stacks": stacks}]}
 
 
+def _symbolize(batch: dict, tables: SymbolTables, memo: FrameMemo | None = None,
+               stats: SymbolizeStats | None = None) -> dict:
+    """symbolize_batch of the dict batch, checked equal (output and stats) to that of its columnar decoding."""
+    memo_cols, stats_cols = FrameMemo(), SymbolizeStats()
+    stats = stats if stats is not None else SymbolizeStats()
+    out = symbolize_batch(batch, tables.get, memo if memo is not None else FrameMemo(), stats)
+    _, cols = codec.decode(codec.encode("CpuStackBatch", batch), columnar=True)
+    assert all(isinstance(p["stacks"], PackedStacks) for p in cols["processes"])
+    assert symbolize_batch(cols, tables.get, memo_cols, stats_cols) == out
+    assert vars(stats_cols) == vars(stats)
+    return out
+
+
 def _names(out):
     byid = {f["frame_id"]: f for f in out["frames"]}
     return {tuple(byid[i]["function"] for i in s["frame_ids"]): s["stack_id"] for s in out["stacks"]}
@@ -52,7 +74,7 @@ def test_user_and_kernel_frames_root_first_and_counts_summed():
         {"tid": 2, "user_addrs": [leaf + 4, caller + 8, root + 2],
          "kernel_addrs": [u64_to_long(k_leaf + 1), u64_to_long(k_root + 1)], "count": 2},
     ]
-    out = symbolize_batch(_batch(stacks), _tables().get)
+    out = _symbolize(_batch(stacks), _tables())
     names = _names(out)
     assert list(names) == [("main", "work", "read", "entry_SYSCALL_64", "ksys_read")]
     assert [(s["pid"], s["comm"], s["container_id"], s["count"]) for s in out["samples"]] == [(7, "app", "c1", 5)]
@@ -65,7 +87,7 @@ def test_return_address_at_function_end_belongs_to_caller():
     base = 0x7F0000000000
     # a caller whose call is its last instruction: the return address is the first byte past `work`
     stacks = [{"tid": 1, "user_addrs": [base + 0x410, base + 0x200], "kernel_addrs": [], "count": 1}]
-    out = symbolize_batch(_batch(stacks), _tables().get)
+    out = _symbolize(_batch(stacks), _tables())
     assert list(_names(out)) == [("work", "read")]
 
 
@@ -76,7 +98,7 @@ def test_unknown_frames_are_kept_with_binary_and_offset():
     maps = [{"start": base, "limit": base + 0x2000, "file_offset": 0x1000, "path": "/gone/libx.so (deleted)",
              "build_id": "bb" * 20}]
     stats = SymbolizeStats()
-    out = symbolize_batch(_batch(stacks, maps), _tables().get, FrameMemo(), stats)
+    out = _symbolize(_batch(stacks, maps), _tables(), FrameMemo(), stats)
     assert list(_names(out)) == [("[unknown] 0x1234", "[unknown] libx.so+0x2f00",
                                   f"[unknown] [kernel.kallsyms]+0x{KBASE - 0x10:x}")]
     assert stats.unknown_frames == 3
@@ -86,12 +108,11 @@ def test_unknown_frames_are_kept_with_binary_and_offset():
 def test_ids_are_stable_across_memos():
     base = 0x7F0000000000
     stacks = [{"tid": 1, "user_addrs": [base + 0x110, base + 0x010], "kernel_addrs": [], "count": 1}]
-    a = symbolize_batch(_batch(stacks), _tables().get, FrameMemo())
-    b = symbolize_batch(_batch(stacks), _tables().get, FrameMemo())
+    a = _symbolize(_batch(stacks), _tables(), FrameMemo())
+    b = _symbolize(_batch(stacks), _tables(), FrameMemo())
     assert a["stacks"] == b["stacks"]
     assert {f["frame_id"] for f in a["frames"]} == {frame_id("main", "libc.so.6", "NATIVE"),
                                                      frame_id("work", "libc.so.6", "NATIVE")}
-
 
 
 def test_large_outputs_split_by_samples_and_keep_every_count():
@@ -103,7 +124,7 @@ def test_large_outputs_split_by_samples_and_keep_every_count():
                "kernel_addrs": [], "count": i + 1} for i in range(40)]
     batch = _batch(stacks)
     batch["processes"] = [dict(batch["processes"][0], pid=p, stacks=stacks) for p in range(50)]
-    rec = symbolize_batch(batch, _tables().get)
+    rec = _symbolize(batch, _tables())
     parts = split_samples(rec, max_bytes=400)
     assert len(parts) > 5
     assert sum(s["count"] for p in parts for s in p["samples"]) == sum(s["count"] for s in rec["samples"])
@@ -113,3 +134,33 @@ def test_large_outputs_split_by_samples_and_keep_every_count():
         assert {s["stack_id"] for s in part["stacks"]} == ids
         assert {f["frame_id"] for f in part["frames"]} == {i for s in part["stacks"] for i in s["frame_ids"]}
     assert split_samples(rec, max_bytes=10**9) == [rec]
+
+
+def test_processes_without_stacks_or_mappings_and_empty_batches():
+    base = 0x7F0000000000
+    batch = _batch([{"tid": 1, "user_addrs": [base + 0x410], "kernel_addrs": [], "count": 2}])
+    first = batch["processes"][0]
+    batch["processes"] += [dict(first, pid=8, stacks=[]), dict(first, pid=9, mappings=[])]
+    out = _symbolize(batch, _tables())
+    assert [(s["pid"], s["count"]) for s in out["samples"]] == [(7, 2), (9, 2)]
+    assert {f["function"] for f in out["frames"]} == {"read", f"[unknown] 0x{base + 0x410:x}"}
+    empty = _symbolize({**batch, "processes": []}, _tables())
+    assert (empty["frames"], empty["stacks"], empty["samples"]) == ([], [], [])
+
+
+def test_synthetic_fleet_batch_symbolizes_the_same_from_columns():
+    fleet = SyntheticFleet(seed=5)
+    tables = SymbolTables()
+    for b in fleet.binaries:
+        for c in b.symbol_chunks():
+            tables.add_chunk(c)
+    node = fleet.node(2)
+    _, procs, _ = fleet.cpu_window(node, 1520)
+    batch = {"node": node.name, "window_start_ns": 10**18, "window_ns": 10**10, "frequency_hz": FREQUENCY_HZ,
+             "kernel_build_id": KERNEL_BUILD_ID, "simulated": True,
+             "processes": [{**p, "stacks": p["stacks"].records()} for p in procs]}
+    stats = SymbolizeStats()
+    out = _symbolize(batch, tables, FrameMemo(), stats)
+    assert stats.unknown_frames == 0 and stats.frames == sum(
+        len(s["user_addrs"]) + len(s["kernel_addrs"]) for p in batch["processes"] for s in p["stacks"])
+    assert sum(s["count"] for s in out["samples"]) == 1520

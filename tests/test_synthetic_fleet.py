@@ -17,7 +17,7 @@ from producers.synthetic_binaries import KERNEL_BINARY, KERNEL_BUILD_ID, PAGE, m
 from producers.synthetic_fleet import FREQUENCY_HZ, SyntheticFleet
 from producers.synthetic_workload import GPU_KERNELS, GPU_NAME
 from schemas.codec import decode, encode, long_to_u64
-from schemas.fast_encoders import (
+from schemas.fast_codec import (
     DEFAULT_MAX_BYTES,
     PackedStacks,
     encode_cpu_batch,

@@ -1,5 +1,6 @@
-"""The codec's fast paths for the hot producer messages: CpuStackBatch (vectorized, kept under Kafka's message
-size limit) and GpuLaunch (cached stack tails). Both write exactly the bytes of `schemas.codec.encode`.
+"""The codec's fast encoders for the hot messages: CpuStackBatch (vectorized, kept under Kafka's message size limit)
+and GpuLaunch (cached stack tails). Both write exactly the bytes of `schemas.codec.encode`. The matching columnar
+decoder is schemas/columnar_decode.py.
 
 Stacks are held columnar (`PackedStacks`: numpy arrays, no dict per stack) and written with a vectorized Avro
 varint encoder; the rest of the record (node fields, process metadata, mappings) goes through the codec's fastavro
@@ -58,7 +59,7 @@ def concat_ranges(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) + np.repeat(starts - (ends - lens), lens)
 
 
-def _offsets(lens: np.ndarray) -> np.ndarray:
+def lengths_to_offsets(lens: np.ndarray) -> np.ndarray:
     out = np.zeros(len(lens) + 1, dtype=np.int64)
     np.cumsum(lens, out=out[1:])
     return out
@@ -88,14 +89,14 @@ class PackedStacks:
         return cls(ints[0], ints[1], flat[0], lens[0], flat[1], lens[1])
 
     def records(self) -> list[dict]:
-        uo, ko = _offsets(self.user_lens), _offsets(self.kernel_lens)
+        uo, ko = lengths_to_offsets(self.user_lens), lengths_to_offsets(self.kernel_lens)
         u, k = self.user_addrs.tolist(), self.kernel_addrs.tolist()
         return [{"tid": t, "user_addrs": u[uo[i]:uo[i + 1]], "kernel_addrs": k[ko[i]:ko[i + 1]], "count": c}
                 for i, (t, c) in enumerate(zip(self.tids.tolist(), self.counts.tolist(), strict=True))]
 
     def take(self, lo: int, hi: int) -> PackedStacks:
         """Stacks lo..hi-1."""
-        uo, ko = _offsets(self.user_lens), _offsets(self.kernel_lens)
+        uo, ko = lengths_to_offsets(self.user_lens), lengths_to_offsets(self.kernel_lens)
         return PackedStacks(self.tids[lo:hi], self.counts[lo:hi], self.user_addrs[uo[lo]:uo[hi]],
                             self.user_lens[lo:hi], self.kernel_addrs[ko[lo]:ko[hi]], self.kernel_lens[lo:hi])
 
@@ -108,7 +109,7 @@ def encode_stacks(stacks: PackedStacks) -> tuple[np.ndarray, np.ndarray]:
     u_span = np.where(ul > 0, ul + 2, 1)
     k_span = np.where(kl > 0, kl + 2, 1)
     per = 2 + u_span + k_span
-    start = _offsets(per)[:-1]
+    start = lengths_to_offsets(per)[:-1]
     seq = np.zeros(int(per.sum()), dtype=np.int64)
     seq[start] = stacks.tids
     seq[start + 1] = ul
@@ -131,7 +132,7 @@ class _Layout:
         stack_fields = [f["name"] for f in proc["fields"][-1]["type"]["items"]["fields"]]
         if (batch["fields"][-1]["name"], proc["fields"][-1]["name"]) != ("processes", "stacks") or \
                 stack_fields != ["tid", "user_addrs", "kernel_addrs", "count"]:
-            raise RuntimeError("CpuStackBatch layout changed: update producers/batching.py")
+            raise RuntimeError("CpuStackBatch layout changed: update schemas/fast_codec.py")
         self.process = fastavro.parse_schema(proc)
 
 
@@ -261,7 +262,7 @@ class LaunchEncoder:
         names = [f["name"] for f in sv.parsed["fields"]]
         cut = names.index("user_addrs")
         if names[cut:] != ["user_addrs", "mappings", "simulated"]:
-            raise RuntimeError("GpuLaunch layout changed: update schemas/fast_encoders.py")
+            raise RuntimeError("GpuLaunch layout changed: update schemas/fast_codec.py")
         self.header = MARKER + sv.fingerprint
         self.head = fastavro.parse_schema({"type": "record", "name": "fleetprof.GpuLaunchHead",
                                            "fields": sv.parsed["fields"][:cut]}, named_schemas={})

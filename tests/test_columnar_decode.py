@@ -1,0 +1,258 @@
+"""The columnar CpuStackBatch decoder: the same record as the codec for any valid Avro (blocks, negative counts with
+sizes, edge values), DecodeError and nothing else for truncated or corrupt bytes, fastavro for every other schema."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from producers.synthetic_binaries import KERNEL_BUILD_ID
+from producers.synthetic_fleet import FREQUENCY_HZ, SyntheticFleet
+from schemas import codec
+from schemas.columnar_decode import CPU_BATCH_V1_FINGERPRINT, _read_batch, decode_cpu_batch_columnar
+from schemas.fast_codec import PackedStacks, encode_cpu_batches, long_bytes
+
+V2_DIR = Path(__file__).parent / "schemas"
+HEADER = codec.MARKER + CPU_BATCH_V1_FINGERPRINT
+I64 = st.integers(-(2**63), 2**63 - 1)
+EDGES = st.sampled_from([0, 1, -1, 63, 64, -64, -65, 2**31, 2**62, 2**63 - 1, -(2**63), -(2**63) + 1,
+                         0xFFFFFFFF81000000 - 2**64, 0x7F0000001234])
+ADDR = st.one_of(EDGES, I64, st.integers(0, 2**48))
+INT = st.integers(-(2**31), 2**31 - 1)
+TEXT = st.text(max_size=12)  # non-ASCII too: the decoder must keep its place after multi-byte characters
+
+
+# ---- an Avro writer for CpuStackBatch v1 that can split every array into blocks, as other Avro writers may ----
+
+def _string(s: str) -> bytes:
+    b = s.encode()
+    return long_bytes(len(b)) + b
+
+
+def _array(items: list[bytes], rnd: random.Random | None) -> bytes:
+    """Items in one block (what fastavro writes) or, with rnd, in random blocks, some with a negative count and
+    their size in bytes."""
+    out, i = [], 0
+    while i < len(items):
+        n = rnd.randint(1, len(items) - i) if rnd else len(items)
+        body = b"".join(items[i:i + n])
+        sized = rnd is not None and rnd.random() < 0.5
+        out += [long_bytes(-n) + long_bytes(len(body)) if sized else long_bytes(n), body]
+        i += n
+    return b"".join(out) + b"\x00"
+
+
+def write_batch(batch: dict, rnd: random.Random | None = None) -> bytes:
+    def stack(s: dict) -> bytes:
+        return (long_bytes(s["tid"]) + _array([long_bytes(a) for a in s["user_addrs"]], rnd)
+                + _array([long_bytes(a) for a in s["kernel_addrs"]], rnd) + long_bytes(s["count"]))
+
+    def mapping(m: dict) -> bytes:
+        return b"".join([long_bytes(m["start"]), long_bytes(m["limit"]), long_bytes(m["file_offset"]),
+                         _string(m["path"]), _string(m["build_id"])])
+
+    def process(p: dict) -> bytes:
+        return b"".join([long_bytes(p["pid"]), *(_string(p[k]) for k in ("comm", "exe", "cgroup", "container_id")),
+                         _array([mapping(m) for m in p["mappings"]], rnd),
+                         _array([stack(s) for s in p["stacks"]], rnd)])
+
+    return b"".join([HEADER, _string(batch["node"]), long_bytes(batch["window_start_ns"]),
+                     long_bytes(batch["window_ns"]), long_bytes(batch["frequency_hz"]),
+                     _string(batch["kernel_build_id"]), bytes([batch["simulated"]]),
+                     _array([process(p) for p in batch["processes"]], rnd)])
+
+
+stacks_st = st.fixed_dictionaries({"tid": INT, "user_addrs": st.lists(ADDR, max_size=8),
+                                   "kernel_addrs": st.lists(ADDR, max_size=4), "count": I64})
+mapping_st = st.fixed_dictionaries({"start": ADDR, "limit": ADDR, "file_offset": I64, "path": TEXT,
+                                    "build_id": TEXT})
+process_st = st.fixed_dictionaries({"pid": INT, "comm": TEXT, "exe": TEXT, "cgroup": TEXT, "container_id": TEXT,
+                                    "mappings": st.lists(mapping_st, max_size=3),
+                                    "stacks": st.lists(stacks_st, max_size=6)})
+batch_st = st.fixed_dictionaries({"node": TEXT, "window_start_ns": I64, "window_ns": I64, "frequency_hz": INT,
+                                  "kernel_build_id": TEXT, "simulated": st.booleans(),
+                                  "processes": st.lists(process_st, max_size=4)})
+
+
+def as_records(rec: dict) -> dict:
+    """The columnar record with PackedStacks turned back into StackCount dicts."""
+    procs = []
+    for p in rec["processes"]:
+        assert isinstance(p["stacks"], PackedStacks)
+        assert all(getattr(p["stacks"], c).dtype == np.int64 for c in ("tids", "counts", "user_addrs", "user_lens",
+                                                                        "kernel_addrs", "kernel_lens"))
+        procs.append({**p, "stacks": p["stacks"].records()})
+    return {**rec, "processes": procs}
+
+
+def columnar(data: bytes) -> dict:
+    return as_records(decode_cpu_batch_columnar(data))
+
+
+def test_fingerprint_is_the_v1_schema_file():
+    schema = json.loads((codec.SCHEMA_DIR / "cpu_stack_batch.v1.avsc").read_text())
+    assert codec.crc64_avro(schema) == CPU_BATCH_V1_FINGERPRINT
+    assert codec.default_registry().latest("CpuStackBatch").fingerprint == CPU_BATCH_V1_FINGERPRINT
+
+
+@given(batch_st)
+@settings(max_examples=300, deadline=None)
+def test_random_batches_decode_like_the_codec(batch):
+    data = codec.encode("CpuStackBatch", batch)
+    assert write_batch(batch) == data  # the test writer writes what fastavro writes when it uses one block
+    assert columnar(data) == codec.decode(data)[1] == batch
+    name, rec = codec.decode(data, columnar=True)
+    assert name == "fleetprof.CpuStackBatch" and as_records(rec) == batch
+
+
+@given(batch_st, st.randoms(use_true_random=False))
+@settings(max_examples=300, deadline=None)
+def test_arrays_in_many_blocks_with_and_without_sizes(batch, rnd):
+    data = write_batch(batch, rnd)
+    assert codec.decode(data)[1] == batch
+    assert columnar(data) == batch
+
+
+def _synthetic_batch(seed: int, node_index: int) -> dict:
+    fleet = SyntheticFleet(seed=seed)
+    node = fleet.node(node_index)
+    _, procs, _ = fleet.cpu_window(node, 1520)
+    return {"node": node.name, "window_start_ns": 1_700_000_000 * 10**9, "window_ns": 10**10,
+            "frequency_hz": FREQUENCY_HZ, "kernel_build_id": KERNEL_BUILD_ID, "simulated": True, "processes": procs}
+
+
+def test_synthetic_fleet_batches_decode_like_the_codec():
+    for seed, index in ((1, 0), (7, 3)):
+        (data,) = encode_cpu_batches(_synthetic_batch(seed, index))
+        assert columnar(data) == codec.decode(data)[1]
+        _read_batch(data, fast=True)  # what fleetprof writes takes the fast walk, not the general one
+
+
+def test_deep_stacks_and_many_stacks():
+    """Counts over 63 take two varint bytes; a process with thousands of stacks spans several decode chunks."""
+    stacks = [{"tid": i, "user_addrs": list(range(0x7F0000000000, 0x7F0000000000 + 200 + i % 7)),
+               "kernel_addrs": [-(2**63)] * (i % 3), "count": i} for i in range(3000)]
+    proc = {"pid": 1, "comm": "c", "exe": "", "cgroup": "", "container_id": "", "mappings": [], "stacks": stacks}
+    batch = {"node": "n", "window_start_ns": 0, "window_ns": 1, "frequency_hz": 1, "kernel_build_id": "",
+             "simulated": False, "processes": [proc, {**proc, "pid": 2, "stacks": []}, proc]}
+    data = codec.encode("CpuStackBatch", batch)
+    assert columnar(data) == codec.decode(data)[1] == batch
+    _read_batch(data, fast=True)
+
+
+def _small_messages() -> list[bytes]:
+    maps = [{"start": 0x7F0000000000, "limit": 0x7F0000100000, "file_offset": 4096, "path": "/lib/libc.so.6",
+             "build_id": "ab" * 20}]
+    stacks = [{"tid": 7, "user_addrs": [0x7F0000000010, -1, 2**63 - 1], "kernel_addrs": [-(2**63)], "count": 3},
+              {"tid": -8, "user_addrs": [], "kernel_addrs": [], "count": 1},
+              {"tid": 9, "user_addrs": [1], "kernel_addrs": [0xFFFFFFFF81000000 - 2**64], "count": 2**40}]
+    batch = {"node": "nœud-1", "window_start_ns": 10**18, "window_ns": 10**10, "frequency_hz": 19,
+             "kernel_build_id": "k", "simulated": True,
+             "processes": [{"pid": 5, "comm": "app", "exe": "/app", "cgroup": "", "container_id": "c",
+                            "mappings": maps, "stacks": stacks},
+                           {"pid": 6, "comm": "idle", "exe": "", "cgroup": "", "container_id": "", "mappings": [],
+                            "stacks": []}]}
+    return [codec.encode("CpuStackBatch", batch), write_batch(batch, random.Random(3)),
+            codec.encode("CpuStackBatch", {**batch, "processes": []})]
+
+
+def test_every_truncation_is_a_decode_error():
+    for data in _small_messages():
+        assert columnar(data) == codec.decode(data)[1]
+        for cut in range(len(data)):
+            with pytest.raises(codec.DecodeError) as err:
+                decode_cpu_batch_columnar(data[:cut])
+            assert "\n" not in str(err.value)
+        with pytest.raises(codec.DecodeError, match="1 trailing bytes"):
+            decode_cpu_batch_columnar(data + b"\x00")
+
+
+@given(st.sampled_from(_small_messages()), st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255),
+                                                              st.sampled_from(["set", "insert", "delete"])),
+                                                    min_size=1, max_size=4))
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_corrupt_bytes_give_decode_error_or_the_codec_record(data, edits):
+    corrupt = bytearray(data)
+    for pos, byte, how in edits:
+        i = codec.HEADER_LEN + pos % (len(corrupt) - codec.HEADER_LEN + 1)
+        if how == "insert":
+            corrupt[i:i] = bytes([byte])
+        elif i < len(corrupt):
+            if how == "set":
+                corrupt[i] = byte
+            else:
+                del corrupt[i]
+    try:
+        rec = columnar(bytes(corrupt))
+    except codec.DecodeError as exc:
+        assert "\n" not in str(exc)
+        return
+    # what decodes reads the same as through fastavro (which is laxer: it ignores block sizes, for one)
+    assert rec == codec.decode(bytes(corrupt))[1]
+
+
+def _body(batch_fields: bytes, processes: bytes) -> bytes:
+    return HEADER + batch_fields + processes
+
+
+FIELDS = _string("n") + long_bytes(1) + long_bytes(2) + long_bytes(3) + _string("k") + b"\x01"
+PROC_HEAD = long_bytes(7) + _string("c") * 4 + b"\x00"  # no mappings
+
+
+def _one_stack(tid: bytes, count: bytes = long_bytes(1)) -> bytes:
+    """One process with one stack (empty address arrays) whose tid is written as given."""
+    return long_bytes(1) + PROC_HEAD + count + tid + b"\x00\x00\x02" + b"\x00" + b"\x00"
+
+
+@pytest.mark.parametrize("processes, reason", [
+    (long_bytes(2**62), "array count"),  # a bogus count is refused, not allocated
+    (long_bytes(1) + PROC_HEAD + long_bytes(2**62) + b"\x00" * 8, "stack count"),
+    (long_bytes(1) + PROC_HEAD + long_bytes(1) + long_bytes(1) + long_bytes(2**40) + b"\x00" * 8, "address count"),
+    (_one_stack(b"\x80" * 10 + b"\x00"), "longer than 10 bytes"),
+    (_one_stack(b"\xff" * 9 + b"\x02"), "over 64 bits"),
+    (_one_stack(long_bytes(2**31)), "tid out of int range"),
+    (_one_stack(long_bytes(1), count=long_bytes(-1) + long_bytes(99)), "stacks block size 99"),
+    (long_bytes(1) + long_bytes(2**40) + _string("c") * 4 + b"\x00\x00\x00", "int out of range"),
+    (long_bytes(1) + long_bytes(7) + long_bytes(1) + b"\xff" + _string("c") * 3 + b"\x00\x00\x00", "UTF-8"),
+    (long_bytes(-1) + long_bytes(1000) + PROC_HEAD + b"\x00\x00", "array block size"),
+])
+def test_malformed_input_names_the_problem(processes, reason):
+    data = _body(FIELDS, processes)
+    with pytest.raises(codec.DecodeError, match=reason) as err:
+        decode_cpu_batch_columnar(data)
+    assert "\n" not in str(err.value)
+
+
+def test_a_boolean_is_zero_or_one():
+    assert decode_cpu_batch_columnar(_body(FIELDS, b"\x00"))["simulated"] is True
+    with pytest.raises(codec.DecodeError, match="bad boolean"):
+        decode_cpu_batch_columnar(_body(FIELDS[:-1] + b"\x02", b"\x00"))
+
+
+def test_other_writers_and_records_go_through_fastavro():
+    kernel = {"node": "n1", "pid": 42, "correlation_id": 7, "start_ns": 100, "end_ns": 250, "device_id": 0,
+              "stream_id": 13, "kernel_name": "k", "simulated": False}
+    assert codec.decode(codec.encode("GpuKernel", kernel), columnar=True) == ("fleetprof.GpuKernel", kernel)
+    with pytest.raises(codec.DecodeError, match="not a CpuStackBatch v1"):
+        decode_cpu_batch_columnar(codec.encode("GpuKernel", kernel))
+    reg = codec.SchemaRegistry().load_dir()
+    for path in sorted(V2_DIR.glob("*.avsc")):
+        reg.register_file(path)
+    batch = {"node": "n", "window_start_ns": 1, "window_ns": 2, "frequency_hz": 19, "kernel_build_id": "k",
+             "simulated": True, "processes": [{"pid": 1, "comm": "c", "exe": "", "cgroup": "", "container_id": "",
+                                               "mappings": [], "stacks": [{"tid": 1, "user_addrs": [-1, 5],
+                                                                           "kernel_addrs": [], "count": 3}]}]}
+    # v1 bytes read by a registry whose newest CpuStackBatch is v2: fastavro resolves the fields, no columns
+    v1 = codec.encode("CpuStackBatch", batch)
+    _, rec = codec.decode(v1, registry=reg, columnar=True)
+    assert rec["agent_version"] == "unknown" and rec["processes"][0]["stacks"][0]["user_addrs"] == [-1, 5]
+    # a v2 writer: another fingerprint, read by fastavro
+    v2 = codec.encode("CpuStackBatch", {**batch, "agent_version": "2.0"}, registry=reg)
+    _, rec = codec.decode(v2, registry=reg, columnar=True)
+    assert isinstance(rec["processes"][0]["stacks"], list) and rec["agent_version"] == "2.0"
