@@ -63,7 +63,8 @@ def raw_consume(bootstrap: str, topic: str, messages: int) -> tuple[float, list[
 
 
 def symbolize_only(bootstrap: str, values: list[bytes]) -> float:
-    """Seconds for the pure symbolize function alone (decode included) over the same messages, one core."""
+    """Seconds for the pure symbolize function alone (columnar decode included, as the stage runs it) over the same
+    messages, one core."""
     from processors.stages import build_symbolize
     from processors.symbolize import symbolize_batch
     from schemas import codec
@@ -71,7 +72,7 @@ def symbolize_only(bootstrap: str, values: list[bytes]) -> float:
     stage = build_symbolize({"bootstrap.servers": bootstrap})
     t0 = time.perf_counter()
     for v in values:
-        symbolize_batch(codec.decode(v)[1], stage.tables.get, stage.memo)
+        symbolize_batch(codec.decode(v, columnar=True)[1], stage.tables.get, stage.memo)
     elapsed = time.perf_counter() - t0
     stage.close()
     return elapsed
@@ -107,7 +108,11 @@ def main() -> None:
         samples = report.total_samples
         batches = report.batches
 
-        raw_s, values = raw_consume(broker.bootstrap, "cpu.stacks", batches)
+        # the peer's best of three: fetch time on this shared VM varies between runs more than the pipeline's
+        raw_runs = [raw_consume(broker.bootstrap, "cpu.stacks", batches) for _ in range(3)]
+        raw_s = min(r[0] for r in raw_runs)
+        values = raw_runs[0][1]
+        del raw_runs
         raw_bytes = sum(len(v) for v in values)
         sym_s = symbolize_only(broker.bootstrap, values)
         del values
