@@ -5,8 +5,6 @@ from __future__ import annotations
 import hashlib
 import struct
 
-_S64 = 1 << 63
-
 
 def _as_signed(digest: bytes) -> int:
     # Avro longs and ClickHouse UInt64 share bits; keep the signed view inside Python records.
@@ -35,6 +33,3 @@ def to_unsigned(value: int) -> int:
     """The UInt64 that ClickHouse stores for a signed 64-bit id."""
     return value + (1 << 64) if value < 0 else value
 
-
-def to_signed(value: int) -> int:
-    return value - (1 << 64) if value >= _S64 else value

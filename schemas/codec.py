@@ -74,6 +74,13 @@ class SchemaRegistry:
         except KeyError:
             raise KeyError(f"no schema named {full}") from None
 
+    def version(self, name: str, version: int) -> SchemaVersion:
+        full = self.latest(name).name
+        for sv in self._by_fingerprint.values():
+            if sv.name == full and sv.version == version:
+                return sv
+        raise KeyError(f"no version {version} of schema {full}")
+
     def by_fingerprint(self, fp: bytes) -> SchemaVersion | None:
         return self._by_fingerprint.get(fp)
 
@@ -94,20 +101,12 @@ def default_registry() -> SchemaRegistry:
 def encode(name: str, record: dict, registry: SchemaRegistry | None = None, version: int | None = None) -> bytes:
     """Encode `record` with the newest (or the given) version of schema `name`."""
     reg = registry or default_registry()
-    sv = reg.latest(name)
-    if version is not None and version != sv.version:
-        sv = next(
-            (v for v in reg._by_fingerprint.values() if v.name == sv.name and v.version == version), None
-        ) or _missing_version(sv.name, version)
+    sv = reg.latest(name) if version is None else reg.version(name, version)
     buf = io.BytesIO()
     buf.write(MARKER)
     buf.write(sv.fingerprint)
     fastavro.schemaless_writer(buf, sv.parsed, record)
     return buf.getvalue()
-
-
-def _missing_version(name: str, version: int) -> SchemaVersion:
-    raise KeyError(f"no version {version} of schema {name}")
 
 
 def writer_of(data: bytes, registry: SchemaRegistry | None = None) -> SchemaVersion:

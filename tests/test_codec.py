@@ -108,3 +108,11 @@ def test_unsigned_addresses_keep_their_bits():
     for value in (0, 1, 0x7FFF_FFFF_FFFF_FFFF, 0xFFFF_FFFF_8100_0000, 0xFFFF_FFFF_FFFF_FFFF):
         assert codec.long_to_u64(codec.u64_to_long(value)) == value
         assert -(1 << 63) <= codec.u64_to_long(value) < (1 << 63)
+
+
+def test_an_older_version_can_still_be_written_on_purpose():
+    reg = _v2_registry()
+    v1 = codec.encode("GpuKernel", KERNEL, registry=reg, version=1)
+    assert v1 == codec.encode("GpuKernel", KERNEL)
+    with pytest.raises(KeyError, match="no version 7"):
+        codec.encode("GpuKernel", KERNEL, registry=reg, version=7)
