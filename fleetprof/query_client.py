@@ -7,6 +7,7 @@ Either way the caller gets the same shapes back: column names and JSON-like rows
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any
@@ -28,19 +29,20 @@ class QueryError(RuntimeError):
     """A query that could not run, with a one-line reason for people."""
 
 
-class QueryTarget:
+class QueryTarget(ABC):
     """Runs named queries and read-only SQL somewhere; `where` says where, for messages."""
 
     where: str = ""
 
+    @abstractmethod
     def named(self, name: str, params: dict[str, Any]) -> Result:
         """Run sql/queries/<name>.sql with `params` (text or typed values)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def sql(self, sql: str, params: dict[str, Any] | None = None) -> Result:
         """Run one read-only statement with bound `{name:Type}` parameters."""
-        raise NotImplementedError
 
+    @abstractmethod
     def close(self) -> None:
         """Release what the target holds (the store, the HTTP connection pool)."""
 
