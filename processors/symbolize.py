@@ -1,7 +1,7 @@
 """symbolize: a raw CpuStackBatch in, a CpuSamples record out (frames, stacks by stable id, summed counts).
 
-Pure: the symbol tables are handed in; nothing here reads a socket or a file. Addresses that cannot be resolved
-stay visible as `[unknown] <binary>+0x<offset>` so nothing silently disappears.
+Pure: the symbol tables are handed in; nothing here reads a socket or a file. Names are demangled (C++, Rust).
+Addresses that cannot be resolved stay visible as `[unknown] <binary>+0x<offset>` so nothing silently disappears.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from processors.demangle import demangle
 from processors.stack_ids import frame_id, stack_id
 from processors.symbol_tables import SymbolTable, as_u64
 from schemas.fast_codec import PackedStacks
@@ -125,7 +126,7 @@ def _user_frames(group: np.ndarray, file_off: np.ndarray, is_leaf: np.ndarray, g
         if table is not None:
             names = table.names
             _resolve(ids, sel[known], syms[known],
-                     lambda s, t=build_id, b=binary, n=names: memo.frame((t, b, s), n[s], b, "NATIVE"))
+                     lambda s, t=build_id, b=binary, n=names: memo.frame((t, b, s), demangle(n[s]), b, "NATIVE"))
         stats.unknown_frames += int((~known).sum())
         _resolve(ids, sel[~known], off[~known],
                  lambda o, b=binary: memo.frame((b, o), f"[unknown] {b}+0x{o:x}", b, "UNKNOWN"))
@@ -140,7 +141,7 @@ def _kernel_frames(addrs: np.ndarray, is_leaf: np.ndarray, table: SymbolTable | 
     if table is not None:
         names = table.names
         _resolve(ids, np.flatnonzero(known), syms[known],
-                 lambda s, t=table.build_id: memo.frame(("k", t, s), names[s], KERNEL_BINARY, "KERNEL"))
+                 lambda s, t=table.build_id: memo.frame(("k", t, s), demangle(names[s]), KERNEL_BINARY, "KERNEL"))
     stats.unknown_frames += int((~known).sum())
     _resolve(ids, np.flatnonzero(~known), addrs[~known],
              lambda a: memo.frame(("k?", a), f"[unknown] {KERNEL_BINARY}+0x{a:x}", KERNEL_BINARY, "UNKNOWN"))

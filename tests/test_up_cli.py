@@ -8,7 +8,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 
+from processors.demangle import demangle
 from tests.conftest import consecutive_free_port, free_ports
 
 
@@ -38,15 +40,17 @@ def test_up_then_loadgen_then_query_top_shows_exactly_what_was_sent(tmp_path):
                           "--format", "json")
         assert sent.returncode == 0, sent.stderr
         report = json.loads(sent.stdout)
-        want = {f"{f} ({b})": n for b, f, n in report["samples_by_leaf"]}
+        want: Counter[str] = Counter()
+        for b, f, n in report["samples_by_leaf"]:  # loadgen reports the symbol table's (mangled) names
+            want[f"{demangle(f)} ({b})"] += n
 
-        got: dict[str, int] = {}
+        got: Counter[str] = Counter()
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and got != want:
             top = _fleetprof(env, "query", "top", "--kind", "cpu", "--since", "5m", "--limit", "100000",
                              "--format", "json")
             assert top.returncode == 0, top.stderr
-            got = {f"{r['function']} ({r['binary']})": r["self"] for r in json.loads(top.stdout) if r["self"]}
+            got = Counter({f"{r['function']} ({r['binary']})": r["self"] for r in json.loads(top.stdout) if r["self"]})
             time.sleep(1)
         assert got == want
         assert sum(got.values()) == report["total_samples"]
