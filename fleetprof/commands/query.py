@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from fleetprof.commands.sql import emit
+from fleetprof.flamegraph_formats import BINARY_FORMATS, FORMATS
 from fleetprof.query_client import QueryError, QueryTarget, query_target
 from fleetprof.settings import Settings
 from fleetprof.store import parse_time
@@ -100,30 +101,29 @@ def _pct(part: int, whole: int) -> str:
     return f"{100.0 * part / whole:.1f}%" if whole else "-"
 
 
-def _folded_frame(name: str) -> str:
-    # ';' separates frames and a newline ends a stack in the folded format, so neither may appear inside a name
-    return name.replace(";", ":").replace("\n", " ")
-
-
 @query.command()
 @range_options
-@click.option("--format", "fmt", type=click.Choice(["folded", "json"]), default="folded", show_default=True,
-              help="folded: 'root;...;leaf count' lines for flamegraph.pl / speedscope; json: stacks with counts.")
+@click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default="folded", show_default=True,
+              help="folded: 'root;...;leaf count' lines (flamegraph.pl, inferno); json: stacks with counts; "
+                   "speedscope: speedscope.app JSON; pprof: gzip'd profile.proto (go tool pprof, Parca, Pyroscope); "
+                   "html: a self-contained flame graph page.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True, path_type=Path), default=None,
               help="Write to this file instead of stdout.")
 @click.pass_obj
 def flamegraph(settings: Settings, kind: str, since: str, until: str, node: str | None, pid: int | None,
                comm: str | None, fmt: str, output: Path | None) -> None:
-    """CPU stacks over the range with their sample counts, root first."""
+    """CPU stacks over the range with their sample counts, root first, in a flame graph format."""
+    out = sys.stdout.buffer
+    if output is None and fmt in BINARY_FORMATS and out.isatty():
+        raise click.ClickException(f"{fmt} output is binary: write it to a file with -o FILE (or redirect stdout)")
     start, end = _range(since, until)
     params = {"since": start, "until": end, **_filters(node, pid, comm)}
     _, rows = _run(settings, lambda target: target.named("flamegraph_cpu", params))
-    if fmt == "folded":
-        text = "".join(f"{';'.join(_folded_frame(f) for f in functions)} {count}\n" for functions, count in rows)
-    else:
-        text = json.dumps([{"stack": functions, "count": count} for functions, count in rows], indent=2) + "\n"
+    title = f"fleetprof {kind} {start.isoformat(timespec='seconds')} – {end.isoformat(timespec='seconds')}"
+    data = FORMATS[fmt]([(list(functions), int(count)) for functions, count in rows], title=title)
     if output is None:
-        click.echo(text, nl=False)
+        out.write(data)
+        out.flush()
     else:
-        output.write_text(text)
+        output.write_bytes(data)
         click.echo(f"wrote {len(rows)} stacks to {output}", err=True)
