@@ -47,6 +47,8 @@ java_ok || packages+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || packages+=(maven)
 command -v curl >/dev/null || packages+=(curl)
 command -v c++filt >/dev/null || packages+=(binutils)  # tests check mangled names with c++filt
+command -v eu-addr2line >/dev/null || packages+=(elfutils)  # the symbolizer is checked against eu-addr2line
+command -v gcc >/dev/null || packages+=(gcc)  # ELF tests build libraries (no build id, 100k functions)
 if command -v dpkg >/dev/null; then
     dpkg -s ca-certificates >/dev/null 2>&1 || packages+=(ca-certificates)
 fi

@@ -10,6 +10,7 @@ from fleetprof.commands.loadgen import loadgen
 from fleetprof.commands.process import process
 from fleetprof.commands.query import query
 from fleetprof.commands.sql import sql
+from fleetprof.commands.symbolize import symbolize
 from fleetprof.commands.up import up
 
 COMMANDS: list[click.Command] = []
@@ -20,3 +21,4 @@ COMMANDS.append(db)
 COMMANDS.append(sql)
 COMMANDS.append(query)
 COMMANDS.append(loadgen)
+COMMANDS.append(symbolize)

@@ -1,0 +1,61 @@
+"""`fleetprof symbolize --elf PATH ADDR...`: the function containing each ELF virtual address, one per line.
+
+It goes through the same path as the processors (SymbolChunk records -> processors.symbol_tables.SymbolTable ->
+vectorized lookup), so it is the symbolizer's own test surface against eu-addr2line and nm.
+"""
+
+from __future__ import annotations
+
+import click
+import numpy as np
+
+from processors.symbol_tables import SymbolTable, table_from_chunks
+from producers.elf_symbols import ElfError, symbol_chunks
+
+_U64_MAX = (1 << 64) - 1
+
+
+def parse_address(text: str) -> int:
+    """A hex address, with or without 0x; ValueError with the reason otherwise."""
+    digits = text.strip().lower()
+    digits = digits[2:] if digits.startswith("0x") else digits
+    if not digits or any(c not in "0123456789abcdef" for c in digits):
+        raise ValueError(f"not a hex address: {text!r}")
+    value = int(digits, 16)
+    if value > _U64_MAX:
+        raise ValueError(f"address does not fit in 64 bits: {text!r}")
+    return value
+
+
+def describe(table: SymbolTable, addrs: list[int], offsets: bool = False) -> list[str]:
+    """For each virtual address the containing function (`name` or `name+0x<off>`), or `??`."""
+    vaddrs = np.array(addrs, dtype=np.uint64)
+    found = table.lookup(vaddrs).tolist()
+    out = []
+    for addr, i in zip(addrs, found, strict=True):
+        if i < 0:
+            out.append("??")
+        elif offsets:
+            out.append(f"{table.names[i]}+0x{addr - int(table.starts[i]):x}")
+        else:
+            out.append(table.names[i])
+    return out
+
+
+# unknown "options" are addresses gone wrong (-1, --0x10): they get the one-line hex error, not a usage screen
+@click.command("symbolize", context_settings={"ignore_unknown_options": True})
+@click.option("--elf", "elf_path", required=True, type=click.Path(dir_okay=False),
+              help="ELF file whose .symtab (else .dynsym) names the addresses.")
+@click.option("--offsets", is_flag=True, help="Append +0x<offset> into the function.")
+@click.argument("addrs", nargs=-1, required=True)
+def symbolize(elf_path: str, offsets: bool, addrs: tuple[str, ...]) -> None:
+    """Print the function containing each ELF virtual ADDR (hex), one per line; `??` when none does."""
+    try:
+        values = [parse_address(a) for a in addrs]
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        table = table_from_chunks(symbol_chunks(elf_path))
+    except ElfError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo("\n".join(describe(table, values, offsets)))
