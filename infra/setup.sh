@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent installer: Debian packages (Java for the Kafka broker, Maven for its jars), the .venv with fleetprof
-# and its test extras, and the Kafka jars in infra/kafka/lib. Each step runs only when its result is missing or
-# stale, so a second run is a quick no-op. Works from any cwd; on a fresh Debian 12 machine run it as root.
+# and its test extras, the Kafka jars in infra/kafka/lib, and (optional, non-fatal) bcc with kernel headers for the
+# eBPF CPU sampler. Each step runs only when its result is missing or stale, so a second run is a quick no-op.
+# Works from any cwd; on a fresh Debian 12 machine run it as root.
 #   PYTHON=python3.12 bash infra/setup.sh   picks the interpreter for a new .venv (default: python3)
 set -euo pipefail
 
@@ -85,6 +86,58 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
     say "installing fleetprof and its test dependencies into $VENV"
     quiet "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]'
     touch "$STAMP"
+fi
+
+# --- bcc for the eBPF CPU sampler: optional, so a machine without root/apt still gets a working install ---
+BCC_PATH=$VENV/bcc-path  # holds only a `bcc` symlink: the venv sees Debian's bcc without all of dist-packages
+
+bcc_setup() {  # prints the reason and returns 1 when something is missing and cannot be fixed here
+    local kernel headers p need=()
+    kernel=$(uname -r)
+    if command -v dpkg-query >/dev/null; then
+        for p in python3-bpfcc bpfcc-tools linux-headers-amd64 linux-perf; do
+            dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
+        done
+    elif [ ! -d /usr/lib/python3/dist-packages/bcc ]; then
+        echo "not a Debian/Ubuntu system and no bcc in /usr/lib/python3/dist-packages"; return 1
+    fi
+    if [ ${#need[@]} -gt 0 ]; then
+        [ "$(id -u)" -eq 0 ] || { echo "need root to install ${need[*]}"; return 1; }
+        command -v apt-get >/dev/null || { echo "no apt-get to install ${need[*]}"; return 1; }
+        say "installing ${need[*]}" >&2
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -q >/dev/null 2>&1 || { echo "apt-get update failed"; return 1; }
+        apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null 2>&1 \
+            || { echo "apt-get install ${need[*]} failed"; return 1; }
+    fi
+    # A kernel without its own header package (e.g. a firecracker 6.18 guest): Debian's headers are close enough
+    # for perf_event sampling, uprobes and USDT, which only use stable UAPI.
+    if [ ! -e "/lib/modules/$kernel/build/include/generated/autoconf.h" ]; then
+        headers=$(ls -d /usr/src/linux-headers-*-amd64 2>/dev/null | sort -V | tail -n 1)
+        [ -n "$headers" ] || { echo "no kernel headers for $kernel and none under /usr/src"; return 1; }
+        [ "$(id -u)" -eq 0 ] || { echo "need root to link /lib/modules/$kernel/build to $headers"; return 1; }
+        if [ -e "/lib/modules/$kernel/build" ] && [ ! -L "/lib/modules/$kernel/build" ]; then
+            echo "/lib/modules/$kernel/build exists but lacks include/generated/autoconf.h"; return 1
+        fi
+        say "linking /lib/modules/$kernel/build -> $headers" >&2
+        mkdir -p "/lib/modules/$kernel"
+        ln -sfn "$headers" "/lib/modules/$kernel/build"
+        ln -sfn "${headers%-amd64}-common" "/lib/modules/$kernel/source"
+    fi
+    # uprobe detach needs tracefs; debugfs carries the older tracing path
+    for p in debugfs:/sys/kernel/debug tracefs:/sys/kernel/tracing; do
+        mountpoint -q "${p#*:}" && continue
+        [ "$(id -u)" -eq 0 ] || { echo "need root to mount ${p%%:*} on ${p#*:}"; return 1; }
+        mount -t "${p%%:*}" "${p%%:*}" "${p#*:}" || { echo "mounting ${p%%:*} on ${p#*:} failed"; return 1; }
+    done
+    if [ "$(readlink "$BCC_PATH/bcc" 2>/dev/null)" != /usr/lib/python3/dist-packages/bcc ]; then
+        mkdir -p "$BCC_PATH"
+        ln -sfn /usr/lib/python3/dist-packages/bcc "$BCC_PATH/bcc"
+    fi
+}
+
+if ! bcc_reason=$(bcc_setup); then
+    say "BPF will be unavailable (the CPU sampler needs it): ${bcc_reason##*$'\n'}"
 fi
 
 # --- the Kafka jars: fetched again whenever the pom changed (the stamp holds the pom's hash) ---

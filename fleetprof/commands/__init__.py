@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from fleetprof.commands.agent import agent
 from fleetprof.commands.db import db
 from fleetprof.commands.kafka import kafka
 from fleetprof.commands.loadgen import loadgen
@@ -22,3 +23,4 @@ COMMANDS.append(sql)
 COMMANDS.append(query)
 COMMANDS.append(loadgen)
 COMMANDS.append(symbolize)
+COMMANDS.append(agent)

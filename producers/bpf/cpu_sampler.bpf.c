@@ -1,0 +1,53 @@
+// bcc C: CPU stack sampling on a software perf_event (CPU clock), aggregated in the kernel (as bcc's tools/profile.py).
+// producers/cpu_sampler.py compiles it with -D settings: MAX_ENTRIES, STACK_ENTRIES, and FILTER_PID when filtering.
+// Only helpers read the task: the headers bcc compiles against may be older than the running kernel, so struct
+// offsets (task_struct->...) could be silently wrong.
+#include <uapi/linux/ptrace.h>
+#include <uapi/linux/bpf_perf_event.h>
+
+#ifndef MAX_ENTRIES
+#define MAX_ENTRIES 10240
+#endif
+#ifndef STACK_ENTRIES
+#define STACK_ENTRIES 16384
+#endif
+
+// Keep in step with _Key in producers/cpu_sampler.py (a test compares the two).
+struct key_t {
+    u32 pid;  // tgid: the process
+    u32 tid;
+    s32 user_stack_id;    // negative: -errno from get_stackid (-EFAULT: no stack of that kind, else lost)
+    s32 kernel_stack_id;
+};
+
+BPF_HASH(counts, struct key_t, u64, MAX_ENTRIES);
+BPF_STACK_TRACE(stack_traces, STACK_ENTRIES);
+BPF_ARRAY(dropped, u64, 1);  // samples lost because `counts` was full
+
+int on_cpu_clock(struct bpf_perf_event_data *ctx) {
+    u64 pid_tgid = bpf_get_current_pid_tgid();
+    u32 tgid = pid_tgid >> 32;
+    if (tgid == 0)  // the idle task: not a process
+        return 0;
+#ifdef FILTER_PID
+    if (tgid != FILTER_PID)
+        return 0;
+#endif
+    struct key_t key = {};
+    key.pid = tgid;
+    key.tid = (u32)pid_tgid;
+    key.user_stack_id = stack_traces.get_stackid(&ctx->regs, BPF_F_USER_STACK);
+    key.kernel_stack_id = stack_traces.get_stackid(&ctx->regs, 0);
+
+    u64 zero = 0;
+    u64 *count = counts.lookup_or_try_init(&key, &zero);
+    if (count) {
+        __sync_fetch_and_add(count, 1);
+    } else {
+        int idx = 0;
+        u64 *lost = dropped.lookup(&idx);
+        if (lost)
+            __sync_fetch_and_add(lost, 1);
+    }
+    return 0;
+}

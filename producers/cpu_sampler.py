@@ -1,0 +1,175 @@
+"""The eBPF CPU sampler: a software perf_event per CPU, stacks counted in the kernel, drained per window.
+
+The kernel side is producers/bpf/cpu_sampler.bpf.c (bcc C, compiled at start()). bcc is imported lazily so that
+everything else in fleetprof imports on machines without it.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("fleetprof.cpu_sampler")
+
+BPF_SOURCE = Path(__file__).resolve().parent / "bpf" / "cpu_sampler.bpf.c"
+# Field names of `struct key_t` in BPF_SOURCE, in order (tests check the compiled struct against this).
+KEY_FIELDS = ("pid", "tid", "user_stack_id", "kernel_stack_id")
+DEFAULT_MAX_ENTRIES = 10240
+DEFAULT_STACK_ENTRIES = 16384
+
+# (pid, tid, user addresses leaf first, kernel addresses leaf first, count)
+Sample = tuple[int, int, list[int], list[int], int]
+
+
+class BpfUnavailable(RuntimeError):
+    """BPF cannot run here; the message is one line saying what is missing."""
+
+
+def _bcc_path_dirs() -> list[Path]:
+    # infra/setup.sh puts a folder holding only a `bcc` symlink in the venv, so the venv sees Debian's bcc without
+    # all of /usr/lib/python3/dist-packages (whose other packages could shadow the venv's).
+    repo = Path(__file__).resolve().parent.parent
+    return [Path(sys.prefix) / "bcc-path", repo / ".venv" / "bcc-path"]
+
+
+def import_bcc() -> Any:
+    """The bcc module, or BpfUnavailable saying it is missing."""
+    try:
+        import bcc
+        return bcc
+    except ImportError:
+        pass
+    for folder in _bcc_path_dirs():
+        if (folder / "bcc").exists() and str(folder) not in sys.path:
+            sys.path.append(str(folder))
+    try:
+        import bcc
+    except ImportError:
+        raise BpfUnavailable("no bcc Python module (Debian python3-bpfcc; run infra/setup.sh as root)") from None
+    except Exception as exc:  # bcc raises plain Exception when libbcc.so is missing
+        raise BpfUnavailable(f"bcc failed to load: {str(exc).splitlines()[0] if str(exc) else exc!r}") from None
+    return bcc
+
+
+def check_bpf() -> Any:
+    """Everything bcc needs, checked up front so the error names the missing piece; returns the bcc module."""
+    bcc = import_bcc()
+    build = Path("/lib/modules") / platform.release() / "build"
+    if not (build / "include").is_dir():
+        raise BpfUnavailable(f"no kernel headers at {build} (run infra/setup.sh as root)")
+    if os.geteuid() != 0:
+        raise BpfUnavailable("not root: loading BPF programs needs root (or CAP_BPF + CAP_PERFMON)")
+    return bcc
+
+
+class CpuSampler:
+    """Samples every CPU at `frequency_hz`; drain() returns the stacks counted since the last drain."""
+
+    def __init__(self, frequency_hz: int = 19, pid_filter: int | None = None,
+                 max_entries: int = DEFAULT_MAX_ENTRIES, stack_entries: int = DEFAULT_STACK_ENTRIES) -> None:
+        if not 1 <= frequency_hz <= 10_000:
+            raise ValueError(f"frequency must be 1..10000 Hz, got {frequency_hz}")
+        self.frequency_hz = frequency_hz
+        self.pid_filter = pid_filter
+        self.max_entries = max_entries
+        self.stack_entries = stack_entries
+        self.lost_samples = 0  # last drain: samples whose stack did not fit the stack map (collision)
+        self.dropped_samples = 0  # last drain: samples not counted because the counts map was full
+        self._bpf: Any = None
+        self._bcc: Any = None
+
+    def start(self) -> None:
+        """Compile, load and attach; BpfUnavailable when that cannot work here."""
+        bcc = check_bpf()
+        cflags = [f"-DMAX_ENTRIES={int(self.max_entries)}", f"-DSTACK_ENTRIES={int(self.stack_entries)}"]
+        if self.pid_filter is not None:
+            cflags.append(f"-DFILTER_PID={int(self.pid_filter)}")
+        try:
+            bpf = bcc.BPF(src_file=str(BPF_SOURCE).encode(), cflags=cflags)
+        except Exception as exc:  # bcc raises plain Exception; its compiler output already went to stderr
+            raise BpfUnavailable(f"BPF program failed to compile or load: {exc}") from None
+        try:
+            bpf.attach_perf_event(ev_type=bcc.PerfType.SOFTWARE, ev_config=bcc.PerfSWConfig.CPU_CLOCK,
+                                  fn_name=b"on_cpu_clock", sample_freq=self.frequency_hz, cpu=-1)
+        except Exception as exc:
+            bpf.cleanup()
+            raise BpfUnavailable(f"attaching the CPU clock perf_event failed: {exc}") from None
+        self._bcc, self._bpf = bcc, bpf
+
+    def _take_counts(self) -> list[tuple[Any, int]]:
+        counts = self._bpf[b"counts"]
+        # Read, then delete only the keys read: a sample counted meanwhile under a new key waits for the next drain,
+        # and one counted under a key read here is lost (a window's edge). bcc 0.26's lookup-and-delete batch is not
+        # used: it aliases its batch cursor and count, and returned nothing while deleting entries here.
+        items = [(k, v.value) for k, v in counts.items()]
+        for k, _ in items:
+            try:
+                del counts[k]
+            except KeyError:
+                pass
+        return items
+
+    def drain(self) -> list[Sample]:
+        """Counts since the last drain, with stacks resolved to addresses; clears the maps."""
+        if self._bpf is None:
+            raise RuntimeError("CpuSampler.drain() before start()")
+        stacks = self._bpf[b"stack_traces"]
+        items = self._take_counts()
+        resolved: dict[int, list[int]] = {}
+        lost = 0
+        out: list[Sample] = []
+        for key, count in items:
+            addrs = []
+            for sid in (key.user_stack_id, key.kernel_stack_id):
+                if sid < 0:
+                    # -EFAULT: no stack of that kind (user-mode sample, kernel thread); anything else was lost
+                    lost += count if sid != -errno.EFAULT else 0
+                    addrs.append([])
+                    continue
+                if sid not in resolved:
+                    try:
+                        resolved[sid] = list(stacks.walk(sid))
+                    except KeyError:
+                        resolved[sid] = []
+                if not resolved[sid]:
+                    lost += count
+                addrs.append(resolved[sid])
+            out.append((int(key.pid), int(key.tid), addrs[0], addrs[1], int(count)))
+        for sid in resolved:  # free the slots, or the stack map fills and new stacks collide
+            try:
+                del stacks[stacks.Key(sid)]
+            except KeyError:
+                pass
+        dropped_table = self._bpf[b"dropped"]
+        self.dropped_samples = int(dropped_table[0].value)
+        if self.dropped_samples:
+            dropped_table[0] = dropped_table.Leaf(0)
+            log.warning("%d samples dropped: the counts map is full; raise max_entries (now %d)",
+                        self.dropped_samples, self.max_entries)
+        self.lost_samples = lost
+        if lost:
+            log.warning("%d samples lost their stack (stack map collisions); raise stack_entries (now %d)",
+                        lost, self.stack_entries)
+        return out
+
+    def close(self) -> None:
+        """Detach and unload; safe to call twice."""
+        if self._bpf is None:
+            return
+        bpf, self._bpf = self._bpf, None
+        try:
+            bpf.detach_perf_event(ev_type=self._bcc.PerfType.SOFTWARE, ev_config=self._bcc.PerfSWConfig.CPU_CLOCK)
+        finally:
+            bpf.cleanup()
+
+    def __enter__(self) -> CpuSampler:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
