@@ -1,15 +1,24 @@
-"""`fleetprof agent --dry-run --once`: collect one window of CPU stacks and print what would be sent."""
+"""`fleetprof agent`: sample CPU stacks per window and publish them with their symbol tables (or `--dry-run`)."""
 
 from __future__ import annotations
 
 import json
 import re
+import signal
+import socket
 import sys
+import threading
+import time
 
 import click
 
-from producers.cpu import ProcessCache, collect_window
+from fleetprof.settings import Settings
+from producers.agent_sender import AgentSender
+from producers.cpu import ProcessCache, build_cpu_batch, collect_window
 from producers.cpu_sampler import BpfUnavailable, CpuSampler
+from producers.kallsyms import KernelSymbols, kernel_build_id, read_kallsyms
+from producers.publisher import Publisher, PublishError, check_broker
+from schemas import topics
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m)?\s*$")
 
@@ -41,34 +50,57 @@ def _hex_addrs(batch: dict) -> dict:
 
 
 @click.command("agent")
-@click.option("--dry-run", is_flag=True, required=True,
-              help="Print the records instead of publishing them (required: publishing is not built yet).")
-@click.option("--once", is_flag=True, required=True, help="Collect one window, then exit (required for now).")
+@click.option("--dry-run", is_flag=True,
+              help="Print one window's records as JSON lines instead of publishing them (needs --once).")
+@click.option("--once", is_flag=True, help="Collect one window, then exit.")
 @click.option("--window", default="10s", show_default=True, help="Reporting window: 500ms, 2s, 1m.")
 @click.option("--frequency", type=click.IntRange(1, 1000), default=19, show_default=True,
               help="CPU samples per second per CPU.")
 @click.option("--pid", type=click.IntRange(1), default=None, help="Sample only this process.")
-@click.option("--format", "fmt", type=click.Choice(["json"]), default="json", show_default=True,
-              help="json: one CpuStackBatch per line, one process each, addresses as hex strings.")
-def agent(dry_run: bool, once: bool, window: str, frequency: int, pid: int | None, fmt: str) -> None:
-    """Run the node agent's CPU sampler (eBPF, needs root) and print one window of stacks as JSON lines."""
+@click.option("--node", default=None, help="Node name in the records. [default: this host's name]")
+@click.option("--format", "fmt", type=click.Choice(["json", "text"]), default=None,
+              help="Dry run: json (the default) prints one CpuStackBatch per line, one process each, addresses as "
+                   "hex strings. Publishing: json prints a final summary line on stdout; text (the default) none.")
+@click.pass_obj
+def agent(settings: Settings, dry_run: bool, once: bool, window: str, frequency: int, pid: int | None,
+          node: str | None, fmt: str | None) -> None:
+    """Run the node agent's CPU sampler (eBPF, needs root) and publish each window's stacks to Kafka, with the
+    symbol tables they need sent first. Stops on SIGTERM/SIGINT after sending what it collected."""
     try:
         window_s = parse_duration(window)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    processes = ProcessCache()
+    node = node or socket.gethostname()
+    if dry_run:
+        if not once:
+            raise click.UsageError("--dry-run needs --once")
+        if fmt == "text":
+            raise click.UsageError("--dry-run prints JSON only")
+        _dry_run(window_s, frequency, pid, node)
+        return
+    _publish(settings, window_s, frequency, pid, node, once, fmt or "text")
+
+
+def _start_sampler(frequency: int, pid: int | None) -> CpuSampler:
     sampler = CpuSampler(frequency_hz=frequency, pid_filter=pid)
     try:
         sampler.start()
     except BpfUnavailable as exc:
         raise click.ClickException(f"BPF unavailable: {exc}") from None
+    return sampler
+
+
+def _dry_run(window_s: float, frequency: int, pid: int | None, node: str) -> None:
+    processes = ProcessCache()
+    sampler = _start_sampler(frequency, pid)
     try:
         if pid is not None:
             processes.get(pid)  # mappings now, in case it exits within the window
         click.echo(f"sampling at {frequency} Hz for {window_s:g} s ...", err=True)
-        batch = collect_window(sampler, window_s, processes)
+        batch = collect_window(sampler, window_s, processes, node)
     finally:
         sampler.close()
+    batch["kernel_build_id"] = kernel_build_id()
     total = 0
     for proc in batch["processes"]:
         total += sum(s["count"] for s in proc["stacks"])
@@ -76,3 +108,68 @@ def agent(dry_run: bool, once: bool, window: str, frequency: int, pid: int | Non
         sys.stdout.write(json.dumps(line, separators=(",", ":")) + "\n")
     click.echo(f"{total} samples, {len(batch['processes'])} processes, {sampler.lost_samples} lost stacks, "
                f"{sampler.dropped_samples} dropped (counts map full)", err=True)
+
+
+def _read_kernel() -> KernelSymbols | None:
+    try:
+        kernel = read_kallsyms()
+    except OSError as exc:
+        click.echo(f"warning: no kernel symbols ({exc.strerror or exc}): kernel frames stay unknown", err=True)
+        return None
+    if not len(kernel):
+        click.echo(f"warning: /proc/kallsyms hides addresses ({kernel.hidden} symbols; kptr_restrict, run as root):"
+                   " kernel frames stay unknown", err=True)
+    return kernel
+
+
+def _publish(settings: Settings, window_s: float, frequency: int, pid: int | None, node: str, once: bool,
+             fmt: str) -> None:
+    config = settings.kafka_config()
+    try:
+        check_broker(config, [topics.CPU_STACKS.name, topics.SYMBOLS.name])
+    except PublishError as exc:
+        raise click.ClickException(str(exc)) from None
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    kernel = _read_kernel()
+    kid = kernel.build_id if kernel is not None else ""
+    processes = ProcessCache()
+    publisher = Publisher(config)
+    sender = AgentSender(publisher, kernel)
+    sampler = _start_sampler(frequency, pid)
+    windows = 0
+    t0 = time.monotonic()
+    try:
+        if pid is not None:
+            processes.get(pid)  # mappings now, in case it exits within the window
+        sampler.drain()  # the window starts now: compiling the BPF program took a while
+        click.echo(f"sampling at {frequency} Hz, {window_s:g} s windows, sending to {config['bootstrap.servers']}"
+                   + (" (one window)" if once else " (until SIGTERM/SIGINT)"), err=True)
+        while True:
+            start_ns = time.time_ns()
+            stop.wait(window_s)  # a signal ends the window early; what it collected is still sent
+            samples = sampler.drain()
+            batch = build_cpu_batch(samples, processes, node, start_ns, time.time_ns() - start_ns, frequency, kid)
+            sent = sender.send_window(batch)
+            windows += 1
+            click.echo(f"window {windows}: {sent.samples} samples, {sent.processes} processes, {sent.batches} "
+                       f"batches, {sent.symbol_chunks} symbol chunks ({sent.new_build_ids} new build ids), "
+                       f"{sent.bytes} bytes sent; {sampler.lost_samples} lost stacks, {sampler.dropped_samples} "
+                       "dropped", err=True)
+            if once or stop.is_set():
+                break
+    except PublishError as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        sampler.close()
+        if not publisher.failed:
+            publisher.poll(0)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    summary = {"node": node, "windows": windows, "samples": sender.samples, "batches": sender.batches,
+               "symbol_chunks": sender.symbol_chunks, "build_ids": len(sender.sent_build_ids),
+               "unreadable_files": sender.unreadable, "kernel_build_id": kid, "bytes": publisher.bytes,
+               "elapsed_s": round(time.monotonic() - t0, 3)}
+    if fmt == "json":
+        sys.stdout.write(json.dumps(summary) + "\n")
+    click.echo(f"stopped after {windows} windows: {sender.samples} samples, {publisher.bytes} bytes sent", err=True)

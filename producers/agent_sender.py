@@ -1,0 +1,101 @@
+"""What the agent sends per window: symbol tables first (each build id once per run, durably), then the batch.
+
+Symbol tables come from the mapped files themselves, read through /proc/PID/root so a container's binary is the
+container's file; the kernel's table comes from /proc/kallsyms, one per boot. A file that cannot be read (process
+gone, permission, not ELF) is skipped quietly and counted: its frames stay `[unknown] <binary>+0x…` downstream.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from producers.elf_symbols import ElfError, read_elf_symbols, symbol_chunks
+from producers.kallsyms import KernelSymbols, kernel_symbol_chunks
+from producers.publisher import Publisher, PublishError
+from schemas import topics
+from schemas.codec import encode
+from schemas.fast_codec import DEFAULT_MAX_BYTES, encode_cpu_batches
+
+log = logging.getLogger("fleetprof.agent")
+
+ChunkReader = Callable[[str], list[dict]]  # a file path -> its SymbolChunk records (raises ElfError / OSError)
+
+
+@dataclass
+class WindowSent:
+    samples: int
+    processes: int
+    batches: int  # cpu.stacks messages
+    symbol_chunks: int
+    new_build_ids: int
+    bytes: int  # values of every message of this window
+
+
+class AgentSender:
+    """Sends CpuStackBatch records and, before each, the symbol tables it references that were not sent yet."""
+
+    def __init__(self, publisher: Publisher, kernel: KernelSymbols | None = None,
+                 max_message_bytes: int = DEFAULT_MAX_BYTES, flush_timeout: float = 60.0,
+                 read_chunks: ChunkReader = lambda path: symbol_chunks(read_elf_symbols(path))) -> None:
+        self.publisher = publisher
+        self.kernel = kernel
+        self.max_message_bytes = max_message_bytes
+        self.flush_timeout = flush_timeout
+        self._read_chunks = read_chunks
+        self.sent_build_ids: set[str] = set()  # published, or tried and unreadable: never retried this run
+        self.unreadable = 0  # mapped files whose symbols could not be read
+        self.symbol_chunks = 0
+        self.batches = 0
+        self.samples = 0
+
+    def _send(self, topic: topics.Topic, key: str, value: bytes) -> int:
+        self.publisher.publish(topic.name, key, value)
+        return len(value)
+
+    def _symbols(self, batch: dict) -> tuple[int, int, int]:
+        """Queue the tables `batch` needs and has not had yet: (chunks, build ids, bytes)."""
+        chunks: list[dict] = []
+        new_ids = 0
+        kid = batch.get("kernel_build_id", "")
+        if kid and kid not in self.sent_build_ids and self.kernel is not None and self.kernel.build_id == kid:
+            self.sent_build_ids.add(kid)
+            chunks += kernel_symbol_chunks(self.kernel)
+            new_ids += 1
+        for proc in batch["processes"]:
+            for m in proc["mappings"]:
+                bid, path = m["build_id"], m["path"]
+                if not bid or bid in self.sent_build_ids:
+                    continue
+                self.sent_build_ids.add(bid)
+                try:
+                    found = self._read_chunks(f"/proc/{proc['pid']}/root{path}")
+                except (ElfError, OSError) as exc:
+                    self.unreadable += 1
+                    log.debug("no symbols for %s: %s", path, exc)
+                    continue
+                for c in found:
+                    self.sent_build_ids.add(c["build_id"])  # the file may have changed since it was mapped
+                chunks += found
+                new_ids += 1
+        size = sum(self._send(topics.SYMBOLS, f"{c['build_id']}/{c['chunk_index']}", encode("SymbolChunk", c))
+                   for c in chunks)
+        return len(chunks), new_ids, size
+
+    def send_window(self, batch: dict) -> WindowSent:
+        """Symbol tables (flushed: durable before any batch refers to them), then the batch, split to fit; flushed.
+        Raises PublishError when anything is not delivered."""
+        n_chunks, new_ids, size = self._symbols(batch)
+        if n_chunks and self.publisher.flush(self.flush_timeout):
+            raise PublishError(f"symbol tables not delivered within {self.flush_timeout:.0f} s")
+        messages = encode_cpu_batches(batch, self.max_message_bytes) if batch["processes"] else []
+        for message in messages:
+            size += self._send(topics.CPU_STACKS, batch["node"], message)
+        if messages and self.publisher.flush(self.flush_timeout):
+            raise PublishError(f"CPU stack batches not delivered within {self.flush_timeout:.0f} s")
+        samples = sum(s["count"] for p in batch["processes"] for s in p["stacks"])
+        self.symbol_chunks += n_chunks
+        self.batches += len(messages)
+        self.samples += samples
+        return WindowSent(samples, len(batch["processes"]), len(messages), n_chunks, new_ids, size)
