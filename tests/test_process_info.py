@@ -91,3 +91,41 @@ def test_cpu_batch_matches_the_schema() -> None:
     stacks = decoded["processes"][0]["stacks"]
     assert stacks[0]["kernel_addrs"] == [as_long(kernel_addr)]
     assert sum(s["count"] for p in decoded["processes"] for s in p["stacks"]) == 10
+
+
+def test_filters_keep_processes_by_comm_and_cgroup_prefix() -> None:
+    from producers.cpu import ProcessFilter
+
+    infos = {1: ProcessInfo(1, "python3", "/usr/bin/python3", "/kubepods.slice/pod-a/ctr", "c" * 64, []),
+             2: ProcessInfo(2, "python3", "/usr/bin/python3", "/system.slice/sshd.service", "", []),
+             3: ProcessInfo(3, "nginx", "/usr/sbin/nginx", "/kubepods.slice/pod-b/ctr", "d" * 64, [])}
+    samples = [(1, 1, [0x10], [], 5), (2, 2, [0x10], [], 3), (3, 3, [0x10], [], 2)]
+
+    def pids(keep: ProcessFilter) -> list[int]:
+        batch = build_cpu_batch(samples, ProcessCache(infos.get), "n", 0, 1, 19, keep=keep)
+        return [p["pid"] for p in batch["processes"]]
+
+    assert pids(ProcessFilter()) == [1, 2, 3]
+    assert pids(ProcessFilter(comm="python3")) == [1, 2]
+    assert pids(ProcessFilter(cgroup="/kubepods.slice")) == [1, 3]
+    assert pids(ProcessFilter(comm="python3", cgroup="/kubepods.slice")) == [1]
+
+
+def test_process_cache_forgets_pids_idle_for_too_long() -> None:
+    reads: list[int] = []
+
+    def lookup(pid: int) -> ProcessInfo:
+        reads.append(pid)
+        return ProcessInfo(pid, f"p{pid}", "", "/", "", [])
+
+    cache = ProcessCache(lookup, idle_windows=2)
+    cache.get(1)
+    cache.get(2)
+    for _ in range(2):  # pid 1 stays busy, pid 2 goes quiet
+        cache.end_window()
+        cache.get(1)
+    assert len(cache) == 2
+    cache.end_window()
+    assert len(cache) == 1  # pid 2 idle for 3 windows > 2: forgotten
+    cache.get(2)
+    assert reads == [1, 2, 2]  # read again when it shows up: a reused pid gets fresh metadata

@@ -14,7 +14,7 @@ import click
 
 from fleetprof.settings import Settings
 from producers.agent_sender import AgentSender
-from producers.cpu import ProcessCache, build_cpu_batch, collect_window
+from producers.cpu import ProcessCache, ProcessFilter, build_cpu_batch, collect_window
 from producers.cpu_sampler import BpfUnavailable, CpuSampler
 from producers.kallsyms import KernelSymbols, kernel_build_id, read_kallsyms
 from producers.publisher import Publisher, PublishError, check_broker
@@ -57,13 +57,16 @@ def _hex_addrs(batch: dict) -> dict:
 @click.option("--frequency", type=click.IntRange(1, 1000), default=19, show_default=True,
               help="CPU samples per second per CPU.")
 @click.option("--pid", type=click.IntRange(1), default=None, help="Sample only this process.")
+@click.option("--comm", default=None, help="Keep only processes with this command name (as in /proc/PID/comm).")
+@click.option("--cgroup", default=None, help="Keep only processes whose cgroup path starts with this, e.g. "
+                                             "/kubepods.slice or /system.slice/docker-<id>.scope.")
 @click.option("--node", default=None, help="Node name in the records. [default: this host's name]")
 @click.option("--format", "fmt", type=click.Choice(["json", "text"]), default=None,
               help="Dry run: json (the default) prints one CpuStackBatch per line, one process each, addresses as "
                    "hex strings. Publishing: json prints a final summary line on stdout; text (the default) none.")
 @click.pass_obj
 def agent(settings: Settings, dry_run: bool, once: bool, window: str, frequency: int, pid: int | None,
-          node: str | None, fmt: str | None) -> None:
+          comm: str | None, cgroup: str | None, node: str | None, fmt: str | None) -> None:
     """Run the node agent's CPU sampler (eBPF, needs root) and publish each window's stacks to Kafka, with the
     symbol tables they need sent first. Stops on SIGTERM/SIGINT after sending what it collected."""
     try:
@@ -71,14 +74,15 @@ def agent(settings: Settings, dry_run: bool, once: bool, window: str, frequency:
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     node = node or socket.gethostname()
+    keep = ProcessFilter(comm=comm, cgroup=cgroup)
     if dry_run:
         if not once:
             raise click.UsageError("--dry-run needs --once")
         if fmt == "text":
             raise click.UsageError("--dry-run prints JSON only")
-        _dry_run(window_s, frequency, pid, node)
+        _dry_run(window_s, frequency, pid, node, keep)
         return
-    _publish(settings, window_s, frequency, pid, node, once, fmt or "text")
+    _publish(settings, window_s, frequency, pid, node, once, fmt or "text", keep)
 
 
 def _start_sampler(frequency: int, pid: int | None) -> CpuSampler:
@@ -90,14 +94,14 @@ def _start_sampler(frequency: int, pid: int | None) -> CpuSampler:
     return sampler
 
 
-def _dry_run(window_s: float, frequency: int, pid: int | None, node: str) -> None:
+def _dry_run(window_s: float, frequency: int, pid: int | None, node: str, keep: ProcessFilter) -> None:
     processes = ProcessCache()
     sampler = _start_sampler(frequency, pid)
     try:
         if pid is not None:
             processes.get(pid)  # mappings now, in case it exits within the window
         click.echo(f"sampling at {frequency} Hz for {window_s:g} s ...", err=True)
-        batch = collect_window(sampler, window_s, processes, node)
+        batch = collect_window(sampler, window_s, processes, node, keep)
     finally:
         sampler.close()
     batch["kernel_build_id"] = kernel_build_id()
@@ -123,7 +127,7 @@ def _read_kernel() -> KernelSymbols | None:
 
 
 def _publish(settings: Settings, window_s: float, frequency: int, pid: int | None, node: str, once: bool,
-             fmt: str) -> None:
+             fmt: str, keep: ProcessFilter) -> None:
     config = settings.kafka_config()
     try:
         check_broker(config, [topics.CPU_STACKS.name, topics.SYMBOLS.name])
@@ -149,7 +153,8 @@ def _publish(settings: Settings, window_s: float, frequency: int, pid: int | Non
             start_ns = time.time_ns()
             stop.wait(window_s)  # a signal ends the window early; what it collected is still sent
             samples = sampler.drain()
-            batch = build_cpu_batch(samples, processes, node, start_ns, time.time_ns() - start_ns, frequency, kid)
+            batch = build_cpu_batch(samples, processes, node, start_ns, time.time_ns() - start_ns, frequency, kid,
+                                    keep)
             sent = sender.send_window(batch)
             windows += 1
             click.echo(f"window {windows}: {sent.samples} samples, {sent.processes} processes, {sent.batches} "
