@@ -6,6 +6,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from threading import Event
 
 from producers.cpu_sampler import CpuSampler, Sample
 from producers.process_info import ProcessInfo, process_info
@@ -90,11 +91,24 @@ def build_cpu_batch(samples: list[Sample], processes: ProcessCache, node: str, w
             "kernel_build_id": kernel_build_id, "simulated": False, "processes": procs}
 
 
+def wait_window(sampler: CpuSampler, window_s: float, processes: ProcessCache, stop: Event | None = None,
+                look_every_s: float = 1.0) -> None:
+    """Wait out one window, reading each newly sampled process's metadata and mappings as soon as it shows up,
+    so a process that exits before the window ends still symbolizes."""
+    deadline = time.monotonic() + window_s
+    stop = stop or Event()
+    while (left := deadline - time.monotonic()) > 0:
+        if stop.wait(min(look_every_s, left)):
+            return
+        for pid in sampler.pids():
+            processes.get(pid)
+
+
 def collect_window(sampler: CpuSampler, window_s: float, processes: ProcessCache,
                    node: str | None = None, keep: ProcessFilter = ProcessFilter()) -> dict:
-    """Sleep one window on a started sampler, drain it and build the batch record."""
+    """Wait one window on a started sampler, drain it and build the batch record."""
     start_ns = time.time_ns()
-    time.sleep(window_s)
+    wait_window(sampler, window_s, processes)
     samples = sampler.drain()
     window_ns = time.time_ns() - start_ns
     return build_cpu_batch(samples, processes, node or socket.gethostname(), start_ns, window_ns,

@@ -114,6 +114,12 @@ class CpuSampler:
                 pass
         return items
 
+    def pids(self) -> set[int]:
+        """Processes sampled since the last drain (the maps are left as they are)."""
+        if self._bpf is None:
+            raise RuntimeError("CpuSampler.pids() before start()")
+        return {k.pid for k in self._bpf[b"counts"].keys()}
+
     def drain(self) -> list[Sample]:
         """Counts since the last drain, with stacks resolved to addresses; clears the maps."""
         if self._bpf is None:

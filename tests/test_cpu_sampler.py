@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -121,3 +122,28 @@ def test_agent_dry_run_once_prints_the_pid(workload: subprocess.Popen, workload_
     assert any(m["path"] == str(workload_binary) and m["build_id"] for m in proc["mappings"])
     assert sum(s["count"] for s in proc["stacks"]) > 0
     assert lines[0]["frequency_hz"] == FREQUENCY
+
+
+def test_a_process_that_exits_mid_window_keeps_its_metadata(workload_binary: Path) -> None:
+    from producers.cpu import ProcessCache, ProcessFilter, collect_window
+
+    sampler = CpuSampler(frequency_hz=FREQUENCY)  # system-wide: the process does not exist yet
+    sampler.start()
+    proc = None
+    try:
+        sampler.drain()
+        proc = subprocess.Popen([str(workload_binary)])
+        killer = threading.Timer(1.8, proc.kill)  # gone well before the 3.5 s window ends
+        killer.start()
+        batch = collect_window(sampler, 3.5, ProcessCache(), "n", ProcessFilter(comm="busy"))
+    finally:
+        sampler.close()
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode is not None
+    mine = [p for p in batch["processes"] if p["pid"] == proc.pid]
+    assert mine, f"no samples of pid {proc.pid}: {[p['pid'] for p in batch['processes']]}"
+    assert mine[0]["comm"] == "busy" and mine[0]["exe"] == str(workload_binary)
+    assert any(m["path"] == str(workload_binary) and m["build_id"] == read_build_id(workload_binary)
+               for m in mine[0]["mappings"])

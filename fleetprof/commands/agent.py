@@ -14,7 +14,7 @@ import click
 
 from fleetprof.settings import Settings
 from producers.agent_sender import AgentSender
-from producers.cpu import ProcessCache, ProcessFilter, build_cpu_batch, collect_window
+from producers.cpu import ProcessCache, ProcessFilter, build_cpu_batch, collect_window, wait_window
 from producers.cpu_sampler import BpfUnavailable, CpuSampler
 from producers.kallsyms import KernelSymbols, kernel_build_id, read_kallsyms
 from producers.publisher import Publisher, PublishError, check_broker
@@ -151,7 +151,7 @@ def _publish(settings: Settings, window_s: float, frequency: int, pid: int | Non
                    + (" (one window)" if once else " (until SIGTERM/SIGINT)"), err=True)
         while True:
             start_ns = time.time_ns()
-            stop.wait(window_s)  # a signal ends the window early; what it collected is still sent
+            wait_window(sampler, window_s, processes, stop)  # a signal ends the window early; its samples still go
             samples = sampler.drain()
             batch = build_cpu_batch(samples, processes, node, start_ns, time.time_ns() - start_ns, frequency, kid,
                                     keep)
