@@ -113,26 +113,20 @@ def steady(pid: int, duration: float, task_clock: bool = True) -> dict:
     stat_out = tempfile.NamedTemporaryFile(prefix="fleetprof-perfstat-", suffix=".csv", delete=False).name
     counter = subprocess.Popen(["perf", "stat", "-x", ",", "-e", "task-clock", "-o", stat_out, "-p", str(pid),
                                 "--", "sleep", str(duration)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    c0, t0 = cpu_seconds(pid), time.monotonic()
-    rss = []
-    while time.monotonic() - t0 < duration:
-        time.sleep(0.5)
-        rss.append(rss_mb(pid))
-    c1, t1 = cpu_seconds(pid), time.monotonic()
+    result = _steady_proc(pid, duration)
     try:
         counter.wait(10)
     except subprocess.TimeoutExpired:
         counter.kill()
         counter.wait()
-    task_clock = None
+    clock = None
     for line in Path(stat_out).read_text().splitlines():
         parts = line.split(",")
         if len(parts) > 2 and parts[2].startswith("task-clock") and parts[0].replace(".", "").isdigit():
-            task_clock = float(parts[0]) / 1e3
+            clock = float(parts[0]) / 1e3
     os.unlink(stat_out)
-    return {"proc_cpu_s": round(c1 - c0, 3), "wall_s": round(t1 - t0, 3), "proc_cpu_per_wall": (c1 - c0) / (t1 - t0),
-            "task_clock_s": task_clock, "cpu_per_wall": task_clock / duration if task_clock is not None else None,
-            "rss_mb_max": round(max(rss), 1), "rss_mb_last": round(rss[-1], 1)}
+    result.update(task_clock_s=clock, cpu_per_wall=clock / duration if clock is not None else None)
+    return result
 
 
 def _steady_proc(pid: int, duration: float) -> dict:

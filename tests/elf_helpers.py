@@ -17,14 +17,18 @@ import pytest
 FUNCTION_TYPES = set("TtWi")  # nm's letters for defined code symbols (i: GNU ifunc)
 
 
+def unavailable(message: str) -> None:
+    """Skip with the reason; on CI a missing prerequisite is a broken runner and fails."""
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
 def need(tool: str) -> str:
-    """The tool's path; skips without it, but on CI a missing tool is a broken runner and fails."""
+    """The tool's path, or skip (fail on CI) without it."""
     path = shutil.which(tool)
     if path is None:
-        message = f"{tool} not found (bash infra/setup.sh installs it)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable(f"{tool} not found (bash infra/setup.sh installs it)")
     return path
 
 
@@ -66,7 +70,7 @@ def system_elves() -> list[str]:
 def libc_path() -> str:
     path = _ldconfig_path("libc.so.6")
     if path is None:
-        pytest.skip("no libc.so.6 on this machine")
+        unavailable("no libc.so.6 on this machine")
     return path
 
 
