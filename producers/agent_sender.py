@@ -1,8 +1,9 @@
 """What the agent sends per window: symbol tables first (each build id once per run, durably), then the batch.
 
 Symbol tables come from the mapped files themselves, read through /proc/PID/root so a container's binary is the
-container's file; the kernel's table comes from /proc/kallsyms, one per boot. A file that cannot be read (process
-gone, permission, not ELF) is skipped quietly and counted: its frames stay `[unknown] <binary>+0x…` downstream.
+container's file (a deleted one through /proc/PID/map_files); the kernel's table comes from /proc/kallsyms, one per
+boot. A file that cannot be read (process gone, permission, not ELF) is skipped quietly and counted: its frames stay
+`[unknown] <binary>+0x…` downstream.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 
 from producers.elf_symbols import ElfError, read_elf_symbols, symbol_chunks
 from producers.kallsyms import KernelSymbols, kernel_symbol_chunks
+from producers.process_info import mapped_file
 from producers.publisher import Publisher, PublishError
 from schemas import topics
 from schemas.codec import encode
@@ -70,7 +72,7 @@ class AgentSender:
                     continue
                 self.sent_build_ids.add(bid)
                 try:
-                    found = self._read_chunks(f"/proc/{proc['pid']}/root{path}")
+                    found = self._read_chunks(mapped_file(proc["pid"], m["start"], m["limit"], path))
                 except (ElfError, OSError) as exc:
                     self.unreadable += 1
                     log.debug("no symbols for %s: %s", path, exc)

@@ -21,7 +21,7 @@ class Mapping:
     limit: int
     file_offset: int
     path: str
-    build_id: str  # "" for anonymous, special ([vdso]), deleted or unreadable files
+    build_id: str  # "" for anonymous, special ([vdso]) or unreadable files
 
 
 @dataclass
@@ -95,11 +95,21 @@ def parse_maps(text: str) -> list[tuple[int, int, int, str]]:
     return out
 
 
-def _build_id_for(pid: int, path: str, cache: BuildIdCache) -> str:
-    if not path.startswith("/") or path.endswith(" (deleted)"):
+DELETED = " (deleted)"
+
+
+def mapped_file(pid: int, start: int, limit: int, path: str) -> str:
+    """Where the agent reads a mapped file: through the process's root, so a binary inside a container resolves to
+    the container's file; a deleted one through /proc/PID/map_files, which still opens the unlinked inode (root)."""
+    if path.endswith(DELETED):
+        return f"/proc/{pid}/map_files/{start:x}-{limit:x}"
+    return f"/proc/{pid}/root{path}"
+
+
+def _build_id_for(pid: int, start: int, limit: int, path: str, cache: BuildIdCache) -> str:
+    if not path.startswith("/"):
         return ""
-    # Through the process's root, so a binary inside a container resolves to the container's file.
-    return cache.get(f"/proc/{pid}/root{path}")
+    return cache.get(mapped_file(pid, start, limit, path))
 
 
 def read_mappings(pid: int, cache: BuildIdCache | None = None) -> list[Mapping] | None:
@@ -112,7 +122,8 @@ def read_mappings(pid: int, cache: BuildIdCache | None = None) -> list[Mapping] 
         return None
     except OSError:
         return []
-    return [Mapping(lo, hi, off, path, _build_id_for(pid, path, cache)) for lo, hi, off, path in parse_maps(text)]
+    return [Mapping(lo, hi, off, path, _build_id_for(pid, lo, hi, path, cache))
+            for lo, hi, off, path in parse_maps(text)]
 
 
 def process_info(pid: int, cache: BuildIdCache | None = None) -> ProcessInfo | None:
