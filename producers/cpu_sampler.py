@@ -11,6 +11,7 @@ import logging
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -104,31 +105,30 @@ class CpuSampler:
         self._bcc, self._bpf = bcc, bpf
         release_after_compile()  # LLVM's pages and heap are not needed again: the agent's RSS drops by ~130 MB
 
-    def _take_counts(self) -> list[tuple[Any, int]]:
-        counts = self._bpf[b"counts"]
-        # Read, then delete only the keys read: a sample counted meanwhile under a new key waits for the next drain,
-        # and one counted under a key read here is lost (a window's edge). bcc 0.26's lookup-and-delete batch is not
-        # used: it aliases its batch cursor and count, and returned nothing while deleting entries here.
-        items = [(k, v.value) for k, v in counts.items()]
-        for k, _ in items:
-            try:
-                del counts[k]
-            except KeyError:
-                pass
-        return items
+    def _flip(self) -> int:
+        """Send new samples to the other map pair; returns the generation whose maps now hold the finished window."""
+        table = self._bpf[b"generation"]
+        old = int(table[0].value)
+        table[0] = table.Leaf(old + 1)
+        # A sample that read the old generation just before the flip is still being counted on another CPU:
+        # perf_event BPF programs run for microseconds, so a millisecond is ample before reading its maps.
+        time.sleep(0.001)
+        return old & 1
 
     def pids(self) -> set[int]:
         """Processes sampled since the last drain (the maps are left as they are)."""
         if self._bpf is None:
             raise RuntimeError("CpuSampler.pids() before start()")
-        return {k.pid for k in self._bpf[b"counts"].keys()}
+        current = int(self._bpf[b"generation"][0].value) & 1
+        return {k.pid for k in self._bpf[f"counts{current}".encode()].keys()}
 
     def drain(self) -> list[Sample]:
-        """Counts since the last drain, with stacks resolved to addresses; clears the maps."""
+        """Counts since the last drain, with stacks resolved to addresses; clears the drained maps."""
         if self._bpf is None:
             raise RuntimeError("CpuSampler.drain() before start()")
-        stacks = self._bpf[b"stack_traces"]
-        items = self._take_counts()
+        done = self._flip()
+        counts, stacks = self._bpf[f"counts{done}".encode()], self._bpf[f"stacks{done}".encode()]
+        items = [(k, v.value) for k, v in counts.items()]
         resolved: dict[int, list[int]] = {}
         lost = 0
         out: list[Sample] = []
@@ -149,15 +149,14 @@ class CpuSampler:
                     lost += count
                 addrs.append(resolved[sid])
             out.append((int(key.pid), int(key.tid), addrs[0], addrs[1], int(count)))
-        for sid in resolved:  # free the slots, or the stack map fills and new stacks collide
-            try:
-                del stacks[stacks.Key(sid)]
-            except KeyError:
-                pass
+        # Nothing writes to this pair until the next flip: clearing it loses nothing, and frees the stack slots
+        # (a full stack map makes new stacks collide).
+        counts.clear()
+        stacks.clear()
         dropped_table = self._bpf[b"dropped"]
-        self.dropped_samples = int(dropped_table[0].value)
+        self.dropped_samples = int(dropped_table[done].value)
         if self.dropped_samples:
-            dropped_table[0] = dropped_table.Leaf(0)
+            dropped_table[done] = dropped_table.Leaf(0)
             log.warning("%d samples dropped: the counts map is full; raise max_entries (now %d)",
                         self.dropped_samples, self.max_entries)
         self.lost_samples = lost

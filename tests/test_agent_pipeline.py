@@ -47,6 +47,7 @@ def test_agent_once_publishes_what_the_pipeline_stores_and_symbolizes(kafka_boot
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout.splitlines()[-1])
     assert summary["node"] == node and summary["windows"] == 1
+    assert summary["lost_stacks"] == 0 and summary["dropped_samples"] == 0
     assert summary["samples"] > 0 and summary["kernel_build_id"].startswith("kernel-")
     assert summary["symbol_chunks"] >= 2  # the workload's table and the kernel's, at least
     assert "window 1:" in out.stderr

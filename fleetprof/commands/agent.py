@@ -142,7 +142,7 @@ def _publish(settings: Settings, window_s: float, frequency: int, pid: int | Non
     publisher = Publisher(config)
     sender = AgentSender(publisher, kernel)
     sampler = _start_sampler(frequency, pid)
-    windows = 0
+    windows = lost = dropped = 0
     t0 = time.monotonic()
     try:
         if pid is not None:
@@ -159,6 +159,7 @@ def _publish(settings: Settings, window_s: float, frequency: int, pid: int | Non
             sent = sender.send_window(batch)
             trim_heap()  # reading new binaries' symbol tables is bursty: give the peak back, not keep it
             windows += 1
+            lost, dropped = lost + sampler.lost_samples, dropped + sampler.dropped_samples
             click.echo(f"window {windows}: {sent.samples} samples, {sent.processes} processes, {sent.batches} "
                        f"batches, {sent.symbol_chunks} symbol chunks ({sent.new_build_ids} new build ids), "
                        f"{sent.bytes} bytes sent; {sampler.lost_samples} lost stacks, {sampler.dropped_samples} "
@@ -175,7 +176,8 @@ def _publish(settings: Settings, window_s: float, frequency: int, pid: int | Non
             signal.signal(sig, handler)
     summary = {"node": node, "windows": windows, "samples": sender.samples, "batches": sender.batches,
                "symbol_chunks": sender.symbol_chunks, "build_ids": len(sender.sent_build_ids),
-               "unreadable_files": sender.unreadable, "kernel_build_id": kid, "bytes": publisher.bytes,
+               "unreadable_files": sender.unreadable, "lost_stacks": lost, "dropped_samples": dropped,
+               "kernel_build_id": kid, "bytes": publisher.bytes,
                "elapsed_s": round(time.monotonic() - t0, 3)}
     if fmt == "json":
         sys.stdout.write(json.dumps(summary) + "\n")

@@ -2,6 +2,10 @@
 // producers/cpu_sampler.py compiles it with -D settings: MAX_ENTRIES, STACK_ENTRIES, and FILTER_PID when filtering.
 // Only helpers read the task: the headers bcc compiles against may be older than the running kernel, so struct
 // offsets (task_struct->...) could be silently wrong.
+//
+// Double-buffered: samples go to the maps of the current generation (counts0/stacks0 or counts1/stacks1). User
+// space flips `generation`, lets in-flight samples finish, then reads and clears the other pair at leisure, so no
+// sample counted during a drain is lost and no stack id is freed while a new count still refers to it.
 #include <uapi/linux/ptrace.h>
 #include <uapi/linux/bpf_perf_event.h>
 
@@ -12,7 +16,7 @@
 #define STACK_ENTRIES 16384
 #endif
 
-// Keep in step with _Key in producers/cpu_sampler.py (a test compares the two).
+// Keep in step with KEY_FIELDS in producers/cpu_sampler.py (a test compares the two).
 struct key_t {
     u32 pid;  // tgid: the process
     u32 tid;
@@ -20,9 +24,12 @@ struct key_t {
     s32 kernel_stack_id;
 };
 
-BPF_HASH(counts, struct key_t, u64, MAX_ENTRIES);
-BPF_STACK_TRACE(stack_traces, STACK_ENTRIES);
-BPF_ARRAY(dropped, u64, 1);  // samples lost because `counts` was full
+BPF_HASH(counts0, struct key_t, u64, MAX_ENTRIES);
+BPF_HASH(counts1, struct key_t, u64, MAX_ENTRIES);
+BPF_STACK_TRACE(stacks0, STACK_ENTRIES);
+BPF_STACK_TRACE(stacks1, STACK_ENTRIES);
+BPF_ARRAY(generation, u32, 1);  // which pair samples go to: its low bit
+BPF_ARRAY(dropped, u64, 2);  // per generation: samples lost because that generation's counts map was full
 
 int on_cpu_clock(struct bpf_perf_event_data *ctx) {
     u64 pid_tgid = bpf_get_current_pid_tgid();
@@ -36,16 +43,24 @@ int on_cpu_clock(struct bpf_perf_event_data *ctx) {
     struct key_t key = {};
     key.pid = tgid;
     key.tid = (u32)pid_tgid;
-    key.user_stack_id = stack_traces.get_stackid(&ctx->regs, BPF_F_USER_STACK);
-    key.kernel_stack_id = stack_traces.get_stackid(&ctx->regs, 0);
-
-    u64 zero = 0;
-    u64 *count = counts.lookup_or_try_init(&key, &zero);
+    int idx = 0;
+    u32 *gen = generation.lookup(&idx);
+    int slot = gen ? (*gen & 1) : 0;
+    u64 zero = 0, *count;
+    // written out twice: bcc rewrites map calls only outside macros
+    if (slot) {
+        key.user_stack_id = stacks1.get_stackid(&ctx->regs, BPF_F_USER_STACK);
+        key.kernel_stack_id = stacks1.get_stackid(&ctx->regs, 0);
+        count = counts1.lookup_or_try_init(&key, &zero);
+    } else {
+        key.user_stack_id = stacks0.get_stackid(&ctx->regs, BPF_F_USER_STACK);
+        key.kernel_stack_id = stacks0.get_stackid(&ctx->regs, 0);
+        count = counts0.lookup_or_try_init(&key, &zero);
+    }
     if (count) {
         __sync_fetch_and_add(count, 1);
     } else {
-        int idx = 0;
-        u64 *lost = dropped.lookup(&idx);
+        u64 *lost = dropped.lookup(&slot);
         if (lost)
             __sync_fetch_and_add(lost, 1);
     }
