@@ -1,4 +1,8 @@
-"""Reads the compacted `symbols` topic into a SymbolTables cache. I/O side of symbolization."""
+"""Reads the compacted `symbols` topic into a SymbolTables cache. I/O side of symbolization.
+
+The cache is bounded, so a table can be evicted and needed again later: the feed remembers where each chunk of
+every table it has read sits (partition, offset: a few integers per build id) and reads those chunks again.
+"""
 
 from __future__ import annotations
 
@@ -28,6 +32,11 @@ class SymbolFeed:
         self.chunks_read = 0
         self.bad_chunks = 0
         self._last_catch_up = 0.0
+        self.refetched = 0  # tables read again after the cache had evicted them
+        # build id -> chunk index -> (partition, offset) of the latest copy read
+        self._where: dict[str, dict[int, tuple[int, int]]] = {}
+        self._refetcher: Consumer | None = None
+        self._config = cfg
         md = self.consumer.list_topics(topics.SYMBOLS.name, timeout=10)
         parts = md.topics[topics.SYMBOLS.name].partitions
         self.partitions = [TopicPartition(topics.SYMBOLS.name, p, OFFSET_BEGINNING) for p in sorted(parts)]
@@ -50,7 +59,7 @@ class SymbolFeed:
                 if raw.error() is not None:
                     continue
                 read += 1
-                self._take(raw.value())
+                self._take(raw.value(), raw.partition(), raw.offset())
                 if raw.offset() + 1 >= ends[raw.partition()]:
                     pending.discard(raw.partition())
             for tp in self.consumer.position([TopicPartition(topics.SYMBOLS.name, p) for p in list(pending)]):
@@ -59,16 +68,54 @@ class SymbolFeed:
         self.chunks_read += read
         return read
 
-    def _take(self, value: bytes | None) -> None:
+    def _take(self, value: bytes | None, partition: int, offset: int) -> dict | None:
         if value is None:  # a tombstone: compaction removed that chunk on purpose
-            return
+            return None
         try:
             _, chunk = codec.decode(value, expect=topics.SYMBOLS.schema)
         except codec.DecodeError as exc:
             self.bad_chunks += 1
             log.warning("skipping undecodable symbol chunk: %s", exc)
-            return
+            return None
+        self._where.setdefault(chunk["build_id"], {})[chunk["chunk_index"]] = (partition, offset)
         self.tables.add_chunk(chunk)
+        return chunk
+
+    def ensure(self, build_ids: set[str], timeout: float = 10.0) -> int:
+        """Make the tables of `build_ids` present if they were ever published: catch up with new chunks, then read
+        again those the cache evicted. Returns how many tables were read again."""
+        if any(b not in self.tables for b in build_ids):
+            self.catch_up(timeout)
+        evicted = [b for b in build_ids if b not in self.tables and b in self._where]
+        if not evicted:
+            return 0
+        if self._refetcher is None:
+            self._refetcher = Consumer({**self._config, "group.id": "fleetprof-symbols-refetch"})
+        back = 0
+        deadline = time.monotonic() + timeout
+        for build_id in evicted:
+            wanted = sorted(self._where[build_id].values())
+            for partition in sorted({p for p, _ in wanted}):
+                offsets = [o for p, o in wanted if p == partition]
+                self._refetcher.assign([TopicPartition(topics.SYMBOLS.name, partition, offsets[0])])
+                todo = set(offsets)
+                while todo and time.monotonic() < deadline:
+                    for raw in self._refetcher.consume(num_messages=len(todo) + 100, timeout=0.2):
+                        if raw.error() is not None or raw.offset() not in todo:
+                            continue
+                        todo.discard(raw.offset())
+                        self._take(raw.value(), raw.partition(), raw.offset())
+                    if todo and max(todo) < self._refetcher.position(
+                            [TopicPartition(topics.SYMBOLS.name, partition)])[0].offset:
+                        break  # compacted away meanwhile: a newer copy was read by catch_up, or none exists
+            if build_id in self.tables:
+                back += 1
+            else:
+                log.warning("symbol table %s was evicted and could not be read again", build_id)
+        self.refetched += back
+        return back
 
     def close(self) -> None:
         self.consumer.close()
+        if self._refetcher is not None:
+            self._refetcher.close()
