@@ -16,6 +16,9 @@ STORE_RETRIES = Counter("fleetprof_processor_store_retries_total", "Failed Click
 BATCH_SECONDS = Histogram("fleetprof_processor_batch_seconds", "Time to process and commit one batch", ["stage"])
 UNKNOWN_FRAMES = Counter("fleetprof_symbolize_unknown_frames_total", "Frames left unsymbolized", ["stage"])
 SYMBOL_TABLES = Gauge("fleetprof_symbolize_symbol_tables", "Symbol tables held in memory", ["stage"])
+DEBUGINFOD_FETCHES = Counter("fleetprof_symbolize_debuginfod_fetches_total",
+                             "debuginfod look-ups by outcome (improved, no_better, not_found, error, mismatch, ...; "
+                             "deferred: left for a later batch by the per-batch budget)", ["stage", "outcome"])
 
 
 def serve_metrics(port: int, host: str = "127.0.0.1") -> None:

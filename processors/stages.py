@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from processors import metrics
+from processors.debuginfod import DebuginfodSource
 from processors.known_ids import KnownIds
 from processors.messages import Message, Produced
 from processors.symbol_feed import SymbolFeed
@@ -18,15 +19,18 @@ MAX_OUTPUT_BYTES = 600 * 1024
 
 
 class SymbolizeStage:
-    """cpu.stacks → cpu.samples, with symbol tables from the symbols topic."""
+    """cpu.stacks → cpu.samples, with symbol tables from the symbols topic, and from debuginfod (when given) for
+    build ids whose table is missing or leaves frames unknown (a stripped binary's .dynsym, or no symbols)."""
 
     name = "symbolize"
     inputs = (topics.CPU_STACKS.name,)
     columnar_input = True  # symbolize_batch works on address columns: skip building a dict per stack
 
-    def __init__(self, tables: SymbolTables, feed: SymbolFeed | None = None, resend_s: float = 3600.0) -> None:
+    def __init__(self, tables: SymbolTables, feed: SymbolFeed | None = None, resend_s: float = 3600.0,
+                 debuginfod: DebuginfodSource | None = None) -> None:
         self.tables = tables
         self.feed = feed
+        self.debuginfod = debuginfod
         self.memo = FrameMemo()
         # Stack and frame definitions already committed to cpu.samples are not sent again (they dominate the
         # output); each is re-sent after resend_s, which keeps its last_seen fresh in the store.
@@ -36,28 +40,54 @@ class SymbolizeStage:
         self.pending_frames: set[int] = set()
 
     def before_batch(self, messages: list[Message]) -> None:
-        """Read newly published symbol tables when the batch names a build id not yet known."""
-        if self.feed is None:
+        """Read newly published symbol tables when the batch names a build id not yet known; then ask debuginfod
+        for the user-space ones still missing."""
+        if self.feed is None and self.debuginfod is None:
             return
-        needed = set()
+        kernel, user = set(), set()
         for m in messages:
             if m.record.get("kernel_build_id"):
-                needed.add(m.record["kernel_build_id"])
+                kernel.add(m.record["kernel_build_id"])
             for proc in m.record["processes"]:
-                needed.update(mp["build_id"] for mp in proc["mappings"] if mp["build_id"])
-        if any(b not in self.tables for b in needed):
-            self.feed.catch_up()
+                user.update(mp["build_id"] for mp in proc["mappings"] if mp["build_id"])
+        if self.feed is not None and any(b not in self.tables for b in kernel | user):
+            # a table the feed brings may replace one debuginfod gave, under the same build id
+            if self.feed.catch_up() and self.debuginfod is not None and self.debuginfod.forget_replaced(self.tables):
+                self.memo = FrameMemo()
+            # the cache is bounded: a table it evicted is read again from the topic
+            self.feed.ensure({b for b in kernel | user if b not in self.tables})
+        if self.debuginfod is not None:
+            self.debuginfod.new_batch()
+            # never the kernel: a vmlinux debuginfo has link-time addresses, the kallsyms table KASLR'd ones
+            self._ask_debuginfod({b for b in user - kernel if b not in self.tables})
         metrics.SYMBOL_TABLES.labels(self.name).set(len(self.tables))
+
+    def _ask_debuginfod(self, build_ids: set[str]) -> bool:
+        """True when debuginfod replaced a table: the memo's frame ids by symbol index are then stale."""
+        if self.debuginfod is None or not build_ids or not self.debuginfod.improve(build_ids, self.tables):
+            return False
+        self.memo = FrameMemo()
+        return True
 
     def close(self) -> None:
         if self.feed is not None:
             self.feed.close()
+        if self.debuginfod is not None:
+            self.debuginfod.close()
+
+    def _symbolize(self, record: dict) -> tuple[dict, SymbolizeStats]:
+        stats = SymbolizeStats()
+        return symbolize_batch(record, self.tables.get, self.memo, stats), stats
 
     def process(self, messages: list[Message]) -> list[Produced]:
         out = []
         for m in messages:
-            stats = SymbolizeStats()
-            rec = symbolize_batch(m.record, self.tables.get, self.memo, stats)
+            rec, stats = self._symbolize(m.record)
+            # Only symbolizing tells which tables leave frames unknown (a stripped binary's .dynsym, or none), so
+            # that look-up happens here, between two pure calls; the source bounds it (once per build id, a time
+            # budget per batch) and never raises.
+            if stats.unknown_build_ids and self._ask_debuginfod(stats.unknown_build_ids):
+                rec, stats = self._symbolize(m.record)
             metrics.UNKNOWN_FRAMES.labels(self.name).inc(stats.unknown_frames)
             for part in split_samples(rec, MAX_OUTPUT_BYTES):
                 part = self._new_definitions_only(part)
@@ -83,10 +113,11 @@ class SymbolizeStage:
 
 
 def build_symbolize(kafka: dict) -> SymbolizeStage:
+    debuginfod = DebuginfodSource.from_env()  # first: a bad DEBUGINFOD_* setting stops the start with its name
     tables = SymbolTables()
     feed = SymbolFeed(kafka, tables)
     feed.catch_up(force=True)
-    return SymbolizeStage(tables, feed)
+    return SymbolizeStage(tables, feed, debuginfod=debuginfod)
 
 
 # Topic-to-topic stages by name; the sink (topic-to-ClickHouse) is run by processors/store_writer.py.

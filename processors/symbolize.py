@@ -58,6 +58,9 @@ class SymbolizeStats:
     frames: int = 0
     unknown_frames: int = 0
     missing_build_ids: set[str] = field(default_factory=set)
+    # user-space build ids with frames left unknown (table missing, or no symbol covers the address): what a
+    # second symbol source such as debuginfod may improve
+    unknown_build_ids: set[str] = field(default_factory=set)
 
 
 def binary_name(path: str) -> str:
@@ -127,7 +130,10 @@ def _user_frames(group: np.ndarray, file_off: np.ndarray, is_leaf: np.ndarray, g
             names = table.names
             _resolve(ids, sel[known], syms[known],
                      lambda s, t=build_id, b=binary, n=names: memo.frame((t, b, s), demangle(n[s]), b, "NATIVE"))
-        stats.unknown_frames += int((~known).sum())
+        unknown = int((~known).sum())
+        stats.unknown_frames += unknown
+        if unknown and build_id:
+            stats.unknown_build_ids.add(build_id)
         _resolve(ids, sel[~known], off[~known],
                  lambda o, b=binary: memo.frame((b, o), f"[unknown] {b}+0x{o:x}", b, "UNKNOWN"))
     return ids

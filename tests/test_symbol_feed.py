@@ -19,12 +19,14 @@ def test_an_evicted_table_is_read_again_from_the_compacted_topic(kafka_bootstrap
     feed = SymbolFeed({"bootstrap.servers": kafka_bootstrap}, tables)
     try:
         feed.catch_up(force=True)
-        assert ids[2] in tables and ids[0] not in tables and ids[1] not in tables  # oldest first out
-        assert feed.ensure({ids[0]}) == 1
-        table = tables.get(ids[0])
+        # chunks are keyed per chunk, so they spread over partitions: which table is read last is not fixed
+        assert len(tables) == 1
+        gone = next(b for b in ids if b not in tables)
+        assert feed.ensure({gone}) == 1
+        table = tables.get(gone)
         assert table is not None and table.names == ["main", "run", "compute", "hash_block", "write_out"]
-        assert ids[2] not in tables  # evicted in turn: the bound holds
-        assert feed.ensure({ids[0]}) == 0  # present: nothing read
+        assert len(tables) == 1  # the other was evicted in turn: the bound holds
+        assert feed.ensure({gone}) == 0  # present: nothing read
         assert feed.ensure({build_id_for(f"never-published-{run}")}) == 0
         assert feed.refetched == 1
     finally:
