@@ -49,6 +49,7 @@ command -v mvn >/dev/null || packages+=(maven)
 command -v curl >/dev/null || packages+=(curl)
 command -v c++filt >/dev/null || packages+=(binutils)  # tests check mangled names with c++filt
 command -v eu-addr2line >/dev/null || packages+=(elfutils)  # the symbolizer is checked against eu-addr2line
+command -v debuginfod >/dev/null || packages+=(debuginfod)  # a real server for the debuginfod symbol source tests
 command -v gcc >/dev/null || packages+=(gcc)  # ELF tests build libraries (no build id, 100k functions)
 if command -v dpkg >/dev/null; then
     dpkg -s ca-certificates >/dev/null 2>&1 || packages+=(ca-certificates)
@@ -138,6 +139,12 @@ bcc_setup() {  # prints the reason and returns 1 when something is missing and c
 
 if ! bcc_reason=$(bcc_setup); then
     say "BPF will be unavailable (the CPU sampler needs it): ${bcc_reason##*$'\n'}"
+fi
+
+# --- CPython 3.13 with -X perf and frame pointers for the perf-map test: optional, built once into a cache ---
+# Its progress reaches the user on stderr; stdout carries only the reason when it fails.
+if ! perf_python_reason=$(bash infra/perf_python.sh); then
+    say "CPython with -X perf unavailable (its test will skip): ${perf_python_reason##*$'\n'}"
 fi
 
 # --- the Kafka jars: fetched again whenever the pom changed (the stamp holds the pom's hash) ---
