@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from producers.cpu_sampler import BpfUnavailable, check_bpf
+from tests.elf_helpers import need, unavailable
 from tests.pipeline_helpers import sink, symbolizer, wait_for
 
 COMM = "fpwork"  # every workload here runs under this command name, so one agent run can keep just them
@@ -83,20 +83,13 @@ __attribute__((noinline)) void recurse(int n) { if (n == 0) deep_leaf(); else re
 int main(void) { alarm(90); for (;;) recurse(300); }
 """
 
-def _unavailable(reason: str) -> None:
-    if os.environ.get("CI"):
-        pytest.fail(f"BPF unavailable: {reason}")
-    pytest.skip(f"BPF unavailable: {reason}")
-
-
 @pytest.fixture(scope="module")
 def build(tmp_path_factory: pytest.TempPathFactory):
     try:
         check_bpf()
     except BpfUnavailable as exc:
-        _unavailable(str(exc))
-    if shutil.which("gcc") is None:
-        _unavailable("no gcc to build the workloads")
+        unavailable(f"BPF unavailable: {exc}")
+    need("gcc")
     root = tmp_path_factory.mktemp("cpu_profiles")
 
     def compile_as(name: str, source: str) -> Path:

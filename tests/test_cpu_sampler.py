@@ -4,8 +4,6 @@ headers: skipped with the reason without them, a failure on CI)."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -20,6 +18,7 @@ from processors.symbol_tables import table_from_chunks
 from producers.cpu_sampler import KEY_FIELDS, BpfUnavailable, CpuSampler, check_bpf
 from producers.elf_symbols import read_build_id, symbol_chunks
 from producers.process_info import process_info
+from tests.elf_helpers import need, unavailable
 
 FREQUENCY = 99
 SECONDS = 2.0
@@ -39,21 +38,13 @@ int main(void) {
 """
 
 
-def _unavailable(reason: str) -> None:
-    # On CI missing BPF is a broken runner, not a reason to quietly skip.
-    if os.environ.get("CI"):
-        pytest.fail(f"BPF unavailable: {reason}")
-    pytest.skip(f"BPF unavailable: {reason}")
-
-
 @pytest.fixture(scope="module")
 def workload_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
     try:
         check_bpf()
     except BpfUnavailable as exc:
-        _unavailable(str(exc))
-    if shutil.which("gcc") is None:
-        _unavailable("no gcc to build the workload")
+        unavailable(f"BPF unavailable: {exc}")
+    need("gcc")
     folder = tmp_path_factory.mktemp("cpu_workload")
     (folder / "busy.c").write_text(WORKLOAD_C)
     subprocess.run(["gcc", "-O1", "-fno-omit-frame-pointer", "-o", str(folder / "busy"), str(folder / "busy.c")],
