@@ -3,7 +3,8 @@
 Symbol tables come from the mapped files themselves, read through /proc/PID/root so a container's binary is the
 container's file (a deleted one through /proc/PID/map_files); the kernel's table comes from /proc/kallsyms, one per
 boot. A file that cannot be read (process gone, permission, not ELF) is skipped quietly and counted: its frames stay
-`[unknown] <binary>+0x…` downstream.
+`[unknown] <binary>+0x…` downstream. A perf map's table (id `perfmap:…`, JIT code and CPython's `-X perf`) comes
+from the PerfMapCache that read it for the batch, not from a file.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 from producers.elf_symbols import ElfError, read_elf_symbols, symbol_chunks
 from producers.kallsyms import KernelSymbols, kernel_symbol_chunks
+from producers.perf_map import DEFAULT_PERF_MAPS, PerfMapCache, is_perf_map_id
 from producers.process_info import mapped_file
 from producers.publisher import Publisher, PublishError
 from schemas import topics
@@ -40,14 +42,17 @@ class AgentSender:
 
     def __init__(self, publisher: Publisher, kernel: KernelSymbols | None = None,
                  max_message_bytes: int = DEFAULT_MAX_BYTES, flush_timeout: float = 60.0,
-                 read_chunks: ChunkReader = lambda path: symbol_chunks(read_elf_symbols(path))) -> None:
+                 read_chunks: ChunkReader = lambda path: symbol_chunks(read_elf_symbols(path)),
+                 perf_maps: PerfMapCache | None = None) -> None:
         self.publisher = publisher
         self.kernel = kernel
         self.max_message_bytes = max_message_bytes
         self.flush_timeout = flush_timeout
         self._read_chunks = read_chunks
+        self.perf_maps = perf_maps if perf_maps is not None else DEFAULT_PERF_MAPS  # the process cache's
         self.sent_build_ids: set[str] = set()  # published, or tried and unreadable: never retried this run
-        self.unreadable = 0  # mapped files whose symbols could not be read
+        self._sent_perf_ids: set[str] = set()  # perf maps published, while some process still refers to them
+        self.unreadable = 0  # mapped files (or perf maps) whose symbols could not be read
         self.symbol_chunks = 0
         self.batches = 0
         self.samples = 0
@@ -65,25 +70,37 @@ class AgentSender:
             self.sent_build_ids.add(kid)
             chunks += kernel_symbol_chunks(self.kernel)
             new_ids += 1
+        # a perf map's id is dropped once no process refers to its map: a JIT's map grows, and each version has an id
+        self._sent_perf_ids &= self.perf_maps.ids()
         for proc in batch["processes"]:
             for m in proc["mappings"]:
-                bid, path = m["build_id"], m["path"]
-                if not bid or bid in self.sent_build_ids:
+                bid = m["build_id"]
+                sent = self._sent_perf_ids if is_perf_map_id(bid) else self.sent_build_ids
+                if not bid or bid in sent:
                     continue
-                self.sent_build_ids.add(bid)
-                try:
-                    found = self._read_chunks(mapped_file(proc["pid"], m["start"], m["limit"], path))
-                except (ElfError, OSError) as exc:
+                sent.add(bid)
+                found = self._tables_of(proc["pid"], m)
+                if found is None:
                     self.unreadable += 1
-                    log.debug("no symbols for %s: %s", path, exc)
                     continue
                 for c in found:
-                    self.sent_build_ids.add(c["build_id"])  # the file may have changed since it was mapped
+                    sent.add(c["build_id"])  # the file may have changed since it was mapped
                 chunks += found
                 new_ids += 1
         size = sum(self._send(topics.SYMBOLS, f"{c['build_id']}/{c['chunk_index']}", encode("SymbolChunk", c))
                    for c in chunks)
         return len(chunks), new_ids, size
+
+    def _tables_of(self, pid: int, mapping: dict) -> list[dict] | None:
+        """The SymbolChunk records for one mapping's build id, or None when they cannot be had."""
+        if is_perf_map_id(mapping["build_id"]):
+            return self.perf_maps.chunks(mapping["build_id"])  # None: not held (over PerfMapCache's budget)
+        path = mapping["path"]
+        try:
+            return self._read_chunks(mapped_file(pid, mapping["start"], mapping["limit"], path))
+        except (ElfError, OSError) as exc:
+            log.debug("no symbols for %s: %s", path, exc)
+            return None
 
     def send_window(self, batch: dict) -> WindowSent:
         """Symbol tables (flushed: durable before any batch refers to them), then the batch, split to fit; flushed.
