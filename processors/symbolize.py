@@ -128,8 +128,9 @@ def _user_frames(group: np.ndarray, file_off: np.ndarray, is_leaf: np.ndarray, g
         known = syms >= 0
         if table is not None:
             names = table.names
+            kind = _frame_kind(table)
             _resolve(ids, sel[known], syms[known],
-                     lambda s, t=build_id, b=binary, n=names: memo.frame((t, b, s), demangle(n[s]), b, "NATIVE"))
+                     lambda s, t=build_id, b=binary, n=names, k=kind: memo.frame((t, b, s), demangle(n[s]), b, k(n[s])))
         unknown = int((~known).sum())
         stats.unknown_frames += unknown
         if unknown and build_id:
@@ -152,6 +153,19 @@ def _kernel_frames(addrs: np.ndarray, is_leaf: np.ndarray, table: SymbolTable | 
     _resolve(ids, np.flatnonzero(~known), addrs[~known],
              lambda a: memo.frame(("k?", a), f"[unknown] {KERNEL_BINARY}+0x{a:x}", KERNEL_BINARY, "UNKNOWN"))
     return ids
+
+
+def _native(name: str) -> str:
+    return "NATIVE"
+
+
+def _perf_map_kind(name: str) -> str:
+    # CPython's -X perf names its trampolines "py::function:file"; other JITs' code is machine code like any other
+    return "INTERPRETED" if name.startswith("py::") else "NATIVE"
+
+
+def _frame_kind(table: SymbolTable) -> Callable[[str], str]:
+    return _perf_map_kind if table.kind == "PERFMAP" else _native
 
 
 def _cat(arrays: list[np.ndarray]) -> np.ndarray:

@@ -164,3 +164,20 @@ def test_synthetic_fleet_batch_symbolizes_the_same_from_columns():
     assert stats.unknown_frames == 0 and stats.frames == sum(
         len(s["user_addrs"]) + len(s["kernel_addrs"]) for p in batch["processes"] for s in p["stacks"])
     assert sum(s["count"] for s in out["samples"]) == 1520
+
+
+def test_perf_map_frames_of_cpython_are_interpreted_and_other_jit_code_native():
+    t = _tables()
+    jit = 0x7E0000000000
+    t.add_chunk({"build_id": "perfmap:ab12", "binary": "[jit]", "kind": "PERFMAP", "chunk_index": 0,
+                 "chunk_count": 1, "load_segments": [], "addrs": [jit, jit + 0x100], "sizes": [0x100, 0x100],
+                 "names": ["py::handle:/srv/app.py", "LazyCompile:*render"]})
+    base = 0x7F0000000000
+    maps = [{"start": base, "limit": base + 0x2000, "file_offset": 0x1000, "path": "/usr/lib/libc.so.6",
+             "build_id": LIBC},
+            {"start": jit, "limit": jit + 0x1000, "file_offset": jit, "path": "[jit]", "build_id": "perfmap:ab12"}]
+    out = _symbolize(_batch([{"tid": 7, "user_addrs": [jit + 0x110, jit + 0x20, base + 0x10], "kernel_addrs": [],
+                              "count": 3}], maps), t)
+    kinds = {f["function"]: (f["kind"], f["binary"]) for f in out["frames"]}
+    assert kinds == {"main": ("NATIVE", "libc.so.6"), "py::handle:/srv/app.py": ("INTERPRETED", "[jit]"),
+                     "LazyCompile:*render": ("NATIVE", "[jit]")}
