@@ -141,6 +141,22 @@ def _steady_proc(pid: int, duration: float) -> dict:
             "rss_mb_max": round(max(rss), 1), "rss_mb_last": round(rss[-1], 1)}
 
 
+BPF_STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
+
+
+def bpf_prog_stats(name: str = "on_cpu_clock") -> tuple[int, int] | None:
+    """(run_time_ns, run_cnt) of the loaded BPF programs called `name` (bpftool; kernel.bpf_stats_enabled on)."""
+    if not shutil.which("bpftool"):
+        return None
+    out = subprocess.run(["bpftool", "prog", "show", "--json"], capture_output=True, text=True)
+    if out.returncode != 0:
+        return None
+    progs = [p for p in json.loads(out.stdout) if p.get("name") == name and "run_cnt" in p]
+    if not progs:
+        return None
+    return sum(p["run_time_ns"] for p in progs), sum(p["run_cnt"] for p in progs)
+
+
 def run_agent(bootstrap: str, freq: int, duration: float, window: str, tmp: Path) -> dict:
     env = dict(os.environ, FLEETPROF_KAFKA=bootstrap)
     log = tmp / f"agent{freq}.log"
@@ -164,7 +180,14 @@ def run_agent(bootstrap: str, freq: int, duration: float, window: str, tmp: Path
         startup_s = time.monotonic() - t_start
         startup_cpu = cpu_seconds(proc.pid)
         # no perf stat here: a new process's libraries would be sampled and their symbols sent by the agent
+        before = bpf_prog_stats()
         result = steady(proc.pid, duration, task_clock=False)
+        after = bpf_prog_stats()
+        if before and after and after[1] > before[1]:
+            # the BPF program runs in the sampling interrupt, charged to the interrupted task: measured apart
+            ns, runs = after[0] - before[0], after[1] - before[1]
+            result.update(bpf_ns_per_sample=round(ns / runs), bpf_samples=runs,
+                          bpf_cpu_per_wall=ns / 1e9 / result["wall_s"])
         proc.send_signal(signal.SIGTERM)
         ru = wait_rusage(proc, 30)
     finally:
@@ -218,6 +241,9 @@ def main() -> None:
         raise SystemExit("perf not found")
     freqs = [int(f) for f in args.frequencies.split(",")]
 
+    stats_was = BPF_STATS.read_text().strip() if BPF_STATS.exists() else None
+    if stats_was is not None:
+        BPF_STATS.write_text("1")  # BPF programs' run time and count, for the agent's in-kernel cost
     tmp = Path(tempfile.mkdtemp(prefix="fleetprof-agent-bench-"))
     spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(os.cpu_count() or 1)]
     broker = None
@@ -245,6 +271,8 @@ def main() -> None:
         if broker is not None:
             broker.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+        if stats_was is not None:
+            BPF_STATS.write_text(stats_was)
 
     result = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()}: {os.cpu_count()} cores, "
               f"{platform.release()}", "duration_s": args.duration, "window": args.window,
@@ -260,6 +288,10 @@ def main() -> None:
             print(f"{r['frequency_hz']:>4} {tool:<6} {m['cpu_per_wall']:>13.5f} {100 * m['cpu_per_wall']:>10.3f}% "
                   f"[{m['proc_cpu_per_wall']:.4f}] "
                   f"{m['rss_mb_max']:>13.1f} {m['life_cpu_s'] if m['life_cpu_s'] is not None else '-':>11}")
+        a = r["agent"]
+        if a.get("bpf_ns_per_sample") is not None:
+            print(f"{r['frequency_hz']:>4} agent's BPF program (sampling interrupt): {a['bpf_ns_per_sample']} ns "
+                  f"per sample, {a['bpf_samples']} samples, {100 * a['bpf_cpu_per_wall']:.4f}% of a core")
         cpu = f"{r['ratio_cpu']:.3f}" if r["ratio_cpu"] is not None else "-"
         print(f"{r['frequency_hz']:>4} ratio agent/perf: CPU {cpu}, RSS {r['ratio_rss']:.2f}; agent start-up "
               f"{r['agent']['startup_s']} s, {r['agent']['startup_cpu_s']} CPU s")

@@ -96,7 +96,7 @@ bcc_setup() {  # prints the reason and returns 1 when something is missing and c
     local kernel headers p need=()
     kernel=$(uname -r)
     if command -v dpkg-query >/dev/null; then
-        for p in python3-bpfcc bpfcc-tools linux-headers-amd64 linux-perf; do
+        for p in python3-bpfcc bpfcc-tools linux-headers-amd64 linux-perf bpftool; do
             dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || need+=("$p")
         done
     elif [ ! -d /usr/lib/python3/dist-packages/bcc ]; then

@@ -160,13 +160,15 @@ def build_cpu_batch(samples: list[Sample], processes: ProcessCache, node: str, w
 
 def wait_window(sampler: CpuSampler, window_s: float, processes: ProcessCache, stop: Event | None = None,
                 look_every_s: float = 1.0) -> None:
-    """Wait out one window, reading each newly sampled process's metadata and mappings as soon as it shows up,
-    so a process that exits before the window ends still symbolizes."""
+    """Wait out one window, taking the kernel's counts every `look_every_s` (fewer stack collisions) and reading
+    each newly sampled process's metadata and mappings as soon as it shows up, so a process that exits before the
+    window ends still symbolizes."""
     deadline = time.monotonic() + window_s
     stop = stop or Event()
     while (left := deadline - time.monotonic()) > 0:
         if stop.wait(min(look_every_s, left)):
             return
+        sampler.collect()
         for pid in sampler.pids():
             processes.get(pid)
 

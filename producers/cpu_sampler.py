@@ -85,6 +85,10 @@ class CpuSampler:
         self.dropped_samples = 0  # last drain: samples not counted because the counts map was full
         self._bpf: Any = None
         self._bcc: Any = None
+        # this window so far: (pid, tid, user addrs, kernel addrs) -> count, and its lost / dropped samples
+        self._pending: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], int] = {}
+        self._lost = 0
+        self._dropped = 0
 
     def start(self) -> None:
         """Compile, load and attach; BpfUnavailable when that cannot work here."""
@@ -116,53 +120,59 @@ class CpuSampler:
         return old & 1
 
     def pids(self) -> set[int]:
-        """Processes sampled since the last drain (the maps are left as they are)."""
-        if self._bpf is None:
-            raise RuntimeError("CpuSampler.pids() before start()")
-        current = int(self._bpf[b"generation"][0].value) & 1
-        return {k.pid for k in self._bpf[f"counts{current}".encode()].keys()}
+        """Processes sampled since the last drain, as of the last collect()."""
+        return {key[0] for key in self._pending}
 
-    def drain(self) -> list[Sample]:
-        """Counts since the last drain, with stacks resolved to addresses; clears the drained maps."""
+    def collect(self) -> None:
+        """Move what the kernel counted so far into this window's totals, and empty those maps. Called every
+        second or so within a window: the fewer distinct stacks a stack map holds, the fewer collide (a collision
+        loses that sample's stack), and the new processes are known within the second."""
         if self._bpf is None:
-            raise RuntimeError("CpuSampler.drain() before start()")
+            raise RuntimeError("CpuSampler.collect() before start()")
         done = self._flip()
         counts, stacks = self._bpf[f"counts{done}".encode()], self._bpf[f"stacks{done}".encode()]
         items = [(k, v.value) for k, v in counts.items()]
-        resolved: dict[int, list[int]] = {}
-        lost = 0
-        out: list[Sample] = []
+        resolved: dict[int, tuple[int, ...]] = {}
         for key, count in items:
             addrs = []
             for sid in (key.user_stack_id, key.kernel_stack_id):
                 if sid < 0:
                     # -EFAULT: no stack of that kind (user-mode sample, kernel thread); anything else was lost
-                    lost += count if sid != -errno.EFAULT else 0
-                    addrs.append([])
+                    self._lost += count if sid != -errno.EFAULT else 0
+                    addrs.append(())
                     continue
                 if sid not in resolved:
                     try:
-                        resolved[sid] = list(stacks.walk(sid))
+                        resolved[sid] = tuple(stacks.walk(sid))
                     except KeyError:
-                        resolved[sid] = []
+                        resolved[sid] = ()
                 if not resolved[sid]:
-                    lost += count
+                    self._lost += count
                 addrs.append(resolved[sid])
-            out.append((int(key.pid), int(key.tid), addrs[0], addrs[1], int(count)))
-        # Nothing writes to this pair until the next flip: clearing it loses nothing, and frees the stack slots
-        # (a full stack map makes new stacks collide).
+            whole = (int(key.pid), int(key.tid), addrs[0], addrs[1])
+            self._pending[whole] = self._pending.get(whole, 0) + int(count)
+        # Nothing writes to this pair until the next flip: clearing it loses nothing, and frees the stack slots.
         counts.clear()
         stacks.clear()
         dropped_table = self._bpf[b"dropped"]
-        self.dropped_samples = int(dropped_table[done].value)
-        if self.dropped_samples:
+        dropped = int(dropped_table[done].value)
+        if dropped:
             dropped_table[done] = dropped_table.Leaf(0)
+            self._dropped += dropped
+
+    def drain(self) -> list[Sample]:
+        """Counts since the last drain, with stacks resolved to addresses; starts the next window."""
+        self.collect()
+        out = [(pid, tid, list(user), list(kernel), count)
+               for (pid, tid, user, kernel), count in self._pending.items()]
+        self._pending = {}
+        self.lost_samples, self.dropped_samples, self._lost, self._dropped = self._lost, self._dropped, 0, 0
+        if self.dropped_samples:
             log.warning("%d samples dropped: the counts map is full; raise max_entries (now %d)",
                         self.dropped_samples, self.max_entries)
-        self.lost_samples = lost
-        if lost:
+        if self.lost_samples:
             log.warning("%d samples lost their stack (stack map collisions); raise stack_entries (now %d)",
-                        lost, self.stack_entries)
+                        self.lost_samples, self.stack_entries)
         return out
 
     def close(self) -> None:
