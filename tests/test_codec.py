@@ -13,7 +13,8 @@ from schemas import codec, topics
 
 V2_DIR = Path(__file__).parent / "schemas"
 
-KERNEL = {"node": "n1", "pid": 42, "process_start_ns": 5_000_000, "correlation_id": 7, "start_ns": 100, "end_ns": 250, "device_id": 0,
+KERNEL = {"node": "n1", "pid": 42, "process_start_ns": 5_000_000, "correlation_id": 7, "start_ns": 100,
+          "end_ns": 250, "device_id": 0,
           "stream_id": 13, "kernel_name": "_Z6kernelPf", "simulated": True}
 
 

@@ -236,7 +236,8 @@ def test_a_boolean_is_zero_or_one():
 
 
 def test_other_writers_and_records_go_through_fastavro():
-    kernel = {"node": "n1", "pid": 42, "process_start_ns": 9, "correlation_id": 7, "start_ns": 100, "end_ns": 250, "device_id": 0,
+    kernel = {"node": "n1", "pid": 42, "process_start_ns": 9, "correlation_id": 7, "start_ns": 100,
+              "end_ns": 250, "device_id": 0,
               "stream_id": 13, "kernel_name": "k", "simulated": False}
     assert codec.decode(codec.encode("GpuKernel", kernel), columnar=True) == ("fleetprof.GpuKernel", kernel)
     with pytest.raises(codec.DecodeError, match="not a CpuStackBatch v1"):
