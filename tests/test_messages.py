@@ -29,8 +29,8 @@ class Raw:
         return self._o
 
 
-KERNEL = {"node": "n1", "pid": 42, "correlation_id": 7, "start_ns": 100, "end_ns": 250, "device_id": 0,
-          "stream_id": 13, "kernel_name": "k", "simulated": False}
+KERNEL = {"node": "n1", "pid": 42, "process_start_ns": 3, "correlation_id": 7, "start_ns": 100, "end_ns": 250,
+          "device_id": 0, "stream_id": 13, "kernel_name": "k", "simulated": False}
 EXPECT = {"gpu.kernels": "GpuKernel"}
 
 
