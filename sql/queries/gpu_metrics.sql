@@ -1,0 +1,17 @@
+-- NVML device readings in [since, until), per node and GPU over time; optionally one node and one GPU index
+-- ('' and -1 mean "all"). A MIG device shares its GPU's index and names that GPU in parent_uuid. The rows are
+-- point-in-time gauges in a plain MergeTree (the sink's insert tokens keep re-deliveries out), so each is returned
+-- as stored: nothing to merge or sum. NULL: NVML could not give that field on that device at that time.
+-- @default until = now
+-- @default node =
+-- @default gpu = -1
+-- @default limit = 100000
+SELECT ts, node, gpu_index, uuid, name, parent_uuid, gpu_util_pct, mem_util_pct, mem_used_bytes, mem_total_bytes,
+       sm_clock_mhz, mem_clock_mhz, power_mw, power_limit_mw, temperature_c, pcie_tx_kbps, pcie_rx_kbps,
+       clock_event_reasons, xid_errors, simulated
+FROM gpu_device_metrics
+WHERE ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)}
+  AND ({node:String} = '' OR node = {node:String})
+  AND ({gpu:Int32} < 0 OR gpu_index = {gpu:Int32})
+ORDER BY node, ts, gpu_index, parent_uuid, uuid
+LIMIT {limit:UInt32}
