@@ -10,6 +10,7 @@ from fleetprof.commands.kafka import kafka
 from fleetprof.commands.loadgen import loadgen
 from fleetprof.commands.process import process
 from fleetprof.commands.query import query
+from fleetprof.commands.run import run
 from fleetprof.commands.sql import sql
 from fleetprof.commands.symbolize import symbolize
 from fleetprof.commands.up import up
@@ -24,3 +25,4 @@ COMMANDS.append(query)
 COMMANDS.append(loadgen)
 COMMANDS.append(symbolize)
 COMMANDS.append(agent)
+COMMANDS.append(run)

@@ -1,0 +1,199 @@
+/* CONCURRENT_KERNEL activity records: a fixed pool of buffers handed to CUPTI, and one kernel_executed probe per
+ * kernel record, with CUPTI's timestamps as Unix ns.
+ *
+ * Memory stays bounded under CUDA graph replay (thousands of kernels per launch): the pool is allocated once
+ * (FLEETPROF_CUPTI_BUFFERS x FLEETPROF_CUPTI_BUFFER_KB); when every buffer is out, the request is refused and CUPTI
+ * drops records, and both are counted.
+ *
+ * Clock: kernel timestamps are taken on the GPU and converted by CUPTI to its CPU clock. Where libcupti has
+ * cuptiActivityRegisterTimestampCallback (CUDA 12.x and later) we hand it CLOCK_REALTIME before enabling any record,
+ * so records come out in Unix ns as they are. Otherwise the offset from cuptiGetTimestamp to CLOCK_REALTIME is
+ * measured at each start and added to every record: of several readings, the one with the shortest CLOCK_REALTIME
+ * bracket wins, its midpoint against CUPTI's value (error: half that bracket, well under a microsecond). CUPTI on
+ * Linux defaults to CLOCK_REALTIME, so the measured offset is then below the jitter and taken as 0; the record file
+ * keeps the measured value either way, as a check.
+ */
+#include "fleetprof_probes.h"
+#include "shim.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <time.h>
+
+/* Only fields of the common prefix are read; every kernel record version from 4 to 13 (CUDA 12 and 13) has them at
+ * these offsets, so a record of a newer libcupti reads correctly through the CUDA 12 header's type. */
+typedef CUpti_ActivityKernel9 kernel_record;
+_Static_assert(offsetof(kernel_record, start) == 16, "kernel record layout");
+_Static_assert(offsetof(kernel_record, end) == 24, "kernel record layout");
+_Static_assert(offsetof(kernel_record, deviceId) == 40, "kernel record layout");
+_Static_assert(offsetof(kernel_record, streamId) == 48, "kernel record layout");
+_Static_assert(offsetof(kernel_record, correlationId) == 92, "kernel record layout");
+_Static_assert(offsetof(kernel_record, name) == 104, "kernel record layout");
+
+#define OFFSET_IS_ZERO_NS 1000 /* below this the measured offset is the measurement's own jitter */
+
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint8_t *pool_memory;
+static uint8_t **pool_free;
+static uint32_t pool_free_count;
+static int callbacks_registered;
+static int timestamp_callback;
+static const char *clock_source = "none";
+static int64_t clock_offset_ns;    /* added to every record's timestamps */
+static int64_t measured_offset_ns; /* CLOCK_REALTIME - cuptiGetTimestamp at the last start, a check */
+
+int shim_activity_init(void)
+{
+    size_t bytes = (size_t)shim_settings.buffers * shim_settings.buffer_bytes;
+    pool_memory = aligned_alloc(64, bytes); /* CUPTI wants 8-byte aligned buffers */
+    pool_free = calloc(shim_settings.buffers, sizeof(*pool_free));
+    if (pool_memory == NULL || pool_free == NULL) {
+        free(pool_memory);
+        free(pool_free);
+        return -1;
+    }
+    for (uint32_t i = 0; i < shim_settings.buffers; i++)
+        pool_free[i] = pool_memory + (size_t)i * shim_settings.buffer_bytes;
+    pool_free_count = shim_settings.buffers;
+    return 0;
+}
+
+static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records)
+{
+    pthread_mutex_lock(&pool_mu);
+    if (pool_free_count > 0) {
+        *buffer = pool_free[--pool_free_count];
+        *size = shim_settings.buffer_bytes;
+    } else {
+        *buffer = NULL;
+        *size = 0;
+        atomic_fetch_add(&shim_counters.buffers_refused, 1);
+    }
+    pthread_mutex_unlock(&pool_mu);
+    *max_records = 0;
+}
+
+static void kernel(const kernel_record *record)
+{
+    atomic_fetch_add(&shim_counters.kernels, 1);
+    if (record->start == 0 && record->end == 0) {
+        atomic_fetch_add(&shim_counters.kernels_incomplete, 1);
+        return;
+    }
+    uint64_t start = record->start + (uint64_t)clock_offset_ns;
+    uint64_t end = record->end + (uint64_t)clock_offset_ns;
+    const char *name = record->name != NULL ? record->name : "";
+    int state = shim_correlation_state(record->correlationId);
+    if (state == SHIM_CORR_SKIPPED)
+        atomic_fetch_add(&shim_counters.kernels_skipped, 1);
+    else if (state == SHIM_CORR_UNSEEN)
+        atomic_fetch_add(&shim_counters.kernels_unseen, 1);
+    int fire = state != SHIM_CORR_SKIPPED;
+    if (fire)
+        FLEETPROF_KERNEL_EXECUTED(start, end, record->correlationId, record->deviceId, record->streamId, name);
+    if (shim_recording())
+        shim_record_kernel(start, end, record->correlationId, record->deviceId, record->streamId, name, fire);
+}
+
+static void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream_id, uint8_t *buffer, size_t size,
+                                      size_t valid_size)
+{
+    (void)size;
+    CUpti_Activity *record = NULL;
+    while (buffer != NULL && shim_cupti.activity_get_next_record(buffer, valid_size, &record) == CUPTI_SUCCESS) {
+        if (record->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || record->kind == CUPTI_ACTIVITY_KIND_KERNEL)
+            kernel((const kernel_record *)record);
+    }
+    size_t dropped = 0;
+    if (shim_cupti.activity_get_num_dropped_records(context, stream_id, &dropped) == CUPTI_SUCCESS && dropped > 0)
+        atomic_fetch_add(&shim_counters.records_dropped, dropped);
+    if (buffer == NULL)
+        return;
+    pthread_mutex_lock(&pool_mu);
+    if (pool_free_count < shim_settings.buffers)
+        pool_free[pool_free_count++] = buffer;
+    pthread_mutex_unlock(&pool_mu);
+}
+
+static uint64_t CUPTIAPI realtime_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int64_t measure_offset(void)
+{
+    uint64_t best = UINT64_MAX;
+    int64_t offset = 0;
+    for (int i = 0; i < 9; i++) {
+        uint64_t cupti_ns = 0;
+        uint64_t before = realtime_ns();
+        if (shim_cupti.get_timestamp(&cupti_ns) != CUPTI_SUCCESS)
+            return 0;
+        uint64_t after = realtime_ns();
+        if (after - before < best) {
+            best = after - before;
+            offset = (int64_t)(before + (after - before) / 2) - (int64_t)cupti_ns;
+        }
+    }
+    return offset;
+}
+
+static void align_clock(void)
+{
+    /* registered before the first activity kind is enabled, as CUPTI requires; once is enough */
+    if (!callbacks_registered && shim_cupti.activity_register_timestamp_callback != NULL)
+        timestamp_callback = shim_cupti.activity_register_timestamp_callback(realtime_ns) == CUPTI_SUCCESS;
+    measured_offset_ns = measure_offset();
+    if (timestamp_callback) {
+        clock_offset_ns = 0;
+        clock_source = "cupti-timestamp-callback";
+    } else if (measured_offset_ns > -OFFSET_IS_ZERO_NS && measured_offset_ns < OFFSET_IS_ZERO_NS) {
+        clock_offset_ns = 0;
+        clock_source = "cupti-realtime";
+    } else {
+        clock_offset_ns = measured_offset_ns;
+        clock_source = "measured-offset";
+    }
+}
+
+int shim_activity_start(void)
+{
+    align_clock();
+    if (!callbacks_registered) {
+        CUptiResult result = shim_cupti.activity_register_callbacks(buffer_requested, buffer_completed);
+        if (result != CUPTI_SUCCESS) {
+            shim_warn("cannot register CUPTI activity buffers (%s): GPU profiling is off", shim_result_string(result));
+            return -1;
+        }
+        callbacks_registered = 1;
+    }
+    CUptiResult result = shim_cupti.activity_enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+    if (result != CUPTI_SUCCESS) {
+        shim_warn("cannot enable CUPTI kernel records (%s): GPU profiling is off", shim_result_string(result));
+        return -1;
+    }
+    return 0;
+}
+
+void shim_activity_stop(void)
+{
+    shim_cupti.activity_disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+    shim_cupti.activity_flush_all(0);
+}
+
+const char *shim_clock_source(void)
+{
+    return clock_source;
+}
+
+int64_t shim_clock_offset_ns(void)
+{
+    return clock_offset_ns;
+}
+
+int64_t shim_clock_measured_offset_ns(void)
+{
+    return measured_offset_ns;
+}

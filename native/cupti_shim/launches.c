@@ -1,0 +1,158 @@
+/* Kernel launch callbacks: on the launching thread, as the launch API returns, the rate limit decides and the
+ * kernel_launch probe fires with CUPTI's correlation id (the agent captures the CPU stack there).
+ *
+ * The decision of each correlation id is kept in a fixed direct-mapped table, so the kernel records that arrive
+ * later (on CUPTI's thread) are told apart: sampled, skipped by the rate limit, or never seen. CUPTI's correlation
+ * ids grow by one per API call, so a slot is only overwritten by an id 2^17 calls newer: the table remembers the
+ * last 131072 launches in 1 MiB however many kernels a CUDA graph replays per launch.
+ */
+#include "fleetprof_probes.h"
+#include "fleetprof_ratelimit.h"
+#include "shim.h"
+
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* Added in CUDA 13 (nvcc 13 compiles <<<...>>> into __cudaLaunchKernel); the CUDA 12 headers the shim builds
+ * against do not name them. CUPTI never reuses a callback id, so enabling them on CUDA 12 just fails. */
+#define CBID_RUNTIME___cudaLaunchKernel_v13000 505
+#define CBID_RUNTIME___cudaLaunchKernel_ptsz_v13000 506
+
+static const CUpti_CallbackId runtime_launches[] = {
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_v9000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaLaunchCooperativeKernel_ptsz_v9000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_v10000,
+    CUPTI_RUNTIME_TRACE_CBID_cudaGraphLaunch_ptsz_v10000,
+    CBID_RUNTIME___cudaLaunchKernel_v13000,
+    CBID_RUNTIME___cudaLaunchKernel_ptsz_v13000,
+};
+
+static const CUpti_CallbackId driver_launches[] = {
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz,
+};
+
+#define CORR_BITS 17
+#define CORR_MASK ((1u << CORR_BITS) - 1)
+static _Atomic uint64_t corr_table[1u << CORR_BITS]; /* (id << 2) | state; 0: empty. Untouched pages cost no RSS */
+
+/* Per launching thread: the rate limit, and the launch API calls it is inside. A runtime launch may call a driver
+ * launch (or, on CUDA 13, another runtime entry point): only the outermost call is a launch, but each nested id is
+ * marked with the same decision, since the kernel record may carry either. */
+static __thread fleetprof_ratelimit_t thread_rate;
+static __thread uint32_t thread_depth;
+static __thread uint32_t thread_weight; /* decision of the outermost call in progress */
+static __thread int thread_decided;
+static __thread uint32_t thread_epoch;
+static _Atomic uint32_t epoch = 1; /* bumped at each turn-on: a thread's state from before it is stale */
+
+static void mark(uint32_t correlation_id, int state)
+{
+    uint64_t entry = ((uint64_t)correlation_id << 2) | (uint64_t)state;
+    atomic_store_explicit(&corr_table[correlation_id & CORR_MASK], entry, memory_order_release);
+}
+
+int shim_correlation_state(uint32_t correlation_id)
+{
+    uint64_t entry = atomic_load_explicit(&corr_table[correlation_id & CORR_MASK], memory_order_acquire);
+    if ((entry >> 2) != correlation_id)
+        return SHIM_CORR_UNSEEN;
+    return (int)(entry & 3);
+}
+
+int shim_enable_launch_callbacks(CUpti_SubscriberHandle subscriber, uint32_t enable)
+{
+    if (enable)
+        atomic_fetch_add(&epoch, 1);
+    int enabled = 0;
+    for (size_t i = 0; i < sizeof(runtime_launches) / sizeof(runtime_launches[0]); i++)
+        enabled += shim_cupti.enable_callback(enable, subscriber, CUPTI_CB_DOMAIN_RUNTIME_API, runtime_launches[i]) ==
+                   CUPTI_SUCCESS;
+    for (size_t i = 0; i < sizeof(driver_launches) / sizeof(driver_launches[0]); i++)
+        enabled += shim_cupti.enable_callback(enable, subscriber, CUPTI_CB_DOMAIN_DRIVER_API, driver_launches[i]) ==
+                   CUPTI_SUCCESS;
+    return enabled;
+}
+
+static void decide(void)
+{
+    uint64_t now = fleetprof_ratelimit_clock_ns();
+    uint64_t seed = thread_rate.rng ? 0 : ((uint64_t)syscall(SYS_gettid) << 32) ^ now; /* first call only */
+    thread_weight = fleetprof_ratelimit_take(&thread_rate, shim_settings.launch_rate, now, seed);
+    thread_decided = 1;
+}
+
+/* A launch that failed launched nothing: give its share back to the next sampled launch. */
+static void undo(uint32_t weight)
+{
+    if (weight == 0)
+        thread_rate.skipped--;
+    else
+        thread_rate.skipped += weight - 1;
+}
+
+static void returned(CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const CUpti_CallbackData *data, int nested)
+{
+    uint32_t correlation_id = data->correlationId;
+    uint32_t weight = thread_weight;
+    mark(correlation_id, weight ? SHIM_CORR_SAMPLED : SHIM_CORR_SKIPPED);
+    const char *domain_name = domain == CUPTI_CB_DOMAIN_RUNTIME_API ? "runtime" : "driver";
+    if (nested) {
+        atomic_fetch_add(&shim_counters.launches_nested, 1);
+        if (shim_recording())
+            shim_record_launch(correlation_id, (int32_t)cbid, domain_name, data->functionName, weight, 1);
+        return;
+    }
+    thread_decided = 0;
+    /* both cudaError_t and CUresult are enums whose success is 0 */
+    if (data->functionReturnValue != NULL && *(const int *)data->functionReturnValue != 0) {
+        atomic_fetch_add(&shim_counters.launches_failed, 1);
+        undo(weight);
+        return;
+    }
+    atomic_fetch_add(&shim_counters.launches, 1);
+    if (weight)
+        atomic_fetch_add(&shim_counters.launches_sampled, 1);
+    if (shim_recording())
+        shim_record_launch(correlation_id, (int32_t)cbid, domain_name, data->functionName, weight, 0);
+    if (weight) {
+        if (weight > 1)
+            FLEETPROF_LAUNCH_WEIGHT(correlation_id, weight);
+        FLEETPROF_KERNEL_LAUNCH(correlation_id, (int32_t)cbid, data->functionName);
+    }
+}
+
+void CUPTIAPI shim_on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void *cbdata)
+{
+    (void)userdata;
+    if (domain != CUPTI_CB_DOMAIN_RUNTIME_API && domain != CUPTI_CB_DOMAIN_DRIVER_API)
+        return;
+    const CUpti_CallbackData *data = cbdata;
+    uint32_t now_epoch = atomic_load_explicit(&epoch, memory_order_relaxed);
+    if (thread_epoch != now_epoch) {
+        /* a call that was in progress when callbacks went off never saw its exit */
+        thread_epoch = now_epoch;
+        thread_depth = 0;
+        thread_decided = 0;
+    }
+    if (data->callbackSite == CUPTI_API_ENTER) {
+        if (thread_depth++ == 0)
+            decide();
+        return;
+    }
+    if (thread_depth > 0)
+        thread_depth--;
+    if (!thread_decided)
+        decide(); /* callbacks were turned on between this call's entry and its exit */
+    returned(domain, cbid, data, thread_depth > 0);
+}

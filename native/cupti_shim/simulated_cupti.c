@@ -1,0 +1,288 @@
+/* libcupti_simulated.so: a simulated libcupti for testing the shim without a GPU (tests/test_gpu_native.py).
+ *
+ * It is a test double at a C ABI fleetprof does not own: the CUPTI entry points the shim resolves, with CUPTI's own
+ * types, behaving as the documentation describes (one subscriber, per-callback enabling, activity buffers requested
+ * and completed through the registered callbacks, dropped records counted when no buffer is given). A test drives it
+ * with simcupti_launch, which plays one launch API call: the enter and exit callbacks on the calling thread and the
+ * kernel records it produces. Kernels do not run; their times come from the clock CUPTI would use.
+ *
+ * SIMULATED_CUPTI_CLOCK=monotonic makes cuptiGetTimestamp and the records use CLOCK_MONOTONIC and refuses the
+ * timestamp callback, as an older CUPTI without it would: the shim must then measure the offset itself.
+ */
+#include <cupti.h>
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define SIM_API __attribute__((visibility("default")))
+#define MAX_CBID 1024
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static CUpti_CallbackFunc subscriber_fn;
+static void *subscriber_data;
+static int subscribed;
+static unsigned char enabled[2][MAX_CBID]; /* [0] runtime, [1] driver */
+static CUpti_BuffersCallbackRequestFunc buffer_requested;
+static CUpti_BuffersCallbackCompleteFunc buffer_completed;
+static int kernels_on;
+static CUpti_TimestampCallbackFunc timestamp_fn;
+static uint8_t *buffer;
+static size_t buffer_size;
+static size_t buffer_used;
+static size_t dropped;
+#define MAX_PENDING 64
+static struct pending {
+    uint8_t *data;
+    size_t size;
+    size_t used;
+} pending[MAX_PENDING];
+static int pending_count;
+static uint32_t next_correlation_id;
+static const char *names[64]; /* kernel names live as long as the library, as CUPTI's do */
+static int name_count;
+
+static int monotonic_clock(void)
+{
+    const char *clock = getenv("SIMULATED_CUPTI_CLOCK");
+    return clock != NULL && strcmp(clock, "monotonic") == 0;
+}
+
+static uint64_t now_ns(void)
+{
+    if (timestamp_fn != NULL)
+        return timestamp_fn();
+    struct timespec ts;
+    clock_gettime(monotonic_clock() ? CLOCK_MONOTONIC : CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+SIM_API CUptiResult cuptiSubscribe(CUpti_SubscriberHandle *subscriber, CUpti_CallbackFunc callback, void *userdata)
+{
+    pthread_mutex_lock(&mu);
+    CUptiResult result = CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED;
+    if (!subscribed) {
+        subscribed = 1;
+        subscriber_fn = callback;
+        subscriber_data = userdata;
+        *subscriber = (CUpti_SubscriberHandle)&subscribed;
+        result = CUPTI_SUCCESS;
+    }
+    pthread_mutex_unlock(&mu);
+    return result;
+}
+
+SIM_API CUptiResult cuptiUnsubscribe(CUpti_SubscriberHandle subscriber)
+{
+    (void)subscriber;
+    pthread_mutex_lock(&mu);
+    subscribed = 0;
+    memset(enabled, 0, sizeof(enabled));
+    pthread_mutex_unlock(&mu);
+    return CUPTI_SUCCESS;
+}
+
+SIM_API CUptiResult cuptiEnableCallback(uint32_t enable, CUpti_SubscriberHandle subscriber,
+                                        CUpti_CallbackDomain domain, CUpti_CallbackId cbid)
+{
+    (void)subscriber;
+    if (cbid >= MAX_CBID || (domain != CUPTI_CB_DOMAIN_RUNTIME_API && domain != CUPTI_CB_DOMAIN_DRIVER_API))
+        return CUPTI_ERROR_INVALID_PARAMETER;
+    enabled[domain == CUPTI_CB_DOMAIN_DRIVER_API][cbid] = enable != 0;
+    return CUPTI_SUCCESS;
+}
+
+SIM_API CUptiResult cuptiActivityRegisterCallbacks(CUpti_BuffersCallbackRequestFunc requested,
+                                                   CUpti_BuffersCallbackCompleteFunc completed)
+{
+    if (requested == NULL || completed == NULL)
+        return CUPTI_ERROR_INVALID_PARAMETER;
+    buffer_requested = requested;
+    buffer_completed = completed;
+    return CUPTI_SUCCESS;
+}
+
+SIM_API CUptiResult cuptiActivityEnable(CUpti_ActivityKind kind)
+{
+    if (kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)
+        return CUPTI_ERROR_NOT_SUPPORTED;
+    kernels_on = 1;
+    return CUPTI_SUCCESS;
+}
+
+SIM_API CUptiResult cuptiActivityDisable(CUpti_ActivityKind kind)
+{
+    if (kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)
+        kernels_on = 0;
+    return CUPTI_SUCCESS;
+}
+
+SIM_API CUptiResult cuptiActivityGetNextRecord(uint8_t *records, size_t valid_size, CUpti_Activity **record)
+{
+    uint8_t *next = *record == NULL ? records : (uint8_t *)*record + sizeof(CUpti_ActivityKernel9);
+    if (next + sizeof(CUpti_ActivityKernel9) > records + valid_size)
+        return CUPTI_ERROR_MAX_LIMIT_REACHED;
+    *record = (CUpti_Activity *)next;
+    return CUPTI_SUCCESS;
+}
+
+SIM_API CUptiResult cuptiActivityGetNumDroppedRecords(CUcontext context, uint32_t stream_id, size_t *count)
+{
+    (void)context;
+    (void)stream_id;
+    *count = dropped;
+    dropped = 0;
+    return CUPTI_SUCCESS;
+}
+
+/* A full buffer waits for the next flush, as with CUPTI's worker thread, so a small pool can run dry. */
+static void retire(void)
+{
+    if (buffer == NULL)
+        return;
+    if (pending_count == MAX_PENDING) { /* cannot happen with the shim's pool sizes; keep the records anyway */
+        pthread_mutex_unlock(&mu);
+        buffer_completed(NULL, 0, buffer, buffer_size, buffer_used);
+        pthread_mutex_lock(&mu);
+    } else {
+        pending[pending_count++] = (struct pending){buffer, buffer_size, buffer_used};
+    }
+    buffer = NULL;
+    buffer_used = 0;
+}
+
+SIM_API CUptiResult cuptiActivityFlushAll(uint32_t flag)
+{
+    (void)flag;
+    if (buffer_completed == NULL)
+        return CUPTI_ERROR_INVALID_OPERATION;
+    pthread_mutex_lock(&mu);
+    if (buffer_used > 0)
+        retire();
+    struct pending out[MAX_PENDING];
+    int count = pending_count;
+    memcpy(out, pending, sizeof(out[0]) * (size_t)count);
+    pending_count = 0;
+    int report_drops = count == 0 && dropped > 0;
+    pthread_mutex_unlock(&mu);
+    for (int i = 0; i < count; i++)
+        buffer_completed(NULL, 0, out[i].data, out[i].size, out[i].used);
+    if (report_drops)
+        buffer_completed(NULL, 0, NULL, 0, 0);
+    return CUPTI_SUCCESS;
+}
+
+SIM_API CUptiResult cuptiGetTimestamp(uint64_t *timestamp)
+{
+    *timestamp = now_ns();
+    return CUPTI_SUCCESS;
+}
+
+SIM_API CUptiResult cuptiActivityRegisterTimestampCallback(CUpti_TimestampCallbackFunc fn)
+{
+    if (monotonic_clock())
+        return CUPTI_ERROR_NOT_SUPPORTED;
+    timestamp_fn = fn;
+    return CUPTI_SUCCESS;
+}
+
+SIM_API CUptiResult cuptiGetResultString(CUptiResult result, const char **text)
+{
+    *text = result == CUPTI_SUCCESS ? "CUPTI_SUCCESS (simulated)" : "CUPTI error (simulated)";
+    return CUPTI_SUCCESS;
+}
+
+static const char *keep_name(const char *name)
+{
+    for (int i = 0; i < name_count; i++)
+        if (strcmp(names[i], name) == 0)
+            return names[i];
+    if (name_count == (int)(sizeof(names) / sizeof(names[0])))
+        return "simulated_kernel";
+    names[name_count] = strdup(name);
+    return names[name_count++];
+}
+
+static void kernel_record(uint32_t correlation_id, const char *name, uint64_t start, uint64_t end, uint32_t stream)
+{
+    pthread_mutex_lock(&mu);
+    if (!kernels_on) {
+        pthread_mutex_unlock(&mu);
+        return;
+    }
+    if (buffer == NULL) {
+        pthread_mutex_unlock(&mu);
+        uint8_t *fresh = NULL;
+        size_t size = 0, max_records = 0;
+        buffer_requested(&fresh, &size, &max_records);
+        pthread_mutex_lock(&mu);
+        if (fresh == NULL || size < sizeof(CUpti_ActivityKernel9)) {
+            dropped++;
+            pthread_mutex_unlock(&mu);
+            return;
+        }
+        buffer = fresh;
+        buffer_size = size;
+    }
+    CUpti_ActivityKernel9 *k = (CUpti_ActivityKernel9 *)(buffer + buffer_used);
+    memset(k, 0, sizeof(*k));
+    k->kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
+    k->start = start;
+    k->end = end;
+    k->deviceId = 0;
+    k->streamId = stream;
+    k->correlationId = correlation_id;
+    k->name = keep_name(name);
+    buffer_used += sizeof(*k);
+    if (buffer_used + sizeof(*k) > buffer_size)
+        retire();
+    pthread_mutex_unlock(&mu);
+}
+
+static void callback(CUpti_CallbackDomain domain, CUpti_CallbackId cbid, CUpti_ApiCallbackSite site,
+                     const char *api, uint32_t correlation_id, int *result)
+{
+    CUpti_CallbackFunc fn = subscriber_fn;
+    if (!subscribed || fn == NULL || !enabled[domain == CUPTI_CB_DOMAIN_DRIVER_API][cbid])
+        return;
+    CUpti_CallbackData data;
+    memset(&data, 0, sizeof(data));
+    data.callbackSite = site;
+    data.functionName = api;
+    data.functionReturnValue = result;
+    data.correlationId = correlation_id;
+    fn(subscriber_data, domain, cbid, &data);
+}
+
+/* One launch API call on the calling thread, then the `kernels` kernel records of `duration_ns` each that it
+ * produced (a graph launch makes several); with `nested_driver` the call also makes a driver cuLaunchKernel call,
+ * as a runtime may; `fail` makes the call return an error (no kernel). Returns the call's correlation id. */
+SIM_API uint32_t simcupti_launch(uint32_t driver, uint32_t cbid, const char *api, const char *kernel, uint32_t kernels,
+                                 uint64_t duration_ns, uint32_t stream, int nested_driver, int fail)
+{
+    CUpti_CallbackDomain domain = driver ? CUPTI_CB_DOMAIN_DRIVER_API : CUPTI_CB_DOMAIN_RUNTIME_API;
+    uint32_t correlation_id = __atomic_add_fetch(&next_correlation_id, 1, __ATOMIC_SEQ_CST);
+    int result = fail ? 1 : 0;
+    callback(domain, cbid, CUPTI_API_ENTER, api, correlation_id, &result);
+    if (nested_driver) {
+        uint32_t inner = __atomic_add_fetch(&next_correlation_id, 1, __ATOMIC_SEQ_CST);
+        int inner_result = result;
+        callback(CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, CUPTI_API_ENTER, "cuLaunchKernel",
+                 inner, &inner_result);
+        callback(CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, CUPTI_API_EXIT, "cuLaunchKernel",
+                 inner, &inner_result);
+    }
+    callback(domain, cbid, CUPTI_API_EXIT, api, correlation_id, &result);
+    for (uint32_t i = 0; i < kernels && !fail; i++) { /* the kernels run after the launch returns */
+        uint64_t start = now_ns();
+        kernel_record(correlation_id, kernel, start, start + duration_ns, stream);
+    }
+    return correlation_id;
+}
+
+/* 1 while the shim holds the subscriber, 2 while kernel records are on (both: 3). */
+SIM_API int simcupti_state(void)
+{
+    return (subscribed ? 1 : 0) | (kernels_on ? 2 : 0);
+}

@@ -1,0 +1,234 @@
+"""The GPU-side C libraries: the CUPTI shim (injected into CUDA processes) and the GPU simulator, built with gcc by
+fleetprof.native, and a ctypes handle on the simulator.
+
+The shim compiles against the CUDA and CUPTI headers of PyPI's nvidia-* wheels (the project's test extra installs
+them), or against a local CUDA toolkit's headers named by FLEETPROF_CUDA_INCLUDE; it never links libcupti (it opens
+it at run time), so one build serves CUDA 12 and 13.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleetprof.native import NativeBuildError, NativeLibrary, build
+
+# header -> the wheel that carries it
+CUDA_HEADERS = {
+    "cupti.h": "nvidia-cuda-cupti-cu12",
+    "cuda.h": "nvidia-cuda-runtime-cu12",
+    "crt/host_defines.h": "nvidia-cuda-nvcc-cu12",
+}
+CUDA_INCLUDE_ENV = "FLEETPROF_CUDA_INCLUDE"
+
+
+def _wheel_include_dirs() -> list[Path]:
+    """Every include folder under the installed `nvidia` namespace package (nvidia/*/include, nvidia/*/*/include)."""
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        return []
+    roots = list(spec.submodule_search_locations or []) if spec is not None else []
+    found: list[Path] = []
+    for root in roots:
+        found += sorted(Path(root).glob("*/include")) + sorted(Path(root).glob("*/*/include"))
+    return found
+
+
+def cuda_include_dirs() -> list[Path]:
+    """The include folders that hold the shim's CUDA headers, one per header; NativeBuildError naming what is
+    missing."""
+    override = os.environ.get(CUDA_INCLUDE_ENV, "")
+    candidates = [Path(p) for p in override.split(os.pathsep) if p] if override else _wheel_include_dirs()
+    chosen: list[Path] = []
+    missing: list[str] = []
+    for header, wheel in CUDA_HEADERS.items():
+        where = next((d for d in candidates if (d / header).is_file()), None)
+        if where is None:
+            missing.append(f"{header} ({wheel})")
+        elif where not in chosen:
+            chosen.append(where)
+    if missing:
+        source = f"{CUDA_INCLUDE_ENV}={override}" if override else "the installed nvidia-* wheels"
+        raise NativeBuildError(f"cannot build the CUPTI shim: no {', '.join(missing)} in {source}: "
+                               f"run bash infra/setup.sh (pip install -e '.[test]'), or set {CUDA_INCLUDE_ENV}")
+    return chosen
+
+
+CUPTI_SHIM = NativeLibrary(
+    name="cupti_shim",
+    sources=("cupti_shim/fleetprof_cupti.c", "cupti_shim/launches.c", "cupti_shim/activity.c",
+             "cupti_shim/record.c"),
+    output="libfleetprof_cupti.so",
+    cflags=("-fvisibility=hidden", "-D_GNU_SOURCE", "-pthread"),
+    ldflags=("-ldl", "-pthread"),
+    soname="libfleetprof_cupti.so",
+    include_dirs=cuda_include_dirs,
+)
+
+GPU_SIM = NativeLibrary(
+    name="gpu_sim",
+    sources=("gpu_sim/fleetprof_gpusim.c", "gpu_sim/native_paths.c"),
+    output="libfleetprof_gpusim.so",
+    # the native launch paths keep every frame: frame pointers (the builder's default) and no sibling calls
+    cflags=("-fvisibility=hidden", "-D_GNU_SOURCE", "-pthread", "-fno-optimize-sibling-calls"),
+    ldflags=("-pthread",),
+    soname="libfleetprof_gpusim.so",
+)
+
+
+def build_shim(force: bool = False) -> Path:
+    """libfleetprof_cupti.so, built now if missing or stale."""
+    return build(CUPTI_SHIM, force=force)
+
+
+def build_gpusim(force: bool = False) -> Path:
+    """libfleetprof_gpusim.so, built now if missing or stale."""
+    return build(GPU_SIM, force=force)
+
+
+# ---- the simulator through ctypes (structs mirror native/gpu_sim/gpusim.h; sizes are checked at load) ----
+
+NAME_MAX = 256
+STATES = {0: "unseen", 1: "skipped", 2: "sampled"}
+
+
+class _Executed(ctypes.Structure):
+    _fields_ = [("start_ns", ctypes.c_uint64), ("end_ns", ctypes.c_uint64), ("duration_ns", ctypes.c_uint64),
+                ("correlation_id", ctypes.c_uint32), ("device_id", ctypes.c_uint32), ("stream_id", ctypes.c_uint32),
+                ("state", ctypes.c_uint32), ("weight", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
+                ("name", ctypes.c_char * NAME_MAX)]
+
+
+STAT_FIELDS = ("launches", "launches_decided", "launches_sampled", "weight_sum", "kernels_executed", "kernels_fired",
+               "queue_dropped", "log_dropped", "names_truncated")
+
+
+class _Stats(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in STAT_FIELDS]
+
+
+class _KernelSpec(ctypes.Structure):
+    _fields_ = [("path", ctypes.c_char_p), ("kernel_name", ctypes.c_char_p), ("duration_ns", ctypes.c_uint64),
+                ("stream_id", ctypes.c_uint32)]
+
+
+@dataclass(frozen=True)
+class ExecutedKernel:
+    """One kernel the simulated device ran (times are CLOCK_REALTIME ns)."""
+
+    name: str
+    correlation_id: int
+    device_id: int
+    stream_id: int
+    start_ns: int
+    end_ns: int
+    duration_ns: int  # as requested
+    state: str  # what the agent decided at launch: unseen (none attached), skipped, sampled
+    weight: int
+
+
+@dataclass(frozen=True)
+class NativeKernel:
+    """A kernel of the simulator's native launch paths: its C call path (root first, ';'-separated)."""
+
+    path: str
+    name: str
+    duration_ns: int
+    stream_id: int
+
+
+class GpuSimError(RuntimeError):
+    """The simulator library does not match this module (rebuild it)."""
+
+
+class GpuSim:
+    """The simulated GPU (libfleetprof_gpusim.so) loaded into this process."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or build_gpusim()
+        lib = ctypes.CDLL(str(self.path))
+        lib.gpusim_launch.argtypes = [ctypes.c_char_p, ctypes.c_uint64, ctypes.c_uint32]
+        lib.gpusim_launch.restype = ctypes.c_uint32
+        lib.gpusim_synchronize.argtypes = []
+        lib.gpusim_synchronize.restype = None
+        lib.gpusim_set_device.argtypes = [ctypes.c_uint32]
+        lib.gpusim_set_device.restype = ctypes.c_int
+        for name in ("gpusim_device_count", "gpusim_launch_rate", "gpusim_attached"):
+            getattr(lib, name).argtypes = []
+            getattr(lib, name).restype = ctypes.c_uint32
+        lib.gpusim_stats.argtypes = [ctypes.POINTER(_Stats)]
+        lib.gpusim_stats.restype = None
+        lib.gpusim_sizeof.argtypes = [ctypes.c_uint32]
+        lib.gpusim_sizeof.restype = ctypes.c_uint32
+        lib.gpusim_log_start.argtypes = [ctypes.c_uint32]
+        lib.gpusim_log_start.restype = ctypes.c_int
+        lib.gpusim_log_drain.argtypes = [ctypes.POINTER(_Executed), ctypes.c_uint32]
+        lib.gpusim_log_drain.restype = ctypes.c_uint32
+        lib.gpusim_native_train_step.argtypes = [ctypes.c_int]
+        lib.gpusim_native_train_step.restype = None
+        lib.gpusim_native_kernels.argtypes = [ctypes.POINTER(ctypes.POINTER(_KernelSpec))]
+        lib.gpusim_native_kernels.restype = ctypes.c_uint32
+        for which, struct in enumerate((_Executed, _Stats, _KernelSpec)):
+            if lib.gpusim_sizeof(which) != ctypes.sizeof(struct):
+                raise GpuSimError(f"{self.path}: struct {struct.__name__} is {lib.gpusim_sizeof(which)} bytes in C, "
+                                  f"{ctypes.sizeof(struct)} here: rebuild the simulator")
+        self._lib = lib
+        self._drain_buffer = (_Executed * 1024)()
+
+    def launch(self, kernel_name: str, duration_ns: int, stream: int = 0) -> int:
+        """Queue a kernel; its correlation id, or 0 when the device queue was full (counted as dropped)."""
+        return self._lib.gpusim_launch(kernel_name.encode(), duration_ns, stream)
+
+    def synchronize(self) -> None:
+        """Wait until every kernel queued so far has run (the GIL is released meanwhile)."""
+        self._lib.gpusim_synchronize()
+
+    def set_device(self, device: int) -> None:
+        if self._lib.gpusim_set_device(device) != 0:
+            raise ValueError(f"no simulated device {device} (FLEETPROF_GPUSIM_DEVICES={self.device_count()})")
+
+    def device_count(self) -> int:
+        return self._lib.gpusim_device_count()
+
+    def launch_rate(self) -> int:
+        """The per-thread rate limit in force (sampled launches per second; 0: every launch)."""
+        return self._lib.gpusim_launch_rate()
+
+    def attached(self) -> int:
+        """Bit per probe an agent enabled: 1 kernel_launch, 2 kernel_executed, 4 launch_weight."""
+        return self._lib.gpusim_attached()
+
+    def stats(self) -> dict[str, int]:
+        out = _Stats()
+        self._lib.gpusim_stats(ctypes.byref(out))
+        return {name: int(getattr(out, name)) for name in STAT_FIELDS}
+
+    def native_train_step(self, steps: int = 1) -> None:
+        """Launch through the C call chains of the native paths (see native_kernels)."""
+        self._lib.gpusim_native_train_step(steps)
+
+    def native_kernels(self) -> list[NativeKernel]:
+        table = ctypes.POINTER(_KernelSpec)()
+        count = self._lib.gpusim_native_kernels(ctypes.byref(table))
+        return [NativeKernel(table[i].path.decode(), table[i].kernel_name.decode(), int(table[i].duration_ns),
+                             int(table[i].stream_id)) for i in range(count)]
+
+    def log_start(self, capacity: int) -> None:
+        """Keep up to `capacity` executed kernels for drain(); 0 turns the log off."""
+        if self._lib.gpusim_log_start(capacity) != 0:
+            raise MemoryError(f"cannot allocate a simulator log of {capacity} kernels")
+
+    def drain(self) -> list[ExecutedKernel]:
+        """The executed kernels logged since the last drain, in completion order."""
+        out: list[ExecutedKernel] = []
+        while True:
+            n = self._lib.gpusim_log_drain(self._drain_buffer, len(self._drain_buffer))
+            for e in self._drain_buffer[:n]:
+                out.append(ExecutedKernel(e.name.decode(errors="replace"), e.correlation_id, e.device_id, e.stream_id,
+                                          e.start_ns, e.end_ns, e.duration_ns, STATES.get(e.state, "?"), e.weight))
+            if n < len(self._drain_buffer):
+                return out

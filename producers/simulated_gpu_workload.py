@@ -1,0 +1,189 @@
+"""A simulated GPU training job: real Python (and native C) call paths that launch named kernels of known durations
+on the GPU simulator, so the agent's GPU collector can be checked against exactly what was launched.
+
+    python -m producers.simulated_gpu_workload --seconds 5 [--launches-per-s 250]
+
+Each step launches from four call paths: the training loop's forward (attention) and backward (matmul), the
+simulator's native C chain (forward gemm and backward gemm), and a data-loader thread (resize, on stream 1). At the
+end it prints one JSON object on stdout: per launching path and kernel, the launches and their total requested
+duration; the same per kernel; what the simulated device executed (from its execution log: kernels, requested and
+wall time); launches the full device queue refused; and the simulator's counters.
+A path is the workload's own frames from its thread's root (train_loop or data_loader) to the launching function,
+root first, ';'-separated; native paths continue with the C frames below the Python call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from producers.gpu_native import GpuSim
+
+FLASH_ATTN = "_Z15flash_attn_fwdILi128EEvPKfS1_Pf"
+SGEMM = "ampere_sgemm_128x64_nn"
+RESIZE = "_Z12resize_imagePKhPhii"
+DURATIONS_NS = {FLASH_ATTN: 300_000, SGEMM: 500_000, RESIZE: 100_000}
+LOADER_STREAM = 1
+LAUNCHES_PER_STEP = 5  # attention, matmul, native gemm + gemm_bwd, resize
+LOG_CAPACITY = 1 << 16
+ROOTS = ("train_loop", "data_loader")  # where a thread's launching code starts
+DRAIN_EVERY_STEPS = 100
+
+
+@dataclass
+class Tally:
+    """What was launched, per (path, kernel): launches and total requested duration."""
+
+    rows: dict[tuple[str, str], list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, path: str, kernel: str, launches: int, duration_ns: int) -> None:
+        with self.lock:
+            row = self.rows[(path, kernel)]
+            row[0] += launches
+            row[1] += launches * duration_ns
+
+
+def _caller_path(depth: int) -> str:
+    """The function names from the thread's root (ROOTS) down to the frame `depth` levels above the caller."""
+    frame = sys._getframe(depth + 1)
+    names: list[str] = []
+    while frame is not None:
+        names.append(frame.f_code.co_name)
+        if frame.f_code.co_name in ROOTS and frame.f_code.co_filename == __file__:
+            return ";".join(reversed(names))
+        frame = frame.f_back
+    raise RuntimeError(f"launch outside {' or '.join(ROOTS)}: {';'.join(reversed(names))}")
+
+
+class Workload:
+    """The launching code: a class so the simulator handle and the tally travel with the call paths."""
+
+    def __init__(self, sim: GpuSim, tally: Tally) -> None:
+        self.sim = sim
+        self.tally = tally
+
+    def _launch(self, kernel: str, stream: int = 0) -> None:
+        duration = DURATIONS_NS[kernel]
+        if self.sim.launch(kernel, duration, stream) == 0:
+            return  # the device queue was full: not launched (the simulator counts it)
+        self.tally.add(_caller_path(1), kernel, 1, duration)
+
+    def attention(self) -> None:
+        self._launch(FLASH_ATTN)
+
+    def forward(self) -> None:
+        self.attention()
+
+    def matmul(self) -> None:
+        self._launch(SGEMM)
+
+    def backward(self) -> None:
+        self.matmul()
+
+    def native_step(self) -> None:
+        before = self.sim.stats()["queue_dropped"]
+        self.sim.native_train_step(1)
+        if self.sim.stats()["queue_dropped"] != before:
+            raise RuntimeError("the simulated device queue overflowed during a native step")
+        python_path = _caller_path(0)
+        for k in self.sim.native_kernels():
+            self.tally.add(f"{python_path};{k.path}", k.name, 1, k.duration_ns)
+
+    def train_step(self) -> None:
+        self.forward()
+        self.backward()
+        self.native_step()
+        self.sim.synchronize()  # like loss.item(): the step waits for its kernels
+
+    def train_loop(self, steps: int, period_s: float, start: float, executed: dict[str, dict[str, int]]) -> None:
+        for i in range(steps):
+            _pace(start + i * period_s)
+            self.train_step()
+            if i % DRAIN_EVERY_STEPS == DRAIN_EVERY_STEPS - 1:
+                _executed(self.sim, executed)  # keeps the device's execution log short
+
+    def augment(self) -> None:
+        self._launch(RESIZE, LOADER_STREAM)
+
+    def data_loader(self, steps: int, period_s: float, start: float) -> None:
+        for i in range(steps):
+            _pace(start + i * period_s)
+            self.augment()
+
+
+def _pace(at: float) -> None:
+    delay = at - time.monotonic()
+    if delay > 0:
+        time.sleep(delay)
+
+
+def _executed(sim: GpuSim, into: dict[str, dict[str, int]]) -> None:
+    for k in sim.drain():
+        row = into.setdefault(k.name, {"kernels": 0, "duration_ns": 0, "wall_ns": 0})
+        row["kernels"] += 1
+        row["duration_ns"] += k.duration_ns
+        row["wall_ns"] += k.end_ns - k.start_ns
+
+
+def run(seconds: float, launches_per_s: float, sim: GpuSim | None = None) -> dict[str, Any]:
+    """Run the workload and return its report."""
+    sim = sim or GpuSim()
+    steps = max(1, round(seconds * launches_per_s / LAUNCHES_PER_STEP))
+    period = seconds / steps
+    tally = Tally()
+    work = Workload(sim, tally)
+    executed: dict[str, dict[str, int]] = {}
+    sim.log_start(LOG_CAPACITY)
+    start = time.monotonic()
+    loader = threading.Thread(target=work.data_loader, args=(steps, period, start), name="data_loader")
+    loader.start()
+    work.train_loop(steps, period, start, executed)
+    loader.join()
+    sim.synchronize()
+    _executed(sim, executed)
+    by_kernel: dict[str, dict[str, int]] = {}
+    for (_, kernel), (launches, duration) in sorted(tally.rows.items()):
+        row = by_kernel.setdefault(kernel, {"launches": 0, "duration_ns": 0})
+        row["launches"] += launches
+        row["duration_ns"] += duration
+    stats = sim.stats()
+    return {
+        "simulated": True,
+        "seconds": seconds,
+        "launches_per_s": launches_per_s,
+        "steps": steps,
+        "elapsed_s": round(time.monotonic() - start, 3),
+        "launch_rate_limit": sim.launch_rate(),
+        "launched": [{"path": path, "kernel": kernel, "launches": launches, "duration_ns": duration}
+                     for (path, kernel), (launches, duration) in sorted(tally.rows.items())],
+        "by_kernel": by_kernel,
+        "executed": executed,
+        "dropped": stats["queue_dropped"],
+        "simulator": stats,
+    }
+
+
+def cli(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m producers.simulated_gpu_workload",
+                                     description="A simulated GPU training job on the GPU simulator (simulated).")
+    parser.add_argument("--seconds", type=float, required=True, help="how long to run")
+    parser.add_argument("--launches-per-s", type=float, default=250.0,
+                        help=f"kernel launches per second, all paths together ({LAUNCHES_PER_STEP} per step)")
+    args = parser.parse_args(argv)
+    if args.seconds <= 0 or args.launches_per_s <= 0:
+        parser.error("--seconds and --launches-per-s must be positive")
+    report = run(args.seconds, args.launches_per_s)
+    json.dump(report, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
