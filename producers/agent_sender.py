@@ -102,19 +102,25 @@ class AgentSender:
             log.debug("no symbols for %s: %s", path, exc)
             return None
 
-    def send_window(self, batch: dict) -> WindowSent:
-        """Symbol tables (flushed: durable before any batch refers to them), then the batch, split to fit; flushed.
-        Raises PublishError when anything is not delivered."""
+    def send_symbols(self, batch: dict) -> tuple[int, int, int]:
+        """Publish the tables `batch` (anything with "processes" carrying "pid" and "mappings") needs and has not
+        had yet, flushed: durable before any record refers to them. (chunks, new build ids, bytes)."""
         n_chunks, new_ids, size = self._symbols(batch)
         if n_chunks and self.publisher.flush(self.flush_timeout):
             raise PublishError(f"symbol tables not delivered within {self.flush_timeout:.0f} s")
+        self.symbol_chunks += n_chunks
+        return n_chunks, new_ids, size
+
+    def send_window(self, batch: dict) -> WindowSent:
+        """Symbol tables (flushed: durable before any batch refers to them), then the batch, split to fit; flushed.
+        Raises PublishError when anything is not delivered."""
+        n_chunks, new_ids, size = self.send_symbols(batch)
         messages = encode_cpu_batches(batch, self.max_message_bytes) if batch["processes"] else []
         for message in messages:
             size += self._send(topics.CPU_STACKS, batch["node"], message)
         if messages and self.publisher.flush(self.flush_timeout):
             raise PublishError(f"CPU stack batches not delivered within {self.flush_timeout:.0f} s")
         samples = sum(s["count"] for p in batch["processes"] for s in p["stacks"])
-        self.symbol_chunks += n_chunks
         self.batches += len(messages)
         self.samples += samples
         return WindowSent(samples, len(batch["processes"]), len(messages), n_chunks, new_ids, size)

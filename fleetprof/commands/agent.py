@@ -1,4 +1,5 @@
-"""`fleetprof agent`: sample CPU stacks per window and publish them with their symbol tables (or `--dry-run`)."""
+"""`fleetprof agent`: CPU stacks, CUDA kernel time with launching stacks and NVML metrics per window, published with
+the symbol tables they need (or printed: `--dry-run`)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,16 @@ import time
 import click
 
 from fleetprof.settings import Settings
+from producers.agent_loop import AgentCollectors, AgentLoop
 from producers.agent_sender import AgentSender
-from producers.cpu import ProcessCache, ProcessFilter, build_cpu_batch, collect_window, wait_window
+from producers.cpu import ProcessCache, ProcessFilter, build_cpu_batch
 from producers.cpu_sampler import BpfUnavailable, CpuSampler
+from producers.gpu_probes import publish as publish_gpu
 from producers.kallsyms import KernelSymbols, kernel_build_id, read_kallsyms
 from producers.memory import trim_heap
 from producers.publisher import Publisher, PublishError, check_broker
 from schemas import topics
+from schemas.codec import encode
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m)?\s*$")
 
@@ -33,6 +37,17 @@ def parse_duration(text: str) -> float:
     if value <= 0:
         raise ValueError(f"duration must be positive: {text!r}")
     return value
+
+
+def _hex(v: int) -> str:
+    return f"0x{v & 0xFFFFFFFFFFFFFFFF:x}"
+
+
+def _hex_launch(rec: dict) -> dict:
+    """A GpuLaunch record with addresses as hex strings, for people reading the dry run."""
+    return {**rec, "user_addrs": [_hex(a) for a in rec["user_addrs"]],
+            "mappings": [{**m, "start": _hex(m["start"]), "limit": _hex(m["limit"]),
+                          "file_offset": _hex(m["file_offset"])} for m in rec["mappings"]]}
 
 
 def _hex_addrs(batch: dict) -> dict:
@@ -62,16 +77,23 @@ def _hex_addrs(batch: dict) -> dict:
 @click.option("--cgroup", default=None, help="Keep only processes whose cgroup path starts with this, e.g. "
                                              "/kubepods.slice or /system.slice/docker-<id>.scope.")
 @click.option("--node", default=None, help="Node name in the records. [default: this host's name]")
+@click.option("--gpu/--no-gpu", default=True, show_default=True,
+              help="Also time CUDA kernels with their launching stacks (fleetprof USDT probes) and poll NVML.")
+@click.option("--nvml-period", default="1s", show_default=True, help="NVML poll period (at least 1s).")
 @click.option("--format", "fmt", type=click.Choice(["json", "text"]), default=None,
               help="Dry run: json (the default) prints one CpuStackBatch per line, one process each, addresses as "
-                   "hex strings. Publishing: json prints a final summary line on stdout; text (the default) none.")
+                   "hex strings, then any GpuLaunch, GpuKernel and GpuMetrics records, one per line. Publishing: "
+                   "json prints a final summary line on stdout; text (the default) none.")
 @click.pass_obj
 def agent(settings: Settings, dry_run: bool, once: bool, window: str, frequency: int, pid: int | None,
-          comm: str | None, cgroup: str | None, node: str | None, fmt: str | None) -> None:
-    """Run the node agent's CPU sampler (eBPF, needs root) and publish each window's stacks to Kafka, with the
-    symbol tables they need sent first. Stops on SIGTERM/SIGINT after sending what it collected."""
+          comm: str | None, cgroup: str | None, node: str | None, gpu: bool, nvml_period: str,
+          fmt: str | None) -> None:
+    """Run the node agent: CPU stacks (eBPF, needs root), CUDA kernel time with launching stacks (USDT) and NVML
+    metrics, published to Kafka with the symbol tables they need sent first. Whatever cannot run here is said in
+    one line and the rest keeps running. Stops on SIGTERM/SIGINT after sending what it collected."""
     try:
         window_s = parse_duration(window)
+        nvml_s = parse_duration(nvml_period)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
     node = node or socket.gethostname()
@@ -81,38 +103,51 @@ def agent(settings: Settings, dry_run: bool, once: bool, window: str, frequency:
             raise click.UsageError("--dry-run needs --once")
         if fmt == "text":
             raise click.UsageError("--dry-run prints JSON only")
-        _dry_run(window_s, frequency, pid, node, keep)
-        return
-    _publish(settings, window_s, frequency, pid, node, once, fmt or "text", keep)
+    elif fmt is None:
+        fmt = "text"
+    run = AgentRun(settings, window_s, frequency, pid, node, keep, gpu, nvml_s)
+    if dry_run:
+        run.dry_run()
+    else:
+        run.publish(once, fmt)
 
 
-def _start_sampler(frequency: int, pid: int | None) -> CpuSampler:
-    sampler = CpuSampler(frequency_hz=frequency, pid_filter=pid)
+def _open_collectors(frequency: int, pid: int | None, node: str, processes: ProcessCache, gpu: bool,
+                     nvml_s: float) -> AgentCollectors:
+    """Start what can run here; one line on stderr for each part that cannot, and an error when none can."""
+    found = AgentCollectors()
     try:
+        sampler = CpuSampler(frequency_hz=frequency, pid_filter=pid)
         sampler.start()
+        found.sampler = sampler
     except BpfUnavailable as exc:
-        raise click.ClickException(f"BPF unavailable: {exc}") from None
-    return sampler
+        found.notes.append(f"CPU sampling off: BPF unavailable: {exc}")
+    if gpu:
+        if found.sampler is not None:
+            from producers.gpu_probes import GpuProbeCollector
 
-
-def _dry_run(window_s: float, frequency: int, pid: int | None, node: str, keep: ProcessFilter) -> None:
-    processes = ProcessCache()
-    sampler = _start_sampler(frequency, pid)
-    try:
-        if pid is not None:
-            processes.get(pid)  # mappings now, in case it exits within the window
-        click.echo(f"sampling at {frequency} Hz for {window_s:g} s ...", err=True)
-        batch = collect_window(sampler, window_s, processes, node, keep)
-    finally:
-        sampler.close()
-    batch["kernel_build_id"] = kernel_build_id()
-    total = 0
-    for proc in batch["processes"]:
-        total += sum(s["count"] for s in proc["stacks"])
-        line = _hex_addrs({**batch, "processes": [proc]})
-        sys.stdout.write(json.dumps(line, separators=(",", ":")) + "\n")
-    click.echo(f"{total} samples, {len(batch['processes'])} processes, {sampler.lost_samples} lost stacks, "
-               f"{sampler.dropped_samples} dropped (counts map full)", err=True)
+            probes = GpuProbeCollector(node, processes)
+            try:
+                probes.start()
+                found.gpu = probes
+            except BpfUnavailable as exc:
+                found.notes.append(f"CUDA kernel timing off: {exc}")
+        else:
+            found.notes.append("CUDA kernel timing off: it needs BPF too")
+        try:
+            from producers.nvml_collector import NvmlCollector
+        except ImportError as exc:  # nvidia-ml-py missing from this install
+            found.notes.append(f"GPU metrics off: {exc}")
+        else:
+            nvml = NvmlCollector(node, period_s=nvml_s)
+            if nvml.open():  # when it cannot, it has said why once itself
+                found.nvml = nvml
+    for note in found.notes:
+        click.echo(f"warning: {note}", err=True)
+    if found.sampler is None and found.gpu is None and found.nvml is None:
+        found.close()
+        raise click.ClickException("nothing to collect on this node: " + "; ".join(found.notes or ["no GPU"]))
+    return found
 
 
 def _read_kernel() -> KernelSymbols | None:
@@ -127,58 +162,149 @@ def _read_kernel() -> KernelSymbols | None:
     return kernel
 
 
-def _publish(settings: Settings, window_s: float, frequency: int, pid: int | None, node: str, once: bool,
-             fmt: str, keep: ProcessFilter) -> None:
-    config = settings.kafka_config()
-    try:
-        check_broker(config, [topics.CPU_STACKS.name, topics.SYMBOLS.name])
-    except PublishError as exc:
-        raise click.ClickException(str(exc)) from None
-    stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
-    kernel = _read_kernel()
-    kid = kernel.build_id if kernel is not None else ""
-    processes = ProcessCache()
-    publisher = Publisher(config)
-    sender = AgentSender(publisher, kernel)
-    sampler = _start_sampler(frequency, pid)
-    windows = lost = dropped = 0
-    t0 = time.monotonic()
-    try:
-        if pid is not None:
-            processes.get(pid)  # mappings now, in case it exits within the window
-        sampler.drain()  # the window starts now: compiling the BPF program took a while
-        click.echo(f"sampling at {frequency} Hz, {window_s:g} s windows, sending to {config['bootstrap.servers']}"
-                   + (" (one window)" if once else " (until SIGTERM/SIGINT)"), err=True)
-        while True:
+class AgentRun:
+    """One `fleetprof agent` invocation: opens the collectors, runs windows, publishes or prints."""
+
+    def __init__(self, settings: Settings, window_s: float, frequency: int, pid: int | None, node: str,
+                 keep: ProcessFilter, gpu: bool, nvml_s: float) -> None:
+        self.settings = settings
+        self.window_s = window_s
+        self.frequency = frequency
+        self.pid = pid
+        self.node = node
+        self.keep = keep
+        self.gpu = gpu
+        self.nvml_s = nvml_s
+        self.processes = ProcessCache()
+
+    def _kept(self, records: list[dict]) -> list[dict]:
+        """GPU records of the processes the filters keep."""
+        out = []
+        for rec in records:
+            if self.pid is not None and rec["pid"] != self.pid:
+                continue
+            if (self.keep.comm is not None or self.keep.cgroup is not None) and \
+                    not self.keep.accepts(self.processes.get(rec["pid"])):
+                continue
+            out.append(rec)
+        return out
+
+    def _open(self) -> AgentCollectors:
+        collectors = _open_collectors(self.frequency, self.pid, self.node, self.processes, self.gpu, self.nvml_s)
+        if self.pid is not None:
+            self.processes.get(self.pid)  # mappings now, in case it exits within the window
+        return collectors
+
+    def _batch(self, collectors: AgentCollectors, samples: list, start_ns: int, kid: str) -> dict:
+        if collectors.sampler is None:
+            self.processes.end_window()
+        return build_cpu_batch(samples, self.processes, self.node, start_ns, time.time_ns() - start_ns,
+                               self.frequency, kid, self.keep)
+
+    def dry_run(self) -> None:
+        collectors = self._open()
+        gpu_lines: list[str] = []
+
+        def on_gpu(launches: list[dict], kernels: list[dict]) -> None:
+            gpu_lines.extend(json.dumps(_hex_launch(r), separators=(",", ":")) for r in self._kept(launches))
+            gpu_lines.extend(json.dumps(r, separators=(",", ":")) for r in self._kept(kernels))
+
+        def on_metrics(record: dict) -> None:
+            gpu_lines.append(json.dumps(record, separators=(",", ":")))
+
+        loop = AgentLoop(collectors, self.processes, on_gpu, on_metrics)
+        try:
+            loop.start()
+            click.echo(f"sampling at {self.frequency} Hz for {self.window_s:g} s ...", err=True)
             start_ns = time.time_ns()
-            wait_window(sampler, window_s, processes, stop)  # a signal ends the window early; its samples still go
-            samples = sampler.drain()
-            batch = build_cpu_batch(samples, processes, node, start_ns, time.time_ns() - start_ns, frequency, kid,
-                                    keep)
-            sent = sender.send_window(batch)
-            trim_heap()  # reading new binaries' symbol tables is bursty: give the peak back, not keep it
-            windows += 1
-            lost, dropped = lost + sampler.lost_samples, dropped + sampler.dropped_samples
-            click.echo(f"window {windows}: {sent.samples} samples, {sent.processes} processes, {sent.batches} "
-                       f"batches, {sent.symbol_chunks} symbol chunks ({sent.new_build_ids} new build ids), "
-                       f"{sent.bytes} bytes sent; {sampler.lost_samples} lost stacks, {sampler.dropped_samples} "
-                       "dropped", err=True)
-            if once or stop.is_set():
-                break
-    except PublishError as exc:
-        raise click.ClickException(str(exc)) from None
-    finally:
-        sampler.close()
-        if not publisher.failed:
-            publisher.poll(0)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    summary = {"node": node, "windows": windows, "samples": sender.samples, "batches": sender.batches,
-               "symbol_chunks": sender.symbol_chunks, "build_ids": len(sender.sent_build_ids),
-               "unreadable_files": sender.unreadable, "lost_stacks": lost, "dropped_samples": dropped,
-               "kernel_build_id": kid, "bytes": publisher.bytes,
-               "elapsed_s": round(time.monotonic() - t0, 3)}
-    if fmt == "json":
-        sys.stdout.write(json.dumps(summary) + "\n")
-    click.echo(f"stopped after {windows} windows: {sender.samples} samples, {publisher.bytes} bytes sent", err=True)
+            batch = self._batch(collectors, loop.window(self.window_s), start_ns, kernel_build_id())
+        finally:
+            collectors.close()
+        total = 0
+        for proc in batch["processes"]:
+            total += sum(s["count"] for s in proc["stacks"])
+            line = _hex_addrs({**batch, "processes": [proc]})
+            sys.stdout.write(json.dumps(line, separators=(",", ":")) + "\n")
+        for line in gpu_lines:
+            sys.stdout.write(line + "\n")
+        sampler = collectors.sampler
+        lost = f"{sampler.lost_samples} lost stacks, {sampler.dropped_samples} dropped (counts map full)" \
+            if sampler is not None else "CPU sampling off"
+        click.echo(f"{total} samples, {len(batch['processes'])} processes, {lost}; {loop.launches} launches, "
+                   f"{loop.kernels} kernels, {loop.metrics} GPU metric polls", err=True)
+
+    def publish(self, once: bool, fmt: str) -> None:
+        config = self.settings.kafka_config()
+        try:
+            check_broker(config, [topics.CPU_STACKS.name, topics.SYMBOLS.name])
+        except PublishError as exc:
+            raise click.ClickException(str(exc)) from None
+        stop = threading.Event()
+        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+        kernel = _read_kernel()
+        kid = kernel.build_id if kernel is not None else ""
+        publisher = Publisher(config)
+        sender = AgentSender(publisher, kernel)
+        windows = lost = dropped = launches = kernels = metrics = 0
+        t0 = time.monotonic()
+        collectors = self._open()
+
+        def on_gpu(found_launches: list[dict], found_kernels: list[dict]) -> None:
+            nonlocal launches, kernels
+            kept_l, kept_k = self._kept(found_launches), self._kept(found_kernels)
+            publish_gpu(publisher, kept_l, kept_k, sender)
+            launches, kernels = launches + len(kept_l), kernels + len(kept_k)
+
+        def on_metrics(record: dict) -> None:
+            nonlocal metrics
+            publisher.publish(topics.GPU_METRICS.name, record["node"], encode("GpuMetrics", record))
+            metrics += 1
+
+        loop = AgentLoop(collectors, self.processes, on_gpu, on_metrics)
+        try:
+            loop.start()
+            parts = [f"CPU at {self.frequency} Hz" if collectors.sampler is not None else None,
+                     "CUDA kernels" if collectors.gpu is not None else None,
+                     "NVML" if collectors.nvml is not None else None]
+            click.echo(f"collecting {', '.join(p for p in parts if p)}; {self.window_s:g} s windows, sending to "
+                       f"{config['bootstrap.servers']}" + (" (one window)" if once else " (until SIGTERM/SIGINT)"),
+                       err=True)
+            while True:
+                start_ns = time.time_ns()
+                samples = loop.window(self.window_s, stop)  # a signal ends the window early; its data still goes
+                batch = self._batch(collectors, samples, start_ns, kid)
+                sent = sender.send_window(batch)
+                if publisher.flush(sender.flush_timeout):
+                    raise PublishError(f"GPU records not delivered within {sender.flush_timeout:.0f} s")
+                trim_heap()  # reading new binaries' symbol tables is bursty: give the peak back, not keep it
+                windows += 1
+                sampler = collectors.sampler
+                if sampler is not None:
+                    lost, dropped = lost + sampler.lost_samples, dropped + sampler.dropped_samples
+                click.echo(f"window {windows}: {sent.samples} samples, {sent.processes} processes, {sent.batches} "
+                           f"batches, {sent.symbol_chunks} symbol chunks ({sent.new_build_ids} new build ids), "
+                           f"{sent.bytes} bytes sent; {sampler.lost_samples if sampler else 0} lost stacks, "
+                           f"{sampler.dropped_samples if sampler else 0} dropped; {launches} launches, {kernels} "
+                           f"kernels, {metrics} GPU metric polls so far", err=True)
+                if once or stop.is_set():
+                    break
+        except PublishError as exc:
+            raise click.ClickException(str(exc)) from None
+        finally:
+            gpu_counters = collectors.gpu.counters() if collectors.gpu is not None else {}
+            collectors.close()
+            if not publisher.failed:
+                publisher.poll(0)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        summary = {"node": self.node, "windows": windows, "samples": sender.samples, "batches": sender.batches,
+                   "symbol_chunks": sender.symbol_chunks, "build_ids": len(sender.sent_build_ids),
+                   "unreadable_files": sender.unreadable, "lost_stacks": lost, "dropped_samples": dropped,
+                   "gpu_launches": launches, "gpu_kernels": kernels, "gpu_metric_polls": metrics,
+                   "gpu_probe_counters": gpu_counters, "off": collectors.notes,
+                   "kernel_build_id": kid, "bytes": publisher.bytes,
+                   "elapsed_s": round(time.monotonic() - t0, 3)}
+        if fmt == "json":
+            sys.stdout.write(json.dumps(summary) + "\n")
+        click.echo(f"stopped after {windows} windows: {sender.samples} samples, {launches} launches, {kernels} "
+                   f"kernels, {metrics} GPU metric polls, {publisher.bytes} bytes sent", err=True)

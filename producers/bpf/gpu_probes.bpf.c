@@ -1,0 +1,290 @@
+// bcc C: the fleetprof USDT probes (native/include/fleetprof_probes.h) as uprobes, one record per event into two
+// BPF ring buffers. producers/gpu_probes.py compiles it (-D settings: MAX_SITES, LAUNCH_RING_PAGES,
+// KERNEL_RING_PAGES, WEIGHT_ENTRIES, MAX_REG) and attaches each probe site of each ELF object by path.
+//
+// One compiled program serves every object: where a probe's arguments live (register, memory, constant) differs
+// per site and per build, so user space decodes the site's note into `sites[slot]`, and attaches the wrapper
+// numbered `slot` (launch_<slot>, executed_<slot>, weight_<slot>) there. A new object costs map writes and
+// attaches, never a compile.
+//
+// Time: bpf_ktime_get_ns() is CLOCK_MONOTONIC; user space adds the Unix-minus-monotonic offset it measures when
+// it reads the ring (see producers/gpu_probes.py). kernel_executed's times are passed through as the probe gives
+// them.
+#include <uapi/linux/ptrace.h>
+
+#ifndef MAX_SITES
+#define MAX_SITES 32
+#endif
+#ifndef LAUNCH_RING_PAGES
+#define LAUNCH_RING_PAGES 512
+#endif
+#ifndef KERNEL_RING_PAGES
+#define KERNEL_RING_PAGES 512
+#endif
+#ifndef WEIGHT_ENTRIES
+#define WEIGHT_ENTRIES 16384
+#endif
+#ifndef MAX_REG
+#define MAX_REG 20  // the highest register index user space may name (x86_64 pt_regs: 21 words)
+#endif
+
+#define MAX_ARGS 6
+#define API_NAME_MAX 64
+#define KERNEL_NAME_MAX 4096            // characters of a kernel name kept
+#define NAME_READ (KERNEL_NAME_MAX + 2)  // read one more than kept (and the NUL): a longer name is known to be cut
+#define MAX_STACK 127                   // user frames walked at most (the kernel's default perf_event_max_stack)
+#define PAGE_BYTES 4096                 // the smallest page size: a copy up to the end of one never crosses it
+
+#define ARG_NONE 0
+#define ARG_REG 1
+#define ARG_MEM 2
+#define ARG_CONST 3
+#define NO_REG 0xff
+
+// Counters of what never reaches user space (index: keep in step with COUNTERS in producers/gpu_probes.py).
+#define LOST_LAUNCHES 0
+#define LOST_KERNELS 1
+#define WEIGHTS_UNUSED 2  // a launch_weight whose kernel_launch on that thread had another correlation id
+#define N_COUNTERS 3
+
+// How to read one probe argument: user space's decoding of the note's "size@operand".
+struct arg_spec {
+    s64 disp;   // ARG_CONST: the value; ARG_MEM: the displacement
+    u8 kind;    // ARG_NONE, ARG_REG, ARG_MEM, ARG_CONST
+    u8 size;    // bytes read for ARG_MEM, 1..8
+    u8 base;    // register (pt_regs word index) of ARG_REG, base of ARG_MEM
+    u8 index;   // index register of ARG_MEM, or NO_REG
+    u8 scale;   // of the index register
+    u8 pad[3];
+};
+
+struct site {
+    struct arg_spec args[MAX_ARGS];
+};
+
+// Keep both records in step with LAUNCH_HEADER / KERNEL_HEADER in producers/gpu_probes.py (a test compares them).
+struct launch_event {
+    u64 time_ns;  // bpf_ktime_get_ns()
+    u32 pid;      // tgid
+    u32 tid;
+    u32 site;     // the slot whose wrapper fired: which object it came from
+    u32 correlation_id;
+    s32 callback_id;
+    u32 weight;       // launches this one stands for: from launch_weight on this thread, else 1
+    s32 stack_bytes;  // bytes of stack[] filled
+    u32 pad;
+    char api_name[API_NAME_MAX];
+    u64 stack[MAX_STACK];  // user stack, leaf first; only stack_bytes of it are sent
+};
+
+struct kernel_event {
+    u64 start_ns;
+    u64 end_ns;
+    u32 pid;
+    u32 site;
+    u32 correlation_id;
+    u32 device_id;
+    u32 stream_id;
+    s32 name_bytes;  // what bpf_probe_read_user_str returned: bytes with the NUL (NAME_READ: cut), or -errno
+    char name[NAME_READ];  // only name_bytes of it are sent
+};
+
+struct stack_page {
+    u8 bytes[PAGE_BYTES];
+};
+
+struct weight_t {
+    u32 correlation_id;
+    u32 weight;
+};
+
+BPF_ARRAY(sites, struct site, MAX_SITES);
+BPF_ARRAY(counters, u64, N_COUNTERS);
+// Per thread, the weight announced for its next launch. LRU: a thread that never launches cannot fill it.
+BPF_TABLE("lru_hash", u32, struct weight_t, weights, WEIGHT_ENTRIES);
+// Records are built here (a kernel name is 4 KB, too big for the BPF stack) and sent with their used length only.
+BPF_PERCPU_ARRAY(launch_scratch, struct launch_event, 1);
+BPF_PERCPU_ARRAY(kernel_scratch, struct kernel_event, 1);
+BPF_PERCPU_ARRAY(stack_scratch, struct stack_page, 1);
+// Written with BPF_RB_NO_WAKEUP: while the reader keeps up, each record would otherwise queue a wake-up (an irq_work:
+// a self-interrupt, on a VM an exit to the hypervisor), measured at +200 ns of program time alone per launch here,
+// paid by the launching thread. The reader polls on a timer instead; a full ring loses records, counted.
+BPF_RINGBUF_OUTPUT(launches, LAUNCH_RING_PAGES);
+BPF_RINGBUF_OUTPUT(kernels, KERNEL_RING_PAGES);
+
+static __always_inline void count(int which) {
+    u64 *n = counters.lookup(&which);
+    if (n)
+        __sync_fetch_and_add(n, 1);
+}
+
+// One word of the probed thread's saved registers. pt_regs is read through the helper: the word is chosen at run
+// time, and the verifier allows only constant offsets into the context itself.
+static __always_inline u64 reg_value(struct pt_regs *ctx, u8 reg) {
+    u64 value = 0;
+    if (reg > MAX_REG)
+        return 0;
+    bpf_probe_read_kernel(&value, sizeof(value), (void *)((u64)ctx + (u64)reg * 8));
+    return value;
+}
+
+// The value of one argument; a narrower one sits in the low bytes (the record's field type truncates it).
+static __always_inline u64 read_arg(struct pt_regs *ctx, struct arg_spec *arg) {
+    if (arg->kind == ARG_CONST)
+        return (u64)arg->disp;
+    u64 base = reg_value(ctx, arg->base);
+    if (arg->kind == ARG_REG)
+        return base;
+    if (arg->kind != ARG_MEM)
+        return 0;
+    u64 addr = base + (u64)arg->disp;
+    if (arg->index != NO_REG)
+        addr += reg_value(ctx, arg->index) * arg->scale;
+    u64 value = 0;
+    u32 size = arg->size;
+    if (size > sizeof(value))
+        size = sizeof(value);
+    bpf_probe_read_user(&value, size, (void *)addr);
+    return value;
+}
+
+// The user stack, leaf first, by its frame pointers: the probe's address, then each frame's return address.
+// Walked here rather than with bpf_get_stack, whose user callchain cost ~140 ns a frame on the machine measured
+// (bench/RESULTS.md). The stack is copied a page at a time, from a frame to the end of its page (mapped, since the
+// frame is there, so the copy cannot fault), and the frames inside are read from the copy: a read per page, not per
+// frame. Ends at a frame that cannot be read, a zero return address, or a frame pointer that does not move up the
+// stack (so it always ends).
+static __always_inline int user_stack(struct pt_regs *ctx, u64 *stack) {
+    int zero = 0;
+    struct stack_page *page = stack_scratch.lookup(&zero);
+    if (!page)
+        return 0;
+    u64 fp = PT_REGS_FP(ctx);
+    stack[0] = PT_REGS_IP(ctx);
+    int n = 1;
+    u64 base = 0, have = 0;  // page->bytes holds the user memory [base, base + have)
+#pragma clang loop unroll(disable)
+    for (int i = 1; i < MAX_STACK; i++) {
+        u64 frame[2];  // the saved frame pointer, then the return address
+        if (fp >= base && fp + sizeof(frame) <= base + have) {
+            u64 off = (fp - base) & (PAGE_BYTES - 1);
+            if (off > PAGE_BYTES - sizeof(frame))
+                break;
+            frame[0] = *(u64 *)(page->bytes + off);
+            frame[1] = *(u64 *)(page->bytes + off + 8);
+        } else {
+            u32 rest = PAGE_BYTES - (fp & (PAGE_BYTES - 1));
+            if (rest >= sizeof(frame) && bpf_probe_read_user(page->bytes, rest, (void *)fp) == 0) {
+                base = fp;
+                have = rest;
+                frame[0] = *(u64 *)(page->bytes);
+                frame[1] = *(u64 *)(page->bytes + 8);
+            } else if (bpf_probe_read_user(frame, sizeof(frame), (void *)fp) < 0) {  // a frame across pages
+                break;
+            }
+        }
+        if (frame[1] == 0)
+            break;
+        stack[i] = frame[1];
+        n = i + 1;
+        if (frame[0] <= fp)
+            break;
+        fp = frame[0];
+    }
+    return n;
+}
+
+static __always_inline int on_launch(struct pt_regs *ctx, u32 slot) {
+    int zero = 0;
+    struct site *site = sites.lookup(&slot);
+    struct launch_event *e = launch_scratch.lookup(&zero);
+    if (!site || !e)
+        return 0;
+    u64 pid_tgid = bpf_get_current_pid_tgid();
+    e->time_ns = bpf_ktime_get_ns();
+    e->pid = pid_tgid >> 32;
+    e->tid = (u32)pid_tgid;
+    e->site = slot;
+    e->correlation_id = read_arg(ctx, &site->args[0]);
+    e->callback_id = read_arg(ctx, &site->args[1]);
+    u64 api = read_arg(ctx, &site->args[2]);
+    if (bpf_probe_read_user_str(e->api_name, sizeof(e->api_name), (void *)api) < 0)
+        e->api_name[0] = 0;
+    e->weight = 1;
+    struct weight_t *w = weights.lookup(&e->tid);
+    if (w) {
+        if (w->correlation_id == e->correlation_id)
+            e->weight = w->weight;
+        else
+            count(WEIGHTS_UNUSED);
+        weights.delete(&e->tid);
+    }
+    int frames = user_stack(ctx, e->stack);
+    e->stack_bytes = frames * sizeof(e->stack[0]);
+    u64 size = sizeof(*e) - sizeof(e->stack) + e->stack_bytes;
+    if (size > sizeof(*e))
+        size = sizeof(*e);
+    if (launches.ringbuf_output(e, size, BPF_RB_NO_WAKEUP) < 0)
+        count(LOST_LAUNCHES);
+    return 0;
+}
+
+static __always_inline int on_executed(struct pt_regs *ctx, u32 slot) {
+    int zero = 0;
+    struct site *site = sites.lookup(&slot);
+    struct kernel_event *e = kernel_scratch.lookup(&zero);
+    if (!site || !e)
+        return 0;
+    e->start_ns = read_arg(ctx, &site->args[0]);
+    e->end_ns = read_arg(ctx, &site->args[1]);
+    e->pid = bpf_get_current_pid_tgid() >> 32;
+    e->site = slot;
+    e->correlation_id = read_arg(ctx, &site->args[2]);
+    e->device_id = read_arg(ctx, &site->args[3]);
+    e->stream_id = read_arg(ctx, &site->args[4]);
+    u64 name = read_arg(ctx, &site->args[5]);
+    long got = bpf_probe_read_user_str(e->name, sizeof(e->name), (void *)name);
+    e->name_bytes = got;
+    u64 size = sizeof(*e) - sizeof(e->name);
+    if (got > 0)
+        size += got;
+    if (size > sizeof(*e))
+        size = sizeof(*e);
+    if (kernels.ringbuf_output(e, size, BPF_RB_NO_WAKEUP) < 0)
+        count(LOST_KERNELS);
+    return 0;
+}
+
+static __always_inline int on_weight(struct pt_regs *ctx, u32 slot) {
+    struct site *site = sites.lookup(&slot);
+    if (!site)
+        return 0;
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    struct weight_t w = {};
+    w.correlation_id = read_arg(ctx, &site->args[0]);
+    w.weight = read_arg(ctx, &site->args[1]);
+    weights.update(&tid, &w);
+    return 0;
+}
+
+// The attachable programs: three per slot, thin enough to stay out of bcc's way (it rewrites map calls only
+// outside macros, and every map call is in the handlers above).
+#define SITE(n)                                                                  \
+    int launch_##n(struct pt_regs *ctx) { return on_launch(ctx, n); }           \
+    int executed_##n(struct pt_regs *ctx) { return on_executed(ctx, n); }       \
+    int weight_##n(struct pt_regs *ctx) { return on_weight(ctx, n); }
+
+SITE(0) SITE(1) SITE(2) SITE(3) SITE(4) SITE(5) SITE(6) SITE(7)
+#if MAX_SITES > 8
+SITE(8) SITE(9) SITE(10) SITE(11) SITE(12) SITE(13) SITE(14) SITE(15)
+#endif
+#if MAX_SITES > 16
+SITE(16) SITE(17) SITE(18) SITE(19) SITE(20) SITE(21) SITE(22) SITE(23)
+SITE(24) SITE(25) SITE(26) SITE(27) SITE(28) SITE(29) SITE(30) SITE(31)
+#endif
+#if MAX_SITES > 32
+SITE(32) SITE(33) SITE(34) SITE(35) SITE(36) SITE(37) SITE(38) SITE(39)
+SITE(40) SITE(41) SITE(42) SITE(43) SITE(44) SITE(45) SITE(46) SITE(47)
+SITE(48) SITE(49) SITE(50) SITE(51) SITE(52) SITE(53) SITE(54) SITE(55)
+SITE(56) SITE(57) SITE(58) SITE(59) SITE(60) SITE(61) SITE(62) SITE(63)
+#endif
