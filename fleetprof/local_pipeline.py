@@ -1,7 +1,8 @@
 """`fleetprof up`: the whole pipeline on one machine on the embedded defaults.
 
 This process owns the chDB store (one process per data directory): it runs the sink and serves the query API.
-Symbolizers run as child processes in their consumer group and are restarted if they die.
+Symbolizers and the correlator run as child processes in their consumer groups and are restarted if they die; with
+`--simulate-gpu`, so do a simulated GPU workload and the agent.
 """
 
 from __future__ import annotations
@@ -33,17 +34,20 @@ def _answers(bootstrap: str) -> bool:
 
 @dataclass
 class Child:
-    stage: str
+    stage: str  # a processor stage (`fleetprof process STAGE`), or the name of another command
     index: int
     log_path: Path
     proc: subprocess.Popen | None = None
     restarts: int = 0
+    argv: list[str] | None = None  # a command other than `fleetprof process STAGE`
+    env: dict[str, str] | None = None
 
 
 @dataclass
 class LocalPipeline:
     settings: Settings
     symbolizers: int = 1
+    simulate_gpu: bool = False
     serve_api: bool = True
     started_broker: object | None = None
     store: object | None = None
@@ -81,12 +85,29 @@ class LocalPipeline:
         logs_dir = self.settings.data_dir / "logs"
         logs_dir.mkdir(parents=True, exist_ok=True)
         for i in range(self.symbolizers):
-            child = Child("symbolize", i, logs_dir / f"symbolize-{i}.log")
-            self._spawn(child)
-            self.children.append(child)
+            self._start(Child("symbolize", i, logs_dir / f"symbolize-{i}.log"))
+        self._start(Child("correlate", 0, logs_dir / "correlate-0.log"))
         self.sink = StoreRunner(self.store, self.settings.kafka_config(), stop=self.stop_event)
         self.sink_thread = threading.Thread(target=self._run_sink, name="sink", daemon=True)
         self.sink_thread.start()
+
+    def _start(self, child: Child) -> Child:
+        self._spawn(child)
+        self.children.append(child)
+        return child
+
+    def start_simulated_gpu(self) -> None:
+        """The simulated GPU workload and a real agent reading the simulated NVML library (see simulated_gpu_demo)."""
+        from fleetprof import simulated_gpu_demo as demo
+
+        logs_dir = self.settings.data_dir / "logs"
+        workload = self._start(Child("simulated-gpu-workload", 0, logs_dir / "simulated-gpu-workload.log",
+                                     argv=demo.workload_command(), env=dict(os.environ)))
+        folder = self.settings.data_dir / "simulated-gpu"
+        folder.mkdir(parents=True, exist_ok=True)
+        scenario = demo.demo_scenario(folder / "nvml-scenario.txt", workload.proc.pid)
+        self._start(Child("agent", 0, logs_dir / "agent.log", env=demo.agent_env(scenario),
+                          argv=[sys.executable, "-m", "fleetprof", "agent", "--window", "10s"]))
 
     def _run_sink(self) -> None:
         try:
@@ -104,13 +125,15 @@ class LocalPipeline:
         return f"http://{host}:{port}"
 
     def _spawn(self, child: Child) -> None:
-        env = dict(os.environ)
+        env = dict(child.env if child.env is not None else os.environ)
         env["FLEETPROF_KAFKA"] = self.settings.kafka  # via env, so settings never show on a command line
         env["FLEETPROF_DATA_DIR"] = str(self.settings.data_dir)
         env["FLEETPROF_INSTANCE"] = str(child.index)
+        argv = child.argv or [sys.executable, "-m", "fleetprof", "process", child.stage]
         out = open(child.log_path, "ab")  # noqa: SIM115 - handed to the child for its lifetime
-        child.proc = subprocess.Popen([sys.executable, "-m", "fleetprof", "process", child.stage],
-                                      env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        # the repository root as cwd: the simulated workload runs as `-m producers...` under another interpreter
+        child.proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      cwd=Path(__file__).resolve().parent.parent)
         out.close()
 
     def supervise(self) -> list[str]:

@@ -24,3 +24,17 @@ DEBUGINFOD_FETCHES = Counter("fleetprof_symbolize_debuginfod_fetches_total",
 def serve_metrics(port: int, host: str = "127.0.0.1") -> None:
     """Expose /metrics on host:port (loopback unless told otherwise)."""
     start_http_server(port, addr=host)
+
+
+# --- correlate (CPU launch stacks joined with GPU kernel records) ---
+CORRELATE_MATCHED = Counter("fleetprof_correlate_matched_total", "Sampled launches joined with their kernel", ["stage"])
+CORRELATE_UNMATCHED = Counter("fleetprof_correlate_unmatched_total",
+                              "Launches whose kernel never came (side LAUNCH) and kernels whose launch was never "
+                              "seen (side KERNEL), by reason (EXPIRED, LATE, SUPERSEDED, EVICTED: raise "
+                              "FLEETPROF_CORRELATE_MAX_PENDING)", ["stage", "side", "reason"])
+CORRELATE_PENDING = Gauge("fleetprof_correlate_pending", "Records waiting for their partner", ["stage", "side"])
+CORRELATE_REPLAYED = Counter("fleetprof_correlate_replayed_total",
+                             "Records skipped because the restored join state already held them", ["stage"])
+CORRELATE_RESTORES = Counter("fleetprof_correlate_state_restores_total",
+                             "Partitions whose join state was read back from the changelog, by cause",
+                             ["stage", "reason"])

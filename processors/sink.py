@@ -17,6 +17,9 @@ DEVICE_COLUMNS = ["ts", "node", "gpu_index", "uuid", "name", "parent_uuid", "gpu
                   "xid_errors", "simulated"]
 PROCESS_COLUMNS = ["ts", "node", "gpu_index", "pid", "comm", "container_id", "sm_util_pct", "mem_util_pct",
                    "used_memory_bytes", "simulated"]
+GPU_SAMPLE_COLUMNS = ["ts", "node", "pid", "comm", "container_id", "device", "stream", "stack_id", "kernel_name",
+                      "duration_ns", "launches"]
+GPU_UNMATCHED_COLUMNS = ["ts", "node", "pid", "side", "reason", "events", "duration_ns", "launches"]
 
 # Tables whose rows are keyed by content (ReplacingMergeTree): safe to write again, no dedup token needed.
 DEFINITION_TABLES = ("frames", "stacks")
@@ -65,11 +68,28 @@ def gpu_metrics_rows(rec: dict) -> dict[str, Rows]:
     return {"gpu_device_metrics": devices, "gpu_process_metrics": procs}
 
 
+def gpu_samples_rows(rec: dict) -> dict[str, Rows]:
+    ts = _ts(rec["window_start_ns"])
+    definitions = cpu_samples_rows({**rec, "samples": []})  # frames and stacks have CpuSamples' shapes
+    return {
+        "frames": definitions["frames"],
+        "stacks": definitions["stacks"],
+        "gpu_kernel_samples": Rows(GPU_SAMPLE_COLUMNS, [
+            [ts, rec["node"], s["pid"], s["comm"], s["container_id"], s["device"], s["stream"],
+             to_unsigned(s["stack_id"]), s["kernel_name"], s["duration_ns"], s["launches"]]
+            for s in rec["samples"]]),
+        "gpu_unmatched": Rows(GPU_UNMATCHED_COLUMNS, [
+            [ts, rec["node"], u["pid"], u["side"], u["reason"], u["events"], u["duration_ns"], u["launches"]]
+            for u in rec["unmatched"]]),
+    }
+
+
 ROW_BUILDERS = {
     "fleetprof.CpuSamples": cpu_samples_rows,
     "fleetprof.GpuMetrics": gpu_metrics_rows,
+    "fleetprof.GpuSamples": gpu_samples_rows,
 }
-SINK_INPUTS = ("cpu.samples", "gpu.metrics")
+SINK_INPUTS = ("cpu.samples", "gpu.metrics", "gpu.samples")
 
 
 def rows_for(messages: list[Message]) -> dict[str, Rows]:

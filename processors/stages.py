@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from processors import metrics
+from processors.correlate_stage import build_correlate
 from processors.debuginfod import DebuginfodSource
 from processors.known_ids import KnownIds
 from processors.messages import Message, Produced
@@ -121,4 +122,4 @@ def build_symbolize(kafka: dict) -> SymbolizeStage:
 
 
 # Topic-to-topic stages by name; the sink (topic-to-ClickHouse) is run by processors/store_writer.py.
-TOPIC_STAGES = {"symbolize": build_symbolize}
+TOPIC_STAGES = {"symbolize": build_symbolize, "correlate": build_correlate}

@@ -9,10 +9,14 @@ it at run time), so one build serves CUDA 12 and 13.
 from __future__ import annotations
 
 import ctypes
+import importlib.machinery
 import importlib.util
 import os
+import sys
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fleetprof.native import NativeBuildError, NativeLibrary, build
 
@@ -88,6 +92,30 @@ def build_shim(force: bool = False) -> Path:
 def build_gpusim(force: bool = False) -> Path:
     """libfleetprof_gpusim.so, built now if missing or stale."""
     return build(GPU_SIM, force=force)
+
+
+def build_gpusim_python(sim: Path) -> Path:
+    """The gpusim_python extension for this interpreter, linked to the simulator at `sim` (built now if needed)."""
+    include = Path(sysconfig.get_paths()["include"])
+    if not (include / "Python.h").is_file():
+        raise NativeBuildError(f"cannot build gpusim_python: no Python.h in {include}")
+    ext = NativeLibrary(
+        name=f"gpusim_python-{sys.implementation.cache_tag}",
+        sources=("gpu_sim/gpusim_python.c",),
+        output="gpusim_python" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"),
+        cflags=("-fno-optimize-sibling-calls",),
+        ldflags=(f"-L{sim.parent}", f"-l:{sim.name}", f"-Wl,-rpath,{sim.parent}"),
+        include_dirs=lambda: [include],
+    )
+    return build(ext)
+
+
+def _load_extension(path: Path) -> Any:
+    loader = importlib.machinery.ExtensionFileLoader("gpusim_python", str(path))
+    spec = importlib.util.spec_from_file_location("gpusim_python", str(path), loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
 
 
 # ---- the simulator through ctypes (structs mirror native/gpu_sim/gpusim.h; sizes are checked at load) ----
@@ -178,10 +206,18 @@ class GpuSim:
                                   f"{ctypes.sizeof(struct)} here: rebuild the simulator")
         self._lib = lib
         self._drain_buffer = (_Executed * 1024)()
+        # Launch through a C extension when one builds for this interpreter (the launching Python functions then
+        # show in launch stacks: see native/gpu_sim/gpusim_python.c), else through ctypes.
+        try:
+            self._launch = _load_extension(build_gpusim_python(self.path)).launch
+            self.launch_path = "extension"
+        except (NativeBuildError, ImportError, OSError):
+            self._launch = lib.gpusim_launch
+            self.launch_path = "ctypes"
 
     def launch(self, kernel_name: str, duration_ns: int, stream: int = 0) -> int:
         """Queue a kernel; its correlation id, or 0 when the device queue was full (counted as dropped)."""
-        return self._lib.gpusim_launch(kernel_name.encode(), duration_ns, stream)
+        return self._launch(kernel_name.encode(), duration_ns, stream)
 
     def synchronize(self) -> None:
         """Wait until every kernel queued so far has run (the GIL is released meanwhile)."""

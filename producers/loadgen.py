@@ -3,7 +3,9 @@
 The data source for end-to-end tests before real collectors exist and for the fleet benchmark. Per window and node:
 one CpuStackBatch (split if it would pass the message size limit) with exactly round(rate * window) samples, the
 trainers' sampled launches and kernels, and one GpuMetrics per second. Symbol tables go out first, durably. The
-report holds exact totals of what was sent, so tests can compare stored results with it.
+report holds exact totals of what was sent, so tests can compare stored results with it: for the GPU side, the GPU
+time the correlator must attribute (kernel duration x launch weight) per kernel, per launching leaf function and per
+function anywhere in the launching stacks.
 """
 
 from __future__ import annotations
@@ -47,7 +49,13 @@ class LoadgenReport:
     kernel_ns: int = 0
     kernels_per_node: dict[str, int] = field(default_factory=dict)
     kernel_ns_per_node: dict[str, int] = field(default_factory=dict)
-    kernel_ns_by_name: dict[str, int] = field(default_factory=dict)
+    kernel_ns_by_name: dict[str, int] = field(default_factory=dict)  # kernels' own durations
+    # GPU time as the correlator attributes it: duration x weight of every (launch, kernel) pair sent
+    gpu_ns: int = 0
+    gpu_ns_by_kernel: dict[str, int] = field(default_factory=dict)  # kernel names as CUPTI reports them
+    launches_by_kernel: dict[str, int] = field(default_factory=dict)  # weights
+    gpu_ns_by_launch_leaf: dict[tuple[str, str], int] = field(default_factory=dict)  # the launching stacks' leaves
+    gpu_ns_by_function: dict[tuple[str, str], int] = field(default_factory=dict)  # once per stack per function
     metrics: int = 0
     messages_by_topic: dict[str, int] = field(default_factory=dict)
     bytes_by_topic: dict[str, int] = field(default_factory=dict)
@@ -66,7 +74,7 @@ class LoadgenReport:
     def to_json(self) -> dict:
         """JSON-ready: function keys become [binary, function, count] rows, most samples first."""
         out = asdict(self)
-        for key in ("samples_by_leaf", "samples_by_function"):
+        for key in ("samples_by_leaf", "samples_by_function", "gpu_ns_by_launch_leaf", "gpu_ns_by_function"):
             out[key] = [[b, f, n] for (b, f), n in sorted(out[key].items(), key=lambda kv: -kv[1])]
         out.update(total_samples=self.total_samples, bytes=self.bytes)
         return out
@@ -86,6 +94,7 @@ class _Run:
         self.kernels_node: Counter[str] = Counter()
         self.kernel_ns_node: Counter[str] = Counter()
         self.kernel_ns_name: Counter[str] = Counter()
+        self.gpu_tally: dict[tuple[int, str], list[int]] = {}  # (launching path, kernel) -> [GPU ns, launches]
 
     def send(self, topic: topics.Topic, key: str, value: bytes) -> None:
         self.publisher.publish(topic.name, key, value)
@@ -111,7 +120,7 @@ class _Run:
             self.send(topics.CPU_STACKS, node.name, message)
 
     def gpu(self, node: SimNode, start: int, launch_rate: float) -> None:
-        launches, kernels = self.fleet.gpu_window(node, start, self.window_ns, launch_rate)
+        launches, kernels = self.fleet.gpu_window(node, start, self.window_ns, launch_rate, self.gpu_tally)
         for rec in launches:
             self.send(topics.GPU_LAUNCHES, f"{node.name}/{rec['pid']}", self.launch_encoder.encode(rec))
             self.launch_weight += rec["weight"]
@@ -177,6 +186,7 @@ def run_loadgen(config: dict, nodes: int, rate: float, duration: float, window: 
         raise PublishError(f"{remaining} messages still undelivered after {flush_timeout:.0f} s")
 
     leaf, inclusive = _function_counts(fleet, run.pair_counts)
+    gpu = _gpu_time(fleet, run.gpu_tally)
     names = [node.name for node in sim]
     return LoadgenReport(
         nodes=names, windows=n_windows, window_ns=window_ns, first_window_start_ns=first,
@@ -186,7 +196,7 @@ def run_loadgen(config: dict, nodes: int, rate: float, duration: float, window: 
         launches=run.messages[topics.GPU_LAUNCHES.name], launch_weight=run.launch_weight,
         kernels=run.messages[topics.GPU_KERNELS.name], kernel_ns=run.kernel_ns,
         kernels_per_node=dict(run.kernels_node), kernel_ns_per_node=dict(run.kernel_ns_node),
-        kernel_ns_by_name=dict(run.kernel_ns_name), metrics=run.messages[topics.GPU_METRICS.name],
+        kernel_ns_by_name=dict(run.kernel_ns_name), **gpu, metrics=run.messages[topics.GPU_METRICS.name],
         messages_by_topic=dict(run.messages), bytes_by_topic=dict(run.bytes),
         elapsed_s=time.perf_counter() - t0, generate_s=generate_s)
 
@@ -204,3 +214,21 @@ def _function_counts(fleet: SyntheticFleet, pair_counts: np.ndarray) -> tuple[di
         for fn in t.functions[i]:
             inclusive[fn] += count
     return dict(leaf), dict(inclusive)
+
+
+def _gpu_time(fleet: SyntheticFleet, tally: dict[tuple[int, str], list[int]]) -> dict:
+    """The report's GPU-time fields from the tally per (launching path, kernel name)."""
+    by_kernel: Counter[str] = Counter()
+    launches: Counter[str] = Counter()
+    leaf: Counter[tuple[str, str]] = Counter()
+    inclusive: Counter[tuple[str, str]] = Counter()
+    for (tpl, name), (ns, weight) in tally.items():
+        frames = fleet.launch_frames(tpl)
+        by_kernel[name] += ns
+        launches[name] += weight
+        leaf[frames[0]] += ns
+        for fn in set(frames):
+            inclusive[fn] += ns
+    return {"gpu_ns": sum(by_kernel.values()), "gpu_ns_by_kernel": dict(by_kernel),
+            "launches_by_kernel": dict(launches), "gpu_ns_by_launch_leaf": dict(leaf),
+            "gpu_ns_by_function": dict(inclusive)}

@@ -60,6 +60,7 @@ class SimProcess:
     mappings: list[dict]
     bias: np.ndarray  # load bias per binary index (0 where unmapped)
     device: int = -1  # GPU index of a trainer
+    start_ns: int = 0  # boot-relative start time (/proc/PID/stat starttime): tells a reused pid apart
 
     def record(self) -> dict:
         """ProcessStacks fields other than stacks."""
@@ -174,6 +175,7 @@ class SyntheticFleet:
         while len(pids) < len(self.process_kinds):  # sorted, so forked workers come after their parents
             pids = np.unique(np.append(pids, rng.integers(1000, 4_000_000)))
         procs: list[SimProcess] = []
+        boot = _stable_seed(self.seed, name, "boot") % (7 * 86_400 * 10**9)  # the trainers started this long after boot
         for p, kind in enumerate(self.process_kinds):
             pid = int(pids[p])
             if kind == "shipper":
@@ -185,11 +187,12 @@ class SyntheticFleet:
             if kind == "trainer":
                 trainer = self._process(rng, pid, "pt_main_thread", exe, kind, cgroup, cids[0])
                 trainer.device = p
+                trainer.start_ns = boot + p * 1_000_000  # torchrun starts one per GPU, a millisecond apart
                 procs.append(trainer)
             else:  # a forked DataLoader worker keeps its parent's address space layout
                 owner = procs[(p - self.gpus) // self.workers]
                 procs.append(SimProcess(pid, "pt_data_worker", exe, kind, cgroup, cids[0], owner.mappings,
-                                        owner.bias))
+                                        owner.bias, start_ns=owner.start_ns + 5 * 10**9))
         starved = index % 10 == 9  # every tenth node is input-bound: the alerting demo has something to find
         util = float(rng.uniform(25, 45) if starved else rng.uniform(82, 97))
         return SimNode(name, index, rng, procs, np.stack([p.bias for p in procs]),
@@ -248,10 +251,17 @@ class SyntheticFleet:
             hit = node.launch_stacks[proc, tpl] = (t.user_vaddr[idx] + node.bias[proc, t.user_bin[idx]]).tolist()
         return hit
 
-    def gpu_window(self, node: SimNode, start_ns: int, window_ns: int,
-                   launch_rate: float) -> tuple[list[dict], list[dict]]:
-        """Sampled launches (GpuLaunch) and their kernels (GpuKernel) of every trainer in one window."""
-        return gpu_window(self, node, start_ns, window_ns, launch_rate)
+    def gpu_window(self, node: SimNode, start_ns: int, window_ns: int, launch_rate: float,
+                   tally: dict[tuple[int, str], list[int]] | None = None) -> tuple[list[dict], list[dict]]:
+        """Sampled launches (GpuLaunch) and their kernels (GpuKernel) of every trainer in one window; `tally` gets
+        [GPU ns (duration x weight), launches (weights)] added per (launching path, kernel name)."""
+        return gpu_window(self, node, start_ns, window_ns, launch_rate, tally)
+
+    def launch_frames(self, tpl: int) -> list[tuple[str, str]]:
+        """(binary, symbol) of a launching path's stack as its launches carry it: leaf (cudaLaunchKernel) first."""
+        t = self.templates
+        ulen, depth = int(t.user_len[tpl]), int(t.launch_depth[tpl])
+        return t.frames[tpl][ulen - depth:ulen]
 
     def metrics(self, node: SimNode, time_ns: int) -> dict:
         """One NVML poll of the node (GpuMetrics)."""

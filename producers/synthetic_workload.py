@@ -234,11 +234,17 @@ def build_paths(r: random.Random) -> list[tuple[str, int, list[Frame], str]]:
     return out
 
 
-def gpu_window(fleet: SyntheticFleet, node: SimNode, start_ns: int, window_ns: int,
-               launch_rate: float) -> tuple[list[dict], list[dict]]:
-    """Sampled launches (GpuLaunch) of every trainer in one window, each with the kernel it ran (GpuKernel)."""
+def gpu_window(fleet: SyntheticFleet, node: SimNode, start_ns: int, window_ns: int, launch_rate: float,
+               tally: dict[tuple[int, str], list[int]] | None = None) -> tuple[list[dict], list[dict]]:
+    """Sampled launches (GpuLaunch) of every trainer in one window, each with the kernel it ran (GpuKernel).
+
+    As the agent's rate limit does, a sampled launch stands for itself and the launches skipped since the previous
+    sample: its weight is the gap between their correlation ids. The first launch of a process in the window carries
+    the process's mappings, the others []. `tally` (optional) gets [duration x weight, weight] added per (launching
+    path, kernel name): what the correlator must attribute."""
     rng, paths, t = node.rng, fleet.launch_paths, fleet.templates
-    weight = max(1, round(TRUE_LAUNCH_RATE / launch_rate)) if launch_rate > 0 else 1
+    # at most 2^19: a weight stays within what the correlator takes (processors/correlate.py MAX_WEIGHT)
+    mean_gap = min(1 << 19, max(1, round(TRUE_LAUNCH_RATE / launch_rate))) if launch_rate > 0 else 1
     weights = np.arange(1, len(paths) + 1) ** -fleet.zipf_s
     launches: list[dict] = []
     kernels: list[dict] = []
@@ -248,7 +254,9 @@ def gpu_window(fleet: SyntheticFleet, node: SimNode, start_ns: int, window_ns: i
             continue
         times = np.sort(rng.integers(start_ns, start_ns + window_ns, n)).tolist()
         which = rng.choice(len(paths), n, p=weights / weights.sum()).tolist()
-        corr = (node.correlation.get(proc.pid, 0) + np.cumsum(rng.integers(1, 2 * weight, n))).tolist()
+        gaps = rng.integers(1, 2 * mean_gap, n)
+        corr = (node.correlation.get(proc.pid, 0) + np.cumsum(gaps)).tolist()
+        stand_for = gaps.tolist()
         node.correlation[proc.pid] = corr[-1]
         queue = rng.lognormal(math.log(20_000), 1.0, n).astype(np.int64).tolist()
         pick, z = rng.random(n).tolist(), rng.standard_normal(n).tolist()
@@ -256,14 +264,19 @@ def gpu_window(fleet: SyntheticFleet, node: SimNode, start_ns: int, window_ns: i
             tpl = paths[which[i]]
             name, median_us, sigma = (c := GPU_KERNELS[op_class(t.ops[tpl])])[int(pick[i] * len(c))]
             begin = times[i] + queue[i]
+            duration = max(1000, int(median_us * 1000 * math.exp(sigma * z[i])))
             launches.append({"node": node.name, "pid": proc.pid, "tid": proc.pid + int(t.thread[tpl]),
-                             "time_ns": times[i], "correlation_id": corr[i], "callback_id": LAUNCH_CALLBACK_ID,
-                             "api_name": "cudaLaunchKernel", "weight": weight,
-                             "user_addrs": fleet.launch_stack(node, p, tpl),
+                             "process_start_ns": proc.start_ns, "time_ns": times[i], "correlation_id": corr[i],
+                             "callback_id": LAUNCH_CALLBACK_ID, "api_name": "cudaLaunchKernel",
+                             "weight": stand_for[i], "user_addrs": fleet.launch_stack(node, p, tpl),
                              "mappings": proc.mappings if i == 0 else [], "simulated": True})
-            kernels.append({"node": node.name, "pid": proc.pid, "correlation_id": corr[i], "start_ns": begin,
-                            "end_ns": begin + max(1000, int(median_us * 1000 * math.exp(sigma * z[i]))),
+            kernels.append({"node": node.name, "pid": proc.pid, "process_start_ns": proc.start_ns,
+                            "correlation_id": corr[i], "start_ns": begin, "end_ns": begin + duration,
                             "device_id": proc.device, "stream_id": 7, "kernel_name": name, "simulated": True})
+            if tally is not None:
+                cell = tally.setdefault((tpl, name), [0, 0])
+                cell[0] += duration * stand_for[i]
+                cell[1] += stand_for[i]
     return launches, kernels
 
 

@@ -145,7 +145,7 @@ def test_db_migrate_prints_what_it_applied(cpu_store):
 @pytest.mark.parametrize("extra, code, needle", [
     (["--since", "yesterday"], 1, "not a time"),
     (["--since", "2025-01-02", "--until", "2025-01-01"], 1, "must be before"),
-    (["--kind", "gpu"], 2, "gpu"),
+    (["--kind", "tpu"], 2, "tpu"),
     (["--pid", "0"], 2, "pid"),
 ])
 def test_bad_arguments(cpu_store, extra, code, needle):

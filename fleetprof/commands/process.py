@@ -13,15 +13,19 @@ from fleetprof.settings import Settings
 log = logging.getLogger("fleetprof.process")
 
 
+STAGE_BATCH_SIZE = {"correlate": 5000}
+
+
 @click.command("process")
-@click.argument("stage", type=click.Choice(["symbolize", "sink"]))
+@click.argument("stage", type=click.Choice(["symbolize", "correlate", "sink"]))
 @click.option("--batch-size", type=click.IntRange(1, 100_000), default=None, help="Messages per batch.")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=0,
               help="Serve Prometheus /metrics on 127.0.0.1:PORT (0: off).")
 @click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
 @click.pass_obj
 def process(settings: Settings, stage: str, batch_size: int | None, metrics_port: int, log_level: str) -> None:
-    """Run one processor STAGE until SIGTERM: symbolize (cpu.stacks → cpu.samples) or sink (→ ClickHouse)."""
+    """Run one processor STAGE until SIGTERM: symbolize (cpu.stacks → cpu.samples), correlate (gpu.launches +
+    gpu.kernels → gpu.samples) or sink (→ ClickHouse)."""
     logs.configure(log_level)
     from processors.metrics import serve_metrics
     from processors.runner import install_sigterm
@@ -47,6 +51,8 @@ def process(settings: Settings, stage: str, batch_size: int | None, metrics_port
         from processors.runner import TopicRunner
         from processors.stages import TOPIC_STAGES
 
-        kwargs = {"batch_size": batch_size} if batch_size else {}
+        # a correlator transaction also carries its state's changelog: larger batches amortize it
+        default = STAGE_BATCH_SIZE.get(stage)
+        kwargs = {"batch_size": batch_size or default} if batch_size or default else {}
         TopicRunner(TOPIC_STAGES[stage](kafka), kafka, **kwargs).run(stop)
     log.info("stage %s stopped", stage)

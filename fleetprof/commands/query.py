@@ -2,21 +2,40 @@
 
 from __future__ import annotations
 
+import json
 import sys
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import click
 
+from fleetprof.commands.query_metrics import metrics
 from fleetprof.commands.sql import emit
 from fleetprof.flamegraph_formats import BINARY_FORMATS, FORMATS
+from fleetprof.pprof import pprof_bytes
 from fleetprof.query_client import QueryError, QueryTarget, query_target
 from fleetprof.settings import Settings
 from fleetprof.store import parse_time
 
-# Only CPU for now: GPU kernel time gets its own named queries, and then joins this choice.
-KINDS = ("cpu",)
+
+@dataclass(frozen=True)
+class Kind:
+    """What a profile counts, and the named queries that rank it, total it and fold it into stacks."""
+
+    top: str
+    totals: str
+    flamegraph: str
+    unit: str  # what one unit of a value is, for people
+    pprof_type: tuple[str, str]  # pprof sample type and unit
+
+
+KINDS = {
+    "cpu": Kind("top_functions_cpu", "totals_cpu", "flamegraph_cpu", "samples", ("samples", "count")),
+    # GPU time in ns, by the CPU stack that launched each kernel, the kernel as the leaf frame
+    "gpu": Kind("top_kernels_gpu", "totals_gpu", "flamegraph_gpu", "ns", ("gpu_time", "nanoseconds")),
+}
 
 
 def _range(since: str, until: str) -> tuple[datetime, datetime]:
@@ -46,8 +65,9 @@ def _run(settings: Settings, work: Any) -> Any:
 def range_options(func: Any) -> Any:
     """--kind, --since, --until, --node, --pid, --comm: shared by every profile query."""
     for option in reversed([
-        click.option("--kind", type=click.Choice(KINDS), default="cpu", show_default=True,
-                     help="What to rank: CPU samples."),
+        click.option("--kind", type=click.Choice(list(KINDS)), default="cpu", show_default=True,
+                     help="cpu: CPU samples by stack; gpu: GPU kernel time (ns) by the CPU stack that launched each "
+                          "kernel, with the kernel as the leaf."),
         click.option("--since", default="1h", show_default=True,
                      help="Start: 5m, 2h, 7d (before --until), epoch seconds or ISO-8601 (no zone = UTC)."),
         click.option("--until", default="now", show_default=True, help="End (exclusive), same forms as --since."),
@@ -64,6 +84,9 @@ def query() -> None:
     """Profile queries over a time range (through the owning process's API, or the store directly)."""
 
 
+query.add_command(metrics)
+
+
 @query.command()
 @range_options
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True, help="How many functions.")
@@ -71,13 +94,15 @@ def query() -> None:
 @click.pass_obj
 def top(settings: Settings, kind: str, since: str, until: str, node: str | None, pid: int | None,
         comm: str | None, limit: int, fmt: str) -> None:
-    """Top functions by self samples, with total (inclusive) samples and share of all samples in the range."""
+    """Top functions by self samples (gpu: kernels and launching functions by self GPU time), with total
+    (inclusive) samples or time and the share of all in the range."""
     start, end = _range(since, until)
     params = {"since": start, "until": end, **_filters(node, pid, comm)}
+    queries = KINDS[kind]
 
     def work(target: QueryTarget) -> tuple[list[str], list[list[Any]], list[list[Any]]]:
-        columns, rows = target.named("top_functions_cpu", {**params, "limit": limit})
-        _, totals = target.named("totals_cpu", params)
+        columns, rows = target.named(queries.top, {**params, "limit": limit})
+        _, totals = target.named(queries.totals, params)
         return columns, rows, totals
 
     columns, rows, totals = _run(settings, work)
@@ -85,7 +110,14 @@ def top(settings: Settings, kind: str, since: str, until: str, node: str | None,
     records = [dict(zip(columns, row, strict=True)) for row in rows]
     for rec in records:
         rec["share"] = rec["self"] / all_samples if all_samples else 0.0
-    if fmt == "table":
+    if fmt == "table" and kind == "gpu":
+        out_columns = ["function", "binary", "self ms", "self %", "total ms", "total %"]
+        out_rows = [[r["function"], r["binary"], _ms(r["self"]), _pct(r["self"], all_samples), _ms(r["total"]),
+                     _pct(r["total"], all_samples)] for r in records]
+        emit(out_columns, out_rows, fmt)
+        click.echo(f"{all_samples / 1e9:,.6f} s of GPU time from {start.isoformat(timespec='seconds')} to "
+                   f"{end.isoformat(timespec='seconds')}", err=True)
+    elif fmt == "table":
         out_columns = ["function", "binary", "self", "self %", "total", "total %"]
         out_rows = [[r["function"], r["binary"], r["self"], _pct(r["self"], all_samples), r["total"],
                      _pct(r["total"], all_samples)] for r in records]
@@ -101,6 +133,10 @@ def _pct(part: int, whole: int) -> str:
     return f"{100.0 * part / whole:.1f}%" if whole else "-"
 
 
+def _ms(ns: int) -> str:
+    return f"{ns / 1e6:,.3f}"
+
+
 @query.command()
 @range_options
 @click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default="folded", show_default=True,
@@ -112,18 +148,33 @@ def _pct(part: int, whole: int) -> str:
 @click.pass_obj
 def flamegraph(settings: Settings, kind: str, since: str, until: str, node: str | None, pid: int | None,
                comm: str | None, fmt: str, output: Path | None) -> None:
-    """CPU stacks over the range with their sample counts, root first, in a flame graph format."""
+    """Stacks over the range, root first, with their CPU sample counts (gpu: the launching CPU stack with the
+    kernel as the leaf, and its GPU time in ns), in a flame graph format."""
     out = sys.stdout.buffer
     if output is None and fmt in BINARY_FORMATS and out.isatty():
         raise click.ClickException(f"{fmt} output is binary: write it to a file with -o FILE (or redirect stdout)")
     start, end = _range(since, until)
     params = {"since": start, "until": end, **_filters(node, pid, comm)}
-    _, rows = _run(settings, lambda target: target.named("flamegraph_cpu", params))
+    queries = KINDS[kind]
+    _, rows = _run(settings, lambda target: target.named(queries.flamegraph, params))
     title = f"fleetprof {kind} {start.isoformat(timespec='seconds')} – {end.isoformat(timespec='seconds')}"
-    data = FORMATS[fmt]([(list(functions), int(count)) for functions, count in rows], title=title)
+    data = _render(fmt, [(list(functions), int(count)) for functions, count in rows], title, queries)
     if output is None:
         out.write(data)
         out.flush()
     else:
         output.write_bytes(data)
         click.echo(f"wrote {len(rows)} stacks to {output}", err=True)
+
+
+def _render(fmt: str, stacks: list[tuple[list[str], int]], title: str, kind: Kind) -> bytes:
+    """The flame graph file; values in the kind's unit where the format can say so."""
+    if fmt == "pprof":
+        return pprof_bytes(stacks, sample_type=kind.pprof_type[0], unit=kind.pprof_type[1])
+    data = FORMATS[fmt](stacks, title=title)
+    if fmt == "speedscope" and kind.unit == "ns":
+        doc = json.loads(data)
+        for profile in doc["profiles"]:
+            profile["unit"] = "nanoseconds"  # speedscope then shows the weights as durations
+        data = json.dumps(doc).encode()
+    return data

@@ -15,9 +15,12 @@ from fleetprof.settings import Settings
 @click.command("up")
 @click.option("--symbolizers", type=click.IntRange(1, 16), default=1, show_default=True,
               help="Symbolizer processes in the consumer group.")
+@click.option("--simulate-gpu", is_flag=True,
+              help="Also run a simulated GPU workload and the agent against a simulated NVML library (a demo; "
+                   "labelled simulated; CPU and kernel timing need root for BPF).")
 @click.option("--api", "api_addr", default=None, help="Query API address host:port [env FLEETPROF_API; 127.0.0.1:7474]")
 @click.pass_obj
-def up(settings: Settings, symbolizers: int, api_addr: str | None) -> None:
+def up(settings: Settings, symbolizers: int, simulate_gpu: bool, api_addr: str | None) -> None:
     """Start Kafka (local broker), migrate the store, run the processors, the sink and the query API."""
     from fleetprof.local_pipeline import LocalPipeline
 
@@ -26,7 +29,7 @@ def up(settings: Settings, symbolizers: int, api_addr: str | None) -> None:
     console = Console(stderr=True)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     logs.configure("INFO", settings.data_dir / "logs" / "up.log")
-    pipeline = LocalPipeline(settings, symbolizers=symbolizers)
+    pipeline = LocalPipeline(settings, symbolizers=symbolizers, simulate_gpu=simulate_gpu)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: (stop.set(), pipeline.stop_event.set()))
@@ -39,8 +42,12 @@ def up(settings: Settings, symbolizers: int, api_addr: str | None) -> None:
         console.print(f"[green]✓[/] store {settings.clickhouse_dsn} database {settings.database}"
                       f" ({len(applied)} migrations applied)")
         pipeline.start_processors()
-        console.print(f"[green]✓[/] {symbolizers} symbolizer(s) and the sink running"
+        console.print(f"[green]✓[/] {symbolizers} symbolizer(s), the correlator and the sink running"
                       f" (logs in {settings.data_dir / 'logs'})")
+        if simulate_gpu:
+            pipeline.start_simulated_gpu()
+            console.print("[green]✓[/] SIMULATED GPU: a simulated workload and the agent with a simulated NVML library"
+                          " (try: fleetprof query top --kind gpu --since 5m; fleetprof query metrics --since 5m)")
         url = pipeline.start_api()
         console.print(f"[green]✓[/] query API at {url}   — try: fleetprof loadgen, then"
                       " fleetprof query top --kind cpu --since 5m")

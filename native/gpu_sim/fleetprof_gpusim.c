@@ -3,9 +3,12 @@
  * gpusim_launch assigns a correlation id, queues the kernel on the calling thread's device and, as it returns, fires
  * kernel_launch on the calling thread (after launch_weight when the rate limit made it stand for several), as the
  * CUPTI shim does from its API-exit callback; a kernel cannot start before that, as on a GPU, so kernel_executed
- * never comes before its kernel_launch. One thread per device runs the queue in order, each kernel taking
- * exactly its duration of wall time (sleep, then spin the last stretch for precision), and fires kernel_executed
- * with CLOCK_REALTIME start and end.
+ * never comes before its kernel_launch. One thread per device runs the queue in order. The device keeps its own
+ * timeline on CLOCK_REALTIME: a kernel starts when the device is free and the kernel has been launched, and spans
+ * exactly its duration there; the thread paces that timeline against the real clock (sleep, then spin the last
+ * stretch) and fires kernel_executed with the kernel's start and end. On a busy host the thread may be preempted
+ * and finish late: the timeline then waits for it (the next kernel starts later) instead of stretching the kernel,
+ * so recorded durations are exactly the requested ones, as a GPU's are whatever the CPU does.
  */
 #define FLEETPROF_DEFINE_PROBE_SEMAPHORES
 #include "fleetprof_probes.h"
@@ -47,6 +50,7 @@ struct device {
     pthread_t thread;
     _Atomic int started;
     uint32_t id;
+    uint64_t free_at_ns; /* CLOCK_REALTIME end of the last kernel on this device's timeline (device thread only) */
 };
 
 static struct device devices[GPUSIM_MAX_DEVICES];
@@ -130,19 +134,22 @@ static void log_kernel(const struct queued *k, uint32_t device, uint64_t start_n
     pthread_mutex_unlock(&log_mu);
 }
 
-/* Run one kernel: exactly duration_ns of wall time, measured on the monotonic clock. */
-static void execute(const struct queued *k, uint32_t device)
+/* Run one kernel: duration_ns on the device's timeline, paced against the real clock. */
+static void execute(const struct queued *k, struct device *d)
 {
-    uint64_t start_ns = clock_ns(CLOCK_REALTIME);
-    uint64_t target = clock_ns(CLOCK_MONOTONIC) + k->duration_ns;
-    if (k->duration_ns > SPIN_NS)
+    uint32_t device = d->id;
+    uint64_t now_ns = clock_ns(CLOCK_REALTIME);
+    uint64_t start_ns = d->free_at_ns > now_ns ? d->free_at_ns : now_ns;
+    uint64_t end_ns = start_ns + k->duration_ns;
+    d->free_at_ns = end_ns;
+    uint64_t target = clock_ns(CLOCK_MONOTONIC) + (end_ns - now_ns);
+    if (end_ns - now_ns > SPIN_NS)
         sleep_until(target - SPIN_NS);
     while (clock_ns(CLOCK_MONOTONIC) < target) {
 #if defined(__x86_64__) || defined(__i386__)
         __builtin_ia32_pause();
 #endif
     }
-    uint64_t end_ns = clock_ns(CLOCK_REALTIME);
     atomic_fetch_add(&counters.kernels_executed, 1);
     if (k->state != GPUSIM_SKIPPED) {
         if (FLEETPROF_ENABLED(kernel_executed))
@@ -164,7 +171,7 @@ static void *device_main(void *arg)
         d->head = (d->head + 1) % GPUSIM_QUEUE_DEPTH;
         d->count--;
         pthread_mutex_unlock(&d->mu);
-        execute(&k, d->id);
+        execute(&k, d);
         pthread_mutex_lock(&d->mu);
         d->completed++;
         pthread_cond_broadcast(&d->drained);

@@ -1,0 +1,291 @@
+"""The correlate stage: gpu.launches + gpu.kernels → gpu.samples, exactly once with its join state.
+
+The runner (processors/runner.py) commits each batch's input offsets in the Kafka transaction that carries its
+output. Pending records live in memory, so on their own a crash would lose them. Here every call also returns the
+changelog records of the state it changed (processors/correlate_changelog.py: a log record of the changes, or a
+snapshot), written to the compacted correlate.state topic in that same transaction. Why that is exactly once:
+
+1. Atomicity: a batch's GPU samples, its state changes and its input offsets commit or abort together. So the
+   committed changelog, read to its end, describes the state after exactly the committed input offsets.
+2. Reading to the end: `StateChangelog.read` takes the topic's high watermark (read_uncommitted: every record
+   written so far, committed or not) and reads with read_committed until its position passes it. A transaction that
+   committed before the read began has its records below that mark and is therefore read (librdkafka's position
+   moves past commit markers), one still open is waited for, an aborted one is skipped.
+3. When the state is read: before the first batch of a partition; when a batch's first offset of a partition is not
+   the one after what the state has seen (the partition was processed elsewhere meanwhile: a rebalance. The agents'
+   idempotent producers leave no gaps in input offsets, so any other gap, e.g. a message the runner dead-lettered,
+   only costs a needless read); and after any abort (the runner re-reads from the committed offsets, so the state
+   goes back to the committed one too). A record below the restored offsets is already in the state: skipped.
+4. Outputs of an aborted transaction are invisible to read_committed consumers (the sink); a restarted instance
+   fences its predecessor's open transaction (same transactional id), and an instance that lost its partitions in a
+   rebalance cannot commit (KIP-447: the offsets carry its consumer group generation), so nothing goes out twice.
+Prometheus counters move only after a commit, for the same reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections import Counter
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from processors import metrics
+from processors.correlate import KERNEL, LAUNCH, SECOND_NS, SIDES, CorrelateConfig, Correlator, Outcome
+from processors.correlate_changelog import changelog, restore, state_key
+from processors.correlate_samples import LaunchStacks, build_gpu_samples, split_gpu_samples
+from processors.known_ids import KnownIds
+from processors.messages import Message, Produced, dead_letter
+from processors.runner import client_config
+from processors.symbol_feed import SymbolFeed
+from processors.symbol_tables import SymbolTables
+from processors.symbolize import SymbolizeStats
+from schemas import codec, topics
+
+log = logging.getLogger("fleetprof.correlate")
+SIDE_OF = {topics.GPU_LAUNCHES.name: LAUNCH, topics.GPU_KERNELS.name: KERNEL}
+MAX_OUTPUT_BYTES = 600 * 1024
+DEFAULT_GROUP = "fleetprof-correlate"  # the runner's default group for a stage named "correlate"
+
+
+class StateChangelog:
+    """Reads the correlator's changelog topic back (the I/O half of `correlate_changelog.restore`): follows the
+    topic with one consumer per stage, so a read after the first one fetches only what was written since."""
+
+    def __init__(self, kafka: dict, group: str, topic: str = topics.CORRELATE_STATE.name,
+                 timeout: float = 60.0) -> None:
+        self.kafka = kafka
+        self.group = group
+        self.topic = topic
+        self.timeout = timeout
+        self._prefix = f"{group}/".encode()
+        self._latest: dict[bytes, bytes] = {}  # key -> value of the latest record of this group's keys
+        self._ends: Consumer | None = None
+        self._reader: Consumer | None = None
+        self._parts: list[int] = []
+
+    def _open(self) -> None:
+        base = client_config(self.kafka, **{"group.id": f"fleetprof-state-reader-{uuid.uuid4().hex[:8]}",
+                                            "enable.auto.commit": False, "enable.partition.eof": False})
+        self._ends = Consumer({**base, "isolation.level": "read_uncommitted"})
+        self._reader = Consumer({**base, "isolation.level": "read_committed",
+                                 "max.partition.fetch.bytes": 16 * 1024 * 1024})
+        meta = self._ends.list_topics(self.topic, timeout=self.timeout).topics[self.topic]
+        self._parts = sorted(meta.partitions)
+        self._reader.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in self._parts])
+
+    def read(self, partitions: set[int]) -> dict[int, list[dict]]:
+        """The latest committed record of every key of the group's `partitions`, per partition."""
+        if self._reader is None:
+            self._open()
+        # read_uncommitted: the end of every record written so far, committed or not (see the module's docstring)
+        marks = {p: self._ends.get_watermark_offsets(TopicPartition(self.topic, p), timeout=self.timeout)[1]
+                 for p in self._parts}
+        deadline = time.monotonic() + self.timeout
+        todo = self._behind(marks)
+        while todo:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.topic} not read to its end within {self.timeout:.0f} s (partitions "
+                                   f"{sorted(todo)}); an open transaction should have timed out by then")
+            for raw in self._reader.consume(num_messages=1000, timeout=0.2):
+                key = raw.key()
+                if raw.error() is None and key is not None and key.startswith(self._prefix):
+                    self._latest[key] = raw.value()
+            todo = self._behind(marks)
+        out: dict[int, list[dict]] = {p: [] for p in partitions}
+        for key, value in self._latest.items():
+            head = key[len(self._prefix):].split(b"/", 1)[0]
+            if not head.isdigit() or int(head) not in out or value is None:
+                continue
+            try:
+                _, rec = codec.decode(value, expect=topics.CORRELATE_STATE.schema)
+            except codec.DecodeError as exc:
+                raise RuntimeError(f"undecodable join state under key {key!r}: {exc}") from None
+            if rec["group"] == self.group:
+                out[rec["partition"]].append(rec)
+        return out
+
+    def _behind(self, marks: dict[int, int]) -> set[int]:
+        """Partitions whose position has not passed their mark (librdkafka's moves past commit markers)."""
+        positions = self._reader.position([TopicPartition(self.topic, p) for p in marks])
+        return {tp.partition for tp in positions if max(tp.offset, 0) < marks[tp.partition]}
+
+    def close(self) -> None:
+        for consumer in (self._ends, self._reader):
+            if consumer is not None:
+                consumer.close()
+        self._ends = self._reader = None
+
+
+class CorrelateStage:
+    """gpu.launches + gpu.kernels → gpu.samples (and the join state → correlate.state), symbol tables from the
+    symbols topic."""
+
+    name = "correlate"
+    inputs = (topics.GPU_LAUNCHES.name, topics.GPU_KERNELS.name)
+
+    def __init__(self, tables: SymbolTables, changelog: StateChangelog | None, feed: SymbolFeed | None = None,
+                 config: CorrelateConfig | None = None, group: str = DEFAULT_GROUP, resend_s: float = 3600.0) -> None:
+        self.tables = tables
+        self.changelog = changelog
+        self.feed = feed
+        self.group = group  # the consumer group the runner uses: its state is kept under this name
+        self.correlator = Correlator(config)
+        self.stacks = LaunchStacks()
+        self.verified: set[tuple[int, int]] = set()  # (partition, side) whose offsets the state has been checked on
+        self.sent_stacks = KnownIds(refresh_s=resend_s)
+        self.sent_frames = KnownIds(refresh_s=resend_s)
+        self.pending_stacks: set[int] = set()
+        self.pending_frames: set[int] = set()
+        self.counts: Counter[tuple] = Counter()  # metric increments of the open transaction
+
+    # --- hooks (I/O) ------------------------------------------------------------------------------------------
+    def before_batch(self, messages: list[Message]) -> None:
+        """Bring the join state of the batch's partitions up to date, then the symbol tables its stacks need."""
+        first: dict[tuple[int, int], int] = {}
+        for m in messages:
+            first.setdefault((m.partition, SIDE_OF[m.topic]), m.offset)
+        stale: dict[int, str] = {}
+        for (p, side), offset in first.items():
+            st = self.correlator.parts.get(p)
+            if st is None:
+                stale[p] = "assigned"
+            elif st.offsets[side] < 0 and (p, side) not in self.verified:
+                stale.setdefault(p, "assigned")
+            elif st.offsets[side] >= 0 and offset != st.offsets[side]:
+                stale.setdefault(p, "offset_gap")
+        if stale:
+            self._restore(stale)
+        if self.feed is not None:
+            self._ensure_tables(messages)
+
+    def _ensure_tables(self, messages: list[Message]) -> None:
+        """Read the symbol tables that the batch's processes' mappings name and the cache lacks (new ones, or
+        evicted ones): those its matches will be symbolized with."""
+        wanted: set[str] = set()
+        for maps in [m.record["mappings"] for m in messages if m.record.get("mappings")]:
+            wanted.update(mp["build_id"] for mp in maps)
+        for p, node, pid, start in {(m.partition, m.record["node"], m.record["pid"], m.record["process_start_ns"])
+                                    for m in messages}:
+            st = self.correlator.parts.get(p)
+            proc = st.procs.get((node, pid, start)) if st is not None else None
+            if proc is not None:
+                wanted.update(mp["build_id"] for mp in proc[2])
+        missing = {b for b in wanted if b and b not in self.tables}
+        if missing:
+            self.feed.ensure(missing)
+        metrics.SYMBOL_TABLES.labels(self.name).set(len(self.tables))
+
+    def _restore(self, partitions: dict[int, str]) -> None:
+        if self.changelog is None:  # no changelog (pure tests): a partition starts empty, an abort forgets
+            for p in partitions:
+                self.correlator.state(p)
+                self.verified.update({(p, LAUNCH), (p, KERNEL)})
+            return
+        started = time.monotonic()
+        found = self.changelog.read(set(partitions))
+        for p, why in partitions.items():
+            st = restore(self.correlator, p, found[p])
+            self.verified.update({(p, LAUNCH), (p, KERNEL)})
+            metrics.CORRELATE_RESTORES.labels(self.name, why).inc()
+            log.info("join state of partition %d read back (%s): %d launches, %d kernels pending, offsets %s",
+                     p, why, len(st.launches), len(st.kernels), st.offsets)
+        log.info("read the join state of %d partitions in %.2f s", len(partitions), time.monotonic() - started)
+
+    def after_commit(self) -> None:
+        self.sent_stacks.add(self.pending_stacks)
+        self.sent_frames.add(self.pending_frames)
+        self.pending_stacks, self.pending_frames = set(), set()
+        for (kind, *labels), n in self.counts.items():
+            kind.labels(self.name, *labels).inc(n)
+        self.counts.clear()
+        for side in (LAUNCH, KERNEL):
+            metrics.CORRELATE_PENDING.labels(self.name, SIDES[side]).set(
+                sum(st.pending()[side] for st in self.correlator.parts.values()))
+
+    def after_abort(self) -> None:
+        """The aborted batch never happened: its definitions go out again, its counts never counted, and the
+        state goes back to the committed one (read from the changelog, as after a restart)."""
+        self.pending_stacks, self.pending_frames = set(), set()
+        self.counts.clear()
+        held = {p: "abort" for p in self.correlator.parts}
+        self.correlator.parts.clear()
+        self.verified.clear()
+        if held:
+            self._restore(held)
+
+    def close(self) -> None:
+        if self.feed is not None:
+            self.feed.close()
+        if self.changelog is not None:
+            self.changelog.close()
+
+    # --- the batch (pure but for the bounded caches) ---------------------------------------------------------
+    def process(self, messages: list[Message]) -> list[Produced]:
+        out = Outcome()
+        join = self.correlator.process
+        for i, m in enumerate(messages):
+            join(m.partition, SIDE_OF[m.topic], m.offset, m.record, out, i)
+        touched = dict.fromkeys(m.partition for m in messages)
+        stats = SymbolizeStats()
+        records = build_gpu_samples(out.matches, out.unmatched, self.correlator.config.window_ns, self.stacks,
+                                    self.tables.get, stats)
+        produced = [dead_letter(self.name, messages[i].topic, messages[i].partition, messages[i].offset,
+                                messages[i].key, messages[i].value, reason) for i, reason in out.invalid]
+        for rec in records:
+            for part in split_gpu_samples(rec, MAX_OUTPUT_BYTES):
+                produced.append(Produced(topics.GPU_SAMPLES.name, rec["node"], topics.GPU_SAMPLES.schema,
+                                         self._new_definitions_only(part)))
+        slots = self.correlator.config.log_slots
+        for p in touched:
+            for rec in changelog(self.correlator, self.group, p):
+                produced.append(Produced(topics.CORRELATE_STATE.name, state_key(rec, slots),
+                                         topics.CORRELATE_STATE.schema, rec))
+        self.counts[(metrics.CORRELATE_MATCHED,)] += len(out.matches)
+        for _, _, _, side, reason, _, _ in out.unmatched:
+            self.counts[(metrics.CORRELATE_UNMATCHED, SIDES[side], reason)] += 1
+        if out.replayed:
+            self.counts[(metrics.CORRELATE_REPLAYED,)] += out.replayed
+        self.counts[(metrics.UNKNOWN_FRAMES,)] += stats.unknown_frames
+        return produced
+
+    def _new_definitions_only(self, rec: dict) -> dict:
+        """Stack and frame definitions already committed to gpu.samples are not sent again (re-sent after
+        resend_s, which keeps their last_seen fresh in the store)."""
+        stacks = self.sent_stacks.unseen([s["stack_id"] for s in rec["stacks"]]) - self.pending_stacks
+        kept = [s for s in rec["stacks"] if s["stack_id"] in stacks]
+        frames = self.sent_frames.unseen([f for s in kept for f in s["frame_ids"]]) - self.pending_frames
+        self.pending_stacks |= stacks
+        self.pending_frames |= frames
+        return {**rec, "stacks": kept, "frames": [f for f in rec["frames"] if f["frame_id"] in frames]}
+
+
+def config_from_env(env: dict[str, str] | None = None) -> CorrelateConfig:
+    """FLEETPROF_CORRELATE_HORIZON_S, _WINDOW_S, _MAX_PENDING, _MAX_PROCESSES; a bad value names its variable."""
+    env = os.environ if env is None else env
+    values: dict[str, int] = {}
+    for var, field, scale in (("FLEETPROF_CORRELATE_HORIZON_S", "horizon_ns", SECOND_NS),
+                              ("FLEETPROF_CORRELATE_WINDOW_S", "window_ns", SECOND_NS),
+                              ("FLEETPROF_CORRELATE_MAX_PENDING", "max_pending", 1),
+                              ("FLEETPROF_CORRELATE_MAX_PROCESSES", "max_processes", 1)):
+        text = env.get(var, "").strip()
+        if not text:
+            continue
+        try:
+            value = round(float(text) * scale)
+        except ValueError:
+            raise ValueError(f"{var}={text!r} is not a number") from None
+        if value < 1:
+            raise ValueError(f"{var}={text!r} must be positive")
+        values[field] = value
+    return CorrelateConfig(**values)
+
+
+def build_correlate(kafka: dict, group: str = DEFAULT_GROUP, config: CorrelateConfig | None = None) -> CorrelateStage:
+    config = config or config_from_env()  # first: a bad setting stops the start with its name
+    tables = SymbolTables()
+    feed = SymbolFeed(kafka, tables)
+    feed.catch_up(force=True)
+    return CorrelateStage(tables, StateChangelog(kafka, group), feed, config=config, group=group)

@@ -1,0 +1,14 @@
+-- GPU time (ns) and launches per node in [since, until), with the same optional filters as top_kernels_gpu ('' and 0
+-- mean "all"): the denominator for a function's share. Summed because SummingMergeTree rows may not be merged yet.
+-- @default until = now
+-- @default node =
+-- @default pid = 0
+-- @default comm =
+SELECT node, sum(duration_ns) AS duration_ns, sum(launches) AS launches
+FROM gpu_kernel_samples
+WHERE ts >= {since:DateTime} AND ts < {until:DateTime}
+  AND ({node:String} = '' OR node = {node:String})
+  AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
+  AND ({comm:String} = '' OR comm = {comm:String})
+GROUP BY node
+ORDER BY node

@@ -1,0 +1,174 @@
+"""The GPU path as a user runs it, without a GPU: the simulated workload (real Python and native call paths firing the
+CUPTI shim's probes) and the simulated libnvidia-ml.so.1 → the real `fleetprof agent` (BPF, nvidia-ml-py) → Kafka →
+symbolizer, correlator, sink → chDB → the named queries. GPU time per kernel equals what the simulator ran, under
+the launching stacks it launched from; the NVML values are stored exactly (needs root, bcc and kernel headers:
+skipped with the reason without them, a failure on CI)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from fleetprof.simulated_gpu_demo import PERF_PYTHON
+from processors.runner import TopicRunner
+from processors.stages import TOPIC_STAGES
+from producers.cpu_sampler import BpfUnavailable, check_bpf
+from producers.nvml_sim import Segment, SimDevice, SimProcess, sim_env, write_scenario
+from tests.elf_helpers import unavailable
+from tests.pipeline_helpers import Running, sink, wait_for
+
+WORKLOAD_S = 4
+BUSY = {"gpu_util": 87, "mem_util": 55, "mem_used": 40 * 1024**3, "sm_clock": 1755, "mem_clock": 2619,
+        "power": 512_000, "temp": 71, "pcie_tx": 800_000, "pcie_rx": 2_100_000, "clock_events": 4}
+PYTHON_PATHS = {  # kernel -> the Python functions the workload launches it from, outermost first
+    "_Z15flash_attn_fwdILi128EEvPKfS1_Pf": ["train_step", "forward", "attention"],
+    "ampere_sgemm_128x64_nn": ["train_step", "backward", "matmul"],
+    "_Z12resize_imagePKhPhii": ["data_loader", "augment"],
+}
+NATIVE_PATHS = {"_Z11native_gemmPKfS0_Pfi": ["gpusim_native_train_step", "native_forward", "native_gemm"],
+                "_Z15native_gemm_bwdPKfS0_Pfi": ["gpusim_native_train_step", "native_backward", "native_gemm_bwd"]}
+
+
+def _correlator(bootstrap: str, group: str) -> Running:
+    kafka = {"bootstrap.servers": bootstrap}
+    stop = threading.Event()
+    return Running(TopicRunner(TOPIC_STAGES["correlate"](kafka), kafka, group=group, poll_timeout=0.2), stop)
+
+
+def _symbolizer(bootstrap: str, group: str) -> Running:
+    kafka = {"bootstrap.servers": bootstrap}
+    return Running(TopicRunner(TOPIC_STAGES["symbolize"](kafka), kafka, group=group, poll_timeout=0.2),
+                   threading.Event())
+
+
+@pytest.fixture
+def bpf() -> None:
+    try:
+        check_bpf()
+    except BpfUnavailable as exc:
+        unavailable(f"BPF unavailable: {exc}")
+
+
+def test_simulated_gpu_node_end_to_end(bpf, kafka_bootstrap, store, tmp_path: Path) -> None:
+    if not PERF_PYTHON.exists():
+        unavailable(f"no CPython with -X perf at {PERF_PYTHON} (bash infra/setup.sh builds it): Python launch paths "
+                    "cannot show")
+    node = f"gpu-e2e-{uuid.uuid4().hex[:8]}"
+    # A simulator build of this test's own, so attaching to it turns on no probes in other tests' processes.
+    env = dict(os.environ, FLEETPROF_NATIVE_BUILD=str(tmp_path / "native"), FLEETPROF_KAFKA=kafka_bootstrap)
+    built = subprocess.run([sys.executable, "-c", "from producers.gpu_native import build_gpusim; "
+                            "print(build_gpusim())"], env=env, capture_output=True, text=True, check=True)
+    lib = built.stdout.strip()
+    scenario = write_scenario(tmp_path / "nvml.txt", [SimDevice("g0", "GPU-e2e00000-0000-4000-8000-000000000000")],
+                              [Segment(0.0, "g0", BUSY, processes=[SimProcess(4242, 80, 50, 30 * 1024**3)])])
+    # A process holding the library, so the agent attaches to it (by path) before the workload starts: then every
+    # launch the workload makes is seen, and the stored totals can be compared exactly.
+    holder = subprocess.Popen([sys.executable, "-c", f"import ctypes, sys; ctypes.CDLL({lib!r}); "
+                               "print('ready', flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    agent = work = None
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        agent = subprocess.Popen([sys.executable, "-m", "fleetprof", "agent", "--once", "--window", "14s", "--node",
+                                  node, "--comm", PERF_PYTHON.name, "--frequency", "99", "--format", "json"],
+                                 env=sim_env(scenario, env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True)
+        lines = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any(line.startswith("collecting") for line in lines):
+            line = agent.stderr.readline()
+            if not line and agent.poll() is not None:
+                break
+            lines.append(line)
+        assert any(line.startswith("collecting CPU at 99 Hz, CUDA kernels, NVML") for line in lines), "".join(lines)
+        work = subprocess.Popen([str(PERF_PYTHON), "-X", "perf", "-m", "producers.simulated_gpu_workload",
+                                 "--seconds", str(WORKLOAD_S)], env=env, stdout=subprocess.PIPE, text=True,
+                                cwd=Path(__file__).resolve().parent.parent)
+        report = json.loads(work.communicate(timeout=60)[0])
+        out, err = agent.communicate(timeout=90)
+    finally:
+        holder.stdin.close()
+        holder.wait(10)
+        for p in (agent, work):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    assert agent.returncode == 0, err
+    summary = json.loads(out.splitlines()[-1])
+    sim = report["simulator"]
+    assert sim["launches_decided"] == sim["launches"] > 0  # the probes were on for every launch
+    assert summary["gpu_launches"] == sim["launches_sampled"] and summary["gpu_kernels"] == sim["kernels_fired"]
+
+    run = uuid.uuid4().hex[:8]
+    with _symbolizer(kafka_bootstrap, f"sym-{run}") as sym, _correlator(kafka_bootstrap, f"cor-{run}") as cor, \
+            sink(store, kafka_bootstrap, f"sink-{run}") as snk:
+        def stored_launches() -> int:
+            _, rows = store.query_sql("SELECT sum(launches) FROM gpu_kernel_samples WHERE node = {n:String}",
+                                      {"n": node})
+            return int(rows[0][0] or 0)
+        wait_for(lambda: stored_launches() >= sim["weight_sum"], timeout=90, what="the GPU time in the store",
+                 running=[sym, cor, snk])
+        time.sleep(1.0)  # nothing more may arrive
+    assert stored_launches() == sim["weight_sum"]
+
+    # GPU time per kernel: what the simulated device ran (its own clock, the probes' values), within 2% (exact here
+    # but for the rounding of per-window sums), and the requested durations within 2% as well.
+    _, rows = store.query_sql("SELECT kernel_name, sum(duration_ns), sum(launches) FROM gpu_kernel_samples "
+                              "WHERE node = {n:String} GROUP BY kernel_name", {"n": node})
+    stored = {name: (int(ns), int(n)) for name, ns, n in rows}
+    ran = report["executed"]
+    assert set(stored) == set(ran), (stored, ran)
+    for name, (ns, n) in stored.items():
+        assert n == ran[name]["kernels"], name
+        assert abs(ns - ran[name]["wall_ns"]) <= 0.02 * ran[name]["wall_ns"], (name, ns, ran[name])
+        assert abs(ns - ran[name]["duration_ns"]) <= 0.02 * ran[name]["duration_ns"], (name, ns, ran[name])
+
+    # Each kernel under the stack it was launched from: Python functions (perf map) and native C frames.
+    _, stacks = store.query_sql("""
+        SELECT g.kernel_name, st.frame_ids, sum(g.duration_ns)
+        FROM gpu_kernel_samples AS g
+        INNER JOIN (SELECT stack_id, any(frame_ids) AS frame_ids FROM stacks GROUP BY stack_id) AS st
+            ON g.stack_id = st.stack_id
+        WHERE g.node = {n:String}
+        GROUP BY g.kernel_name, st.frame_ids""", {"n": node})
+    _, frames = store.query_sql("SELECT frame_id, any(function) FROM frames WHERE frame_id IN {ids:Array(UInt64)} "
+                                "GROUP BY frame_id", {"ids": sorted({f for _, ids, _ in stacks for f in ids})})
+    names = dict(frames)
+    for kernel, path in {**PYTHON_PATHS, **NATIVE_PATHS}.items():
+        total = sum(ns for k, _, ns in stacks if k == kernel)
+        under = 0
+        for k, ids, ns in stacks:
+            chain = [names.get(f, "?") for f in ids]
+            short = [c.split(":")[2].rsplit(".", 1)[-1] if c.startswith("py::") else c for c in chain]
+            if k == kernel and _contains_in_order(short, path):
+                under += ns
+        example = next(([names.get(f, "?") for f in ids] for k, ids, _ in stacks if k == kernel), [])
+        assert total and under >= 0.9 * total, \
+            f"{kernel}: {under} of {total} ns under {' → '.join(path)}; a stack: {' → '.join(example)}"
+
+    # NVML: the simulated values, stored exactly.
+    _, rows = store.query_sql("SELECT gpu_util_pct, mem_util_pct, mem_used_bytes, sm_clock_mhz, mem_clock_mhz, "
+                              "power_mw, temperature_c, pcie_tx_kbps, pcie_rx_kbps, clock_event_reasons, name "
+                              "FROM gpu_device_metrics WHERE node = {n:String}", {"n": node})
+    assert rows and summary["gpu_metric_polls"] == len(rows)
+    expected = (BUSY["gpu_util"], BUSY["mem_util"], BUSY["mem_used"], BUSY["sm_clock"], BUSY["mem_clock"],
+                BUSY["power"], BUSY["temp"], BUSY["pcie_tx"], BUSY["pcie_rx"], BUSY["clock_events"])
+    assert {tuple(r[:10]) for r in rows} == {expected}
+    assert all("simulated" in r[10] for r in rows)
+
+
+def _contains_in_order(chain: list[str], path: list[str]) -> bool:
+    """`path` appears in `chain` in order, root first (interpreter frames sit between Python ones)."""
+    at = 0
+    for name in chain:
+        if at < len(path) and name == path[at]:
+            at += 1
+    return at == len(path)
