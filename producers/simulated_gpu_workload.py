@@ -25,7 +25,7 @@ from typing import Any
 
 from producers.gpu_native import GpuSim
 
-FLASH_ATTN = "_Z15flash_attn_fwdILi128EEvPKfS1_Pf"
+FLASH_ATTN = "_Z14flash_attn_fwdILi128EEvPKfS1_Pf"
 SGEMM = "ampere_sgemm_128x64_nn"
 RESIZE = "_Z12resize_imagePKhPhii"
 DURATIONS_NS = {FLASH_ATTN: 300_000, SGEMM: 500_000, RESIZE: 100_000}

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from fleetprof.simulated_gpu_demo import PERF_PYTHON
+from processors.demangle import demangle
 from processors.runner import TopicRunner
 from processors.stages import TOPIC_STAGES
 from producers.cpu_sampler import BpfUnavailable, check_bpf
@@ -29,7 +30,7 @@ WORKLOAD_S = 4
 BUSY = {"gpu_util": 87, "mem_util": 55, "mem_used": 40 * 1024**3, "sm_clock": 1755, "mem_clock": 2619,
         "power": 512_000, "temp": 71, "pcie_tx": 800_000, "pcie_rx": 2_100_000, "clock_events": 4}
 PYTHON_PATHS = {  # kernel -> the Python functions the workload launches it from, outermost first
-    "_Z15flash_attn_fwdILi128EEvPKfS1_Pf": ["train_step", "forward", "attention"],
+    "_Z14flash_attn_fwdILi128EEvPKfS1_Pf": ["train_step", "forward", "attention"],
     "ampere_sgemm_128x64_nn": ["train_step", "backward", "matmul"],
     "_Z12resize_imagePKhPhii": ["data_loader", "augment"],
 }
@@ -142,6 +143,10 @@ def test_simulated_gpu_node_end_to_end(bpf, kafka_bootstrap, store, tmp_path: Pa
     _, frames = store.query_sql("SELECT frame_id, any(function) FROM frames WHERE frame_id IN {ids:Array(UInt64)} "
                                 "GROUP BY frame_id", {"ids": sorted({f for _, ids, _ in stacks for f in ids})})
     names = dict(frames)
+    # the leaf is the kernel, demangled
+    assert {k: names.get(ids[-1]) for k, ids, _ in stacks} == {k: demangle(k) for k, _, _ in stacks}
+    assert demangle("_Z14flash_attn_fwdILi128EEvPKfS1_Pf") == "void flash_attn_fwd<128>(float const*, float const*, " \
+        "float*)"
     for kernel, path in {**PYTHON_PATHS, **NATIVE_PATHS}.items():
         total = sum(ns for k, _, ns in stacks if k == kernel)
         under = 0

@@ -153,7 +153,7 @@ def test_native_paths_keep_their_frames() -> None:
 
 # ---- the simulator and its workload, no agent attached ----
 
-FLASH, SGEMM, RESIZE = "_Z15flash_attn_fwdILi128EEvPKfS1_Pf", "ampere_sgemm_128x64_nn", "_Z12resize_imagePKhPhii"
+FLASH, SGEMM, RESIZE = "_Z14flash_attn_fwdILi128EEvPKfS1_Pf", "ampere_sgemm_128x64_nn", "_Z12resize_imagePKhPhii"
 GEMM, GEMM_BWD = "_Z11native_gemmPKfS0_Pfi", "_Z15native_gemm_bwdPKfS0_Pfi"
 NATIVE = "train_loop;train_step;native_step;gpusim_native_train_step"
 REQUESTED_NS = {FLASH: 300_000, SGEMM: 500_000, RESIZE: 100_000, GEMM: 200_000, GEMM_BWD: 400_000}
