@@ -2,8 +2,9 @@
 
 - the CPU sampler's kernel maps are emptied every `look_every_s` (fewer stack-hash collisions), and newly sampled
   processes are read at once (so one that exits mid-window still symbolizes);
-- the GPU probes' ring buffers are drained every `tick_s` (they are bounded) and objects with fleetprof probes
-  looked for every `look_every_s`, so a new CUDA process is attached within the window;
+- the GPU probes' ring buffers are drained every `tick_s` while an object is attached (they are bounded), and
+  objects with fleetprof probes looked for every `look_every_s` (new processes; all of them every 10th time), so a
+  new CUDA process is attached within the window;
 - NVML is polled on its own period.
 
 One thread on purpose: the process cache and the collectors are not shared between threads, and nothing here
@@ -91,7 +92,9 @@ class AgentLoop:
         now = time.monotonic()
         deadline, next_look = now + window_s, now + self.look_every_s
         while (left := deadline - time.monotonic()) > 0:
-            if stop.wait(min(self.tick_s, left)):
+            # the rings need draining only while something is attached; otherwise wake once per look
+            busy = self.c.gpu is not None and bool(self.c.gpu.attached())
+            if stop.wait(min(self.tick_s if busy else max(0.0, next_look - time.monotonic()), left)):
                 break
             self._drain_gpu()
             self._poll_nvml()

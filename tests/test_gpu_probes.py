@@ -566,7 +566,7 @@ def test_objects_without_slots_and_unmapped_objects(built: dict[str, Path], proc
     finally:
         small.close()
     lib_user.close()
-    c = _collector(procs, idle_scans=1)
+    c = _collector(procs, idle_scans=1, full_scan_every=1)
     try:
         o0 = procs.start(built["emitter_o0"])
         assert c.rescan() == [str(built["emitter_o0"])]
