@@ -19,22 +19,32 @@ def _fleetprof(env: dict, *args: str, timeout: float = 120) -> subprocess.Comple
                           timeout=timeout)
 
 
+def _start_up(env: dict, *args: str) -> tuple[subprocess.Popen, str]:
+    """`fleetprof up ARGS` started, once it says its query API is up; with what it printed so far."""
+    up = subprocess.Popen([sys.executable, "-m", "fleetprof", "up", *args], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not any("query API at" in line for line in lines):
+        line = up.stdout.readline()
+        if not line and up.poll() is not None:
+            break
+        lines.append(line)
+    text = "".join(lines)
+    if "query API at" not in text:
+        up.kill()
+        up.wait()
+        raise AssertionError(f"fleetprof up did not come up:\n{text}")
+    return up, text
+
+
 def test_up_then_loadgen_then_query_top_shows_exactly_what_was_sent(tmp_path):
     kafka_port = consecutive_free_port()
     api_port = next(p for p in free_ports(3) if p not in (kafka_port, kafka_port + 1))
     env = dict(os.environ, FLEETPROF_DATA_DIR=str(tmp_path / "data"), FLEETPROF_KAFKA=f"127.0.0.1:{kafka_port}",
                FLEETPROF_API=f"127.0.0.1:{api_port}")
-    up = subprocess.Popen([sys.executable, "-m", "fleetprof", "up"], env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+    up, _ = _start_up(env)
     try:
-        lines = []
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and not any("query API at" in line for line in lines):
-            line = up.stdout.readline()
-            if not line and up.poll() is not None:
-                break
-            lines.append(line)
-        assert any("query API at" in line for line in lines), "".join(lines)
 
         sent = _fleetprof(env, "loadgen", "--nodes", "3", "--duration", "6s", "--window", "2s", "--no-pace",
                           "--format", "json")
@@ -85,18 +95,9 @@ def test_up_simulate_gpu_shows_simulated_gpu_time_and_metrics(tmp_path):
     # a simulator build of this test's own: the agent attaches to it by path, and to no other test's copy
     env = dict(os.environ, FLEETPROF_DATA_DIR=str(tmp_path / "data"), FLEETPROF_KAFKA=f"127.0.0.1:{kafka_port}",
                FLEETPROF_API=f"127.0.0.1:{api_port}", FLEETPROF_NATIVE_BUILD=str(tmp_path / "native"))
-    up = subprocess.Popen([sys.executable, "-m", "fleetprof", "up", "--simulate-gpu"], env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    up, text = _start_up(env, "--simulate-gpu")
     try:
-        lines = []
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and not any("query API at" in line for line in lines):
-            line = up.stdout.readline()
-            if not line and up.poll() is not None:
-                break
-            lines.append(line)
-        text = "".join(lines)
-        assert "query API at" in text and "SIMULATED GPU" in text, text
+        assert "SIMULATED GPU" in text, text
 
         kernels: set[str] = set()
         metrics: list[dict] = []

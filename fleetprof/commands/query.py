@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +12,11 @@ import click
 
 from fleetprof.commands.query_metrics import metrics
 from fleetprof.commands.sql import emit
+from fleetprof.commands.time_range import time_range
 from fleetprof.flamegraph_formats import BINARY_FORMATS, FORMATS
 from fleetprof.pprof import pprof_bytes
 from fleetprof.query_client import QueryError, QueryTarget, query_target
 from fleetprof.settings import Settings
-from fleetprof.store import parse_time
 
 
 @dataclass(frozen=True)
@@ -36,17 +35,6 @@ KINDS = {
     # GPU time in ns, by the CPU stack that launched each kernel, the kernel as the leaf frame
     "gpu": Kind("top_kernels_gpu", "totals_gpu", "flamegraph_gpu", "ns", ("gpu_time", "nanoseconds")),
 }
-
-
-def _range(since: str, until: str) -> tuple[datetime, datetime]:
-    try:
-        end = parse_time(until)
-        start = parse_time(since, now=end)  # a relative --since counts back from --until
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
-    if start >= end:
-        raise click.ClickException(f"--since ({start.isoformat()}) must be before --until ({end.isoformat()})")
-    return start, end
 
 
 def _filters(node: str | None, pid: int | None, comm: str | None) -> dict[str, Any]:
@@ -96,7 +84,7 @@ def top(settings: Settings, kind: str, since: str, until: str, node: str | None,
         comm: str | None, limit: int, fmt: str) -> None:
     """Top functions by self samples (gpu: kernels and launching functions by self GPU time), with total
     (inclusive) samples or time and the share of all in the range."""
-    start, end = _range(since, until)
+    start, end = time_range(since, until)
     params = {"since": start, "until": end, **_filters(node, pid, comm)}
     queries = KINDS[kind]
 
@@ -153,7 +141,7 @@ def flamegraph(settings: Settings, kind: str, since: str, until: str, node: str 
     out = sys.stdout.buffer
     if output is None and fmt in BINARY_FORMATS and out.isatty():
         raise click.ClickException(f"{fmt} output is binary: write it to a file with -o FILE (or redirect stdout)")
-    start, end = _range(since, until)
+    start, end = time_range(since, until)
     params = {"since": start, "until": end, **_filters(node, pid, comm)}
     queries = KINDS[kind]
     _, rows = _run(settings, lambda target: target.named(queries.flamegraph, params))

@@ -2,31 +2,18 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
 import click
 
 from fleetprof.commands.sql import emit
+from fleetprof.commands.time_range import time_range
 from fleetprof.query_client import QueryError, query_target
 from fleetprof.settings import Settings
-from fleetprof.store import parse_time
 from processors.sink import DEVICE_COLUMNS, PROCESS_COLUMNS
 
 QUERIES = {False: "gpu_metrics", True: "gpu_process_metrics"}
 # The named queries return the tables' columns as the sink stores them; an empty result carries no column names,
 # and CSV and table output still want their header.
 COLUMNS = {False: DEVICE_COLUMNS, True: PROCESS_COLUMNS}
-
-
-def _range(since: str, until: str) -> tuple[datetime, datetime]:
-    try:
-        end = parse_time(until)
-        start = parse_time(since, now=end)  # a relative --since counts back from --until
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
-    if start >= end:
-        raise click.ClickException(f"--since ({start.isoformat()}) must be before --until ({end.isoformat()})")
-    return start, end
 
 
 @click.command("metrics")
@@ -48,7 +35,7 @@ def metrics(settings: Settings, since: str, until: str, node: str | None, gpu: i
     Empty cells (null in JSON) are readings NVML could not give on that device. Goes through the API of the process
     that owns the store if one answers, else opens the store itself.
     """
-    start, end = _range(since, until)
+    start, end = time_range(since, until)
     # '' and -1 mean "no filter" to the named queries
     params = {"since": start, "until": end, "node": node or "", "gpu": -1 if gpu is None else gpu, "limit": limit}
     try:
