@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -158,6 +159,17 @@ def test_simulated_gpu_node_end_to_end(bpf, kafka_bootstrap, store, tmp_path: Pa
         example = next(([names.get(f, "?") for f in ids] for k, ids, _ in stacks if k == kernel), [])
         assert total and under >= 0.9 * total, \
             f"{kernel}: {under} of {total} ns under {' → '.join(path)}; a stack: {' → '.join(example)}"
+
+    # --comm selects GPU time too: the workload's CPU samples name its process
+    since = datetime.fromtimestamp(time.time() - 3600, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    until = datetime.fromtimestamp(time.time() + 3600, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    by_comm = {}
+    for comm in (PERF_PYTHON.name, "no-such-command"):
+        cols, rows = store.query_named("top_kernels_gpu", {"since": since, "until": until, "node": node,
+                                                           "comm": comm, "limit": 100})
+        by_comm[comm] = {r[cols.index("function")]: int(r[cols.index("self")]) for r in rows if r[cols.index("self")]}
+    assert by_comm[PERF_PYTHON.name] == {demangle(k): ns for k, (ns, _) in stored.items()}
+    assert by_comm["no-such-command"] == {}
 
     # NVML: the simulated values, stored exactly.
     _, rows = store.query_sql("SELECT gpu_util_pct, mem_util_pct, mem_used_bytes, sm_clock_mhz, mem_clock_mhz, "

@@ -15,7 +15,10 @@ WITH
         WHERE ts >= {since:DateTime} AND ts < {until:DateTime}
           AND ({node:String} = '' OR node = {node:String})
           AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
-          AND ({comm:String} = '' OR comm = {comm:String})
+          -- GPU rows carry no comm yet (launch records have none): also the processes the CPU sampler saw under it
+          AND ({comm:String} = '' OR comm = {comm:String}
+               OR (node, pid) IN (SELECT node, pid FROM cpu_samples
+                                  WHERE ts >= {since:DateTime} AND ts < {until:DateTime} AND comm = {comm:String}))
         GROUP BY stack_id
     ),
     definitions AS
