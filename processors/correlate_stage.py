@@ -36,7 +36,7 @@ from processors import metrics
 from processors.correlate import KERNEL, LAUNCH, SECOND_NS, SIDES, CorrelateConfig, Correlator, Outcome
 from processors.correlate_changelog import changelog, restore, state_key
 from processors.correlate_samples import LaunchStacks, build_gpu_samples, split_gpu_samples
-from processors.known_ids import KnownIds
+from processors.known_ids import SentDefinitions
 from processors.messages import Message, Produced, dead_letter
 from processors.runner import client_config
 from processors.symbol_feed import SymbolFeed
@@ -135,10 +135,7 @@ class CorrelateStage:
         self.correlator = Correlator(config)
         self.stacks = LaunchStacks()
         self.verified: set[tuple[int, int]] = set()  # (partition, side) whose offsets the state has been checked on
-        self.sent_stacks = KnownIds(refresh_s=resend_s)
-        self.sent_frames = KnownIds(refresh_s=resend_s)
-        self.pending_stacks: set[int] = set()
-        self.pending_frames: set[int] = set()
+        self.sent = SentDefinitions(resend_s)
         self.counts: Counter[tuple] = Counter()  # metric increments of the open transaction
 
     # --- hooks (I/O) ------------------------------------------------------------------------------------------
@@ -195,9 +192,7 @@ class CorrelateStage:
         log.info("read the join state of %d partitions in %.2f s", len(partitions), time.monotonic() - started)
 
     def after_commit(self) -> None:
-        self.sent_stacks.add(self.pending_stacks)
-        self.sent_frames.add(self.pending_frames)
-        self.pending_stacks, self.pending_frames = set(), set()
+        self.sent.commit()
         for (kind, *labels), n in self.counts.items():
             kind.labels(self.name, *labels).inc(n)
         self.counts.clear()
@@ -208,7 +203,7 @@ class CorrelateStage:
     def after_abort(self) -> None:
         """The aborted batch never happened: its definitions go out again, its counts never counted, and the
         state goes back to the committed one (read from the changelog, as after a restart)."""
-        self.pending_stacks, self.pending_frames = set(), set()
+        self.sent.abort()
         self.counts.clear()
         held = {p: "abort" for p in self.correlator.parts}
         self.correlator.parts.clear()
@@ -237,7 +232,7 @@ class CorrelateStage:
         for rec in records:
             for part in split_gpu_samples(rec, MAX_OUTPUT_BYTES):
                 produced.append(Produced(topics.GPU_SAMPLES.name, rec["node"], topics.GPU_SAMPLES.schema,
-                                         self._new_definitions_only(part)))
+                                         self.sent.new_only(part)))
         slots = self.correlator.config.log_slots
         for p in touched:
             for rec in changelog(self.correlator, self.group, p):
@@ -250,16 +245,6 @@ class CorrelateStage:
             self.counts[(metrics.CORRELATE_REPLAYED,)] += out.replayed
         self.counts[(metrics.UNKNOWN_FRAMES,)] += stats.unknown_frames
         return produced
-
-    def _new_definitions_only(self, rec: dict) -> dict:
-        """Stack and frame definitions already committed to gpu.samples are not sent again (re-sent after
-        resend_s, which keeps their last_seen fresh in the store)."""
-        stacks = self.sent_stacks.unseen([s["stack_id"] for s in rec["stacks"]]) - self.pending_stacks
-        kept = [s for s in rec["stacks"] if s["stack_id"] in stacks]
-        frames = self.sent_frames.unseen([f for s in kept for f in s["frame_ids"]]) - self.pending_frames
-        self.pending_stacks |= stacks
-        self.pending_frames |= frames
-        return {**rec, "stacks": kept, "frames": [f for f in rec["frames"] if f["frame_id"] in frames]}
 
 
 def config_from_env(env: dict[str, str] | None = None) -> CorrelateConfig:

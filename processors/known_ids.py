@@ -29,3 +29,32 @@ class KnownIds:
             self._ids.move_to_end(i)
         while len(self._ids) > self.limit:
             self._ids.popitem(last=False)
+
+
+class SentDefinitions:
+    """The stack and frame definitions a stage has put in committed output, so each goes out once (then again
+    after `resend_s`, which keeps its last_seen fresh in the store). Ids of a batch stay pending until its
+    transaction commits: an aborted batch's definitions must go out again with the retried batch."""
+
+    def __init__(self, resend_s: float = 3600.0) -> None:
+        self.stacks = KnownIds(refresh_s=resend_s)
+        self.frames = KnownIds(refresh_s=resend_s)
+        self.pending_stacks: set[int] = set()
+        self.pending_frames: set[int] = set()
+
+    def new_only(self, rec: dict) -> dict:
+        """`rec` (with "stacks" and "frames") keeping only the definitions not sent yet."""
+        stacks = self.stacks.unseen([s["stack_id"] for s in rec["stacks"]]) - self.pending_stacks
+        kept = [s for s in rec["stacks"] if s["stack_id"] in stacks]
+        frames = self.frames.unseen([f for s in kept for f in s["frame_ids"]]) - self.pending_frames
+        self.pending_stacks |= stacks
+        self.pending_frames |= frames
+        return {**rec, "stacks": kept, "frames": [f for f in rec["frames"] if f["frame_id"] in frames]}
+
+    def commit(self) -> None:
+        self.stacks.add(self.pending_stacks)
+        self.frames.add(self.pending_frames)
+        self.pending_stacks, self.pending_frames = set(), set()
+
+    def abort(self) -> None:
+        self.pending_stacks, self.pending_frames = set(), set()

@@ -7,7 +7,7 @@ import logging
 from processors import metrics
 from processors.correlate_stage import build_correlate
 from processors.debuginfod import DebuginfodSource
-from processors.known_ids import KnownIds
+from processors.known_ids import SentDefinitions
 from processors.messages import Message, Produced
 from processors.symbol_feed import SymbolFeed
 from processors.symbol_tables import SymbolTables
@@ -35,10 +35,7 @@ class SymbolizeStage:
         self.memo = FrameMemo()
         # Stack and frame definitions already committed to cpu.samples are not sent again (they dominate the
         # output); each is re-sent after resend_s, which keeps its last_seen fresh in the store.
-        self.sent_stacks = KnownIds(refresh_s=resend_s)
-        self.sent_frames = KnownIds(refresh_s=resend_s)
-        self.pending_stacks: set[int] = set()
-        self.pending_frames: set[int] = set()
+        self.sent = SentDefinitions(resend_s)
 
     def before_batch(self, messages: list[Message]) -> None:
         """Read newly published symbol tables when the batch names a build id not yet known; then ask debuginfod
@@ -91,26 +88,16 @@ class SymbolizeStage:
                 rec, stats = self._symbolize(m.record)
             metrics.UNKNOWN_FRAMES.labels(self.name).inc(stats.unknown_frames)
             for part in split_samples(rec, MAX_OUTPUT_BYTES):
-                part = self._new_definitions_only(part)
+                part = self.sent.new_only(part)
                 out.append(Produced(topics.CPU_SAMPLES.name, m.record["node"], topics.CPU_SAMPLES.schema, part, m))
         return out
 
-    def _new_definitions_only(self, rec: dict) -> dict:
-        stacks = self.sent_stacks.unseen([s["stack_id"] for s in rec["stacks"]]) - self.pending_stacks
-        kept = [s for s in rec["stacks"] if s["stack_id"] in stacks]
-        frames = self.sent_frames.unseen([f for s in kept for f in s["frame_ids"]]) - self.pending_frames
-        self.pending_stacks |= stacks
-        self.pending_frames |= frames
-        return {**rec, "stacks": kept, "frames": [f for f in rec["frames"] if f["frame_id"] in frames]}
-
     def after_commit(self) -> None:
-        self.sent_stacks.add(self.pending_stacks)
-        self.sent_frames.add(self.pending_frames)
-        self.pending_stacks, self.pending_frames = set(), set()
+        self.sent.commit()
 
     def after_abort(self) -> None:
         # the aborted output never happened: its definitions must go out again with the retried batch
-        self.pending_stacks, self.pending_frames = set(), set()
+        self.sent.abort()
 
 
 def build_symbolize(kafka: dict) -> SymbolizeStage:

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import socket
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from threading import Event
 
 import numpy as np
 
-from producers.cpu_sampler import CpuSampler, Sample
+from producers.cpu_sampler import Sample
 from producers.perf_map import DEFAULT_PERF_MAPS, JIT_BINARY, PerfMap, PerfMapCache, is_anonymous
 from producers.process_info import Mapping, ProcessInfo, process_info
 
@@ -156,29 +153,3 @@ def build_cpu_batch(samples: list[Sample], processes: ProcessCache, node: str, w
     processes.end_window()
     return {"node": node, "window_start_ns": window_start_ns, "window_ns": window_ns, "frequency_hz": frequency_hz,
             "kernel_build_id": kernel_build_id, "simulated": False, "processes": procs}
-
-
-def wait_window(sampler: CpuSampler, window_s: float, processes: ProcessCache, stop: Event | None = None,
-                look_every_s: float = 1.0) -> None:
-    """Wait out one window, taking the kernel's counts every `look_every_s` (fewer stack collisions) and reading
-    each newly sampled process's metadata and mappings as soon as it shows up, so a process that exits before the
-    window ends still symbolizes."""
-    deadline = time.monotonic() + window_s
-    stop = stop or Event()
-    while (left := deadline - time.monotonic()) > 0:
-        if stop.wait(min(look_every_s, left)):
-            return
-        sampler.collect()
-        for pid in sampler.pids():
-            processes.get(pid)
-
-
-def collect_window(sampler: CpuSampler, window_s: float, processes: ProcessCache,
-                   node: str | None = None, keep: ProcessFilter = ProcessFilter()) -> dict:
-    """Wait one window on a started sampler, drain it and build the batch record."""
-    start_ns = time.time_ns()
-    wait_window(sampler, window_s, processes)
-    samples = sampler.drain()
-    window_ns = time.time_ns() - start_ns
-    return build_cpu_batch(samples, processes, node or socket.gethostname(), start_ns, window_ns,
-                           sampler.frequency_hz, keep=keep)

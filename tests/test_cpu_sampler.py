@@ -116,7 +116,8 @@ def test_agent_dry_run_once_prints_the_pid(workload: subprocess.Popen, workload_
 
 
 def test_a_process_that_exits_mid_window_keeps_its_metadata(workload_binary: Path) -> None:
-    from producers.cpu import ProcessCache, ProcessFilter, collect_window
+    from producers.agent_loop import AgentCollectors, AgentLoop
+    from producers.cpu import ProcessCache, ProcessFilter, build_cpu_batch
 
     sampler = CpuSampler(frequency_hz=FREQUENCY)  # system-wide: the process does not exist yet
     sampler.start()
@@ -126,7 +127,13 @@ def test_a_process_that_exits_mid_window_keeps_its_metadata(workload_binary: Pat
         proc = subprocess.Popen([str(workload_binary)])
         killer = threading.Timer(1.8, proc.kill)  # gone well before the 3.5 s window ends
         killer.start()
-        batch = collect_window(sampler, 3.5, ProcessCache(), "n", ProcessFilter(comm="busy"))
+        processes = ProcessCache()
+        loop = AgentLoop(AgentCollectors(sampler=sampler), processes, on_gpu=lambda *_: None,
+                         on_metrics=lambda _: None)
+        start_ns = time.time_ns()
+        samples = loop.window(3.5)  # the agent's own window: new processes read within a second
+        batch = build_cpu_batch(samples, processes, "n", start_ns, time.time_ns() - start_ns, FREQUENCY,
+                                keep=ProcessFilter(comm="busy"))
     finally:
         sampler.close()
         if proc is not None:

@@ -157,7 +157,7 @@ def test_paths_are_the_process_view_of_its_tmp() -> None:
 
 def test_ns_pid_is_the_pid_inside_a_pid_namespace() -> None:
     if os.geteuid() != 0 or shutil.which("unshare") is None:
-        pytest.skip("needs root and unshare(1) to make a pid namespace")
+        unavailable("needs root and unshare(1) to make a pid namespace")
     proc = subprocess.Popen(["unshare", "--pid", "--fork", "sleep", "30"])
     try:
         child = None
@@ -168,7 +168,7 @@ def test_ns_pid_is_the_pid_inside_a_pid_namespace() -> None:
                 break
             time.sleep(0.02)
         if child is None:
-            pytest.skip("unshare made no child (no pid namespaces here?)")
+            unavailable("unshare made no child (no pid namespaces here?)")
         assert ns_pid(child) == 1
         assert perf_map_path(child) == f"/proc/{child}/root/tmp/perf-1.map"
     finally:
