@@ -1,8 +1,8 @@
 """`fleetprof up`: the whole pipeline on one machine on the embedded defaults.
 
 This process owns the chDB store (one process per data directory): it runs the sink and serves the query API.
-Symbolizers and the correlator run as child processes in their consumer groups and are restarted if they die; with
-`--simulate-gpu`, so do a simulated GPU workload and the agent.
+Symbolizers, the correlator and the alerter run as child processes in their consumer groups and are restarted if
+they die; with `--simulate-gpu`, so do a simulated GPU workload and the agent.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ class LocalPipeline:
     symbolizers: int = 1
     simulate_gpu: bool = False
     serve_api: bool = True
+    alert_env: dict[str, str] = field(default_factory=dict)  # FLEETPROF_ALERT_* settings for the alerts child
     started_broker: object | None = None
     store: object | None = None
     api: object | None = None
@@ -87,6 +88,8 @@ class LocalPipeline:
         for i in range(self.symbolizers):
             self._start(Child("symbolize", i, logs_dir / f"symbolize-{i}.log"))
         self._start(Child("correlate", 0, logs_dir / "correlate-0.log"))
+        # evidence comes through this process's query API (it owns the store), so the alerter reads FLEETPROF_API
+        self._start(Child("alerts", 0, logs_dir / "alerts-0.log", env={**os.environ, **self.alert_env}))
         self.sink = StoreRunner(self.store, self.settings.kafka_config(), stop=self.stop_event)
         self.sink_thread = threading.Thread(target=self._run_sink, name="sink", daemon=True)
         self.sink_thread.start()
@@ -129,6 +132,7 @@ class LocalPipeline:
         env["FLEETPROF_KAFKA"] = self.settings.kafka  # via env, so settings never show on a command line
         env["FLEETPROF_DATA_DIR"] = str(self.settings.data_dir)
         env["FLEETPROF_INSTANCE"] = str(child.index)
+        env["FLEETPROF_API"] = self.settings.api
         argv = child.argv or [sys.executable, "-m", "fleetprof", "process", child.stage]
         out = open(child.log_path, "ab")  # noqa: SIM115 - handed to the child for its lifetime
         # the repository root as cwd: the simulated workload runs as `-m producers...` under another interpreter

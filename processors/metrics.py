@@ -38,3 +38,11 @@ CORRELATE_REPLAYED = Counter("fleetprof_correlate_replayed_total",
 CORRELATE_RESTORES = Counter("fleetprof_correlate_state_restores_total",
                              "Partitions whose join state was read back from the changelog, by cause",
                              ["stage", "reason"])
+
+# --- alerts (GPU-utilization drops) ---
+ALERTS_SENT = Counter("fleetprof_alerts_total", "GPU alerts sent to the alerts topic, by state", ["stage", "state"])
+ALERT_RESTORES = Counter("fleetprof_alerts_state_restores_total",
+                         "Partitions whose detector state was read back from alerts.state, by cause",
+                         ["stage", "reason"])
+WEBHOOK_POSTS = Counter("fleetprof_alerts_webhook_posts_total",
+                        "Alert webhook POSTs by outcome (delivered, retried)", ["outcome"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -19,6 +20,8 @@ PROCESS_COLUMNS = ["ts", "node", "gpu_index", "pid", "comm", "container_id", "sm
                    "used_memory_bytes", "simulated"]
 GPU_SAMPLE_COLUMNS = ["ts", "node", "pid", "comm", "container_id", "device", "stream", "stack_id", "kernel_name",
                       "duration_ns", "launches"]
+ALERT_COLUMNS = ["alert_id", "kind", "state", "node", "gpu_index", "gpu_uuid", "started", "time", "threshold",
+                 "observed", "message", "evidence"]
 GPU_UNMATCHED_COLUMNS = ["ts", "node", "pid", "side", "reason", "events", "duration_ns", "launches"]
 
 # Tables whose rows are keyed by content (ReplacingMergeTree): safe to write again, no dedup token needed.
@@ -84,12 +87,22 @@ def gpu_samples_rows(rec: dict) -> dict[str, Rows]:
     }
 
 
+def alert_rows(rec: dict) -> dict[str, Rows]:
+    # evidence as JSON text: people read it whole, and a JSON column type would tie the table to a server version
+    evidence = json.dumps(rec["evidence"], ensure_ascii=False)
+    return {"alerts": Rows(ALERT_COLUMNS, [[
+        rec["alert_id"], rec["kind"], rec["state"], rec["node"], rec["gpu_index"], rec["gpu_uuid"],
+        _ts_ms(rec["started_ns"]), _ts_ms(rec["time_ns"]), rec["threshold"], rec["observed"], rec["message"],
+        evidence]])}
+
+
 ROW_BUILDERS = {
     "fleetprof.CpuSamples": cpu_samples_rows,
     "fleetprof.GpuMetrics": gpu_metrics_rows,
     "fleetprof.GpuSamples": gpu_samples_rows,
+    "fleetprof.Alert": alert_rows,
 }
-SINK_INPUTS = ("cpu.samples", "gpu.metrics", "gpu.samples")
+SINK_INPUTS = ("cpu.samples", "gpu.metrics", "gpu.samples", "alerts")
 
 
 def rows_for(messages: list[Message]) -> dict[str, Rows]:

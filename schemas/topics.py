@@ -32,11 +32,13 @@ CPU_SAMPLES = Topic("cpu.samples", "CpuSamples", 6, 24 * HOUR_MS, doc="symbolize
 GPU_SAMPLES = Topic("gpu.samples", "GpuSamples", 6, 24 * HOUR_MS, doc="GPU kernel time by launching stack, key node")
 CORRELATE_STATE = Topic("correlate.state", "CorrelatorState", 6, -1, compacted=True,
                         doc="the correlator's pending join state (changelog), key group/partition/bucket/chunk")
+ALERTS_STATE = Topic("alerts.state", "AlerterState", 3, -1, compacted=True,
+                     doc="the alerter's per-GPU detector state (changelog), key group/partition/offset|gpu/...")
 ALERTS = Topic("alerts", "Alert", 1, 7 * 24 * HOUR_MS, doc="GPU alerts, key node/gpu")
 DEADLETTER = Topic("deadletter", "DeadLetter", 1, 7 * 24 * HOUR_MS, doc="undecodable or failed messages")
 
 ALL: tuple[Topic, ...] = (
-    CPU_STACKS, GPU_LAUNCHES, GPU_KERNELS, GPU_METRICS, SYMBOLS, CPU_SAMPLES, GPU_SAMPLES, CORRELATE_STATE, ALERTS,
-    DEADLETTER,
+    CPU_STACKS, GPU_LAUNCHES, GPU_KERNELS, GPU_METRICS, SYMBOLS, CPU_SAMPLES, GPU_SAMPLES, CORRELATE_STATE,
+    ALERTS_STATE, ALERTS, DEADLETTER,
 )
 BY_NAME = {t.name: t for t in ALL}

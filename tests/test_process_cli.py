@@ -42,4 +42,4 @@ def test_symbolizer_process_serves_metrics_and_stops_on_sigterm(kafka_bootstrap,
 def test_process_rejects_an_unknown_stage():
     out = subprocess.run([sys.executable, "-m", "fleetprof", "process", "nope"], capture_output=True, text=True)
     assert out.returncode == 2
-    assert "'nope' is not one of 'symbolize', 'correlate', 'sink'" in out.stderr
+    assert "'nope' is not one of 'symbolize', 'correlate', 'alerts', 'sink'" in out.stderr

@@ -9,6 +9,7 @@ import click
 from rich.console import Console
 
 from fleetprof import logs
+from fleetprof.alerting import alert_env, alert_options
 from fleetprof.settings import Settings
 
 
@@ -19,8 +20,9 @@ from fleetprof.settings import Settings
               help="Also run a simulated GPU workload and the agent against a simulated NVML library (a demo; "
                    "labelled simulated; CPU and kernel timing need root for BPF).")
 @click.option("--api", "api_addr", default=None, help="Query API address host:port [env FLEETPROF_API; 127.0.0.1:7474]")
+@alert_options
 @click.pass_obj
-def up(settings: Settings, symbolizers: int, simulate_gpu: bool, api_addr: str | None) -> None:
+def up(settings: Settings, symbolizers: int, simulate_gpu: bool, api_addr: str | None, **alert_values: object) -> None:
     """Start Kafka (local broker), migrate the store, run the processors, the sink and the query API."""
     from fleetprof.local_pipeline import LocalPipeline
 
@@ -29,7 +31,8 @@ def up(settings: Settings, symbolizers: int, simulate_gpu: bool, api_addr: str |
     console = Console(stderr=True)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     logs.configure("INFO", settings.data_dir / "logs" / "up.log")
-    pipeline = LocalPipeline(settings, symbolizers=symbolizers, simulate_gpu=simulate_gpu)
+    pipeline = LocalPipeline(settings, symbolizers=symbolizers, simulate_gpu=simulate_gpu,
+                             alert_env=alert_env(alert_values))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: (stop.set(), pipeline.stop_event.set()))
@@ -42,7 +45,7 @@ def up(settings: Settings, symbolizers: int, simulate_gpu: bool, api_addr: str |
         console.print(f"[green]✓[/] store {settings.clickhouse_dsn} database {settings.database}"
                       f" ({len(applied)} migrations applied)")
         pipeline.start_processors()
-        console.print(f"[green]✓[/] {symbolizers} symbolizer(s), the correlator and the sink running"
+        console.print(f"[green]✓[/] {symbolizers} symbolizer(s), the correlator, the alerter and the sink running"
                       f" (logs in {settings.data_dir / 'logs'})")
         if simulate_gpu:
             pipeline.start_simulated_gpu()
