@@ -100,14 +100,22 @@ def named_query(name: str) -> NamedQuery:
     return _load_named(path, path.stat().st_mtime_ns)
 
 
-@cache
-def _load_named(path: Path, _mtime: int) -> NamedQuery:
-    sql = path.read_text()
+def parse_query(name: str, sql: str) -> NamedQuery:
+    """Any statement read the way named queries are: its `{name:Type}` placeholders and `-- @default` lines."""
     params: dict[str, str] = {}
     for pname, ptype in _PLACEHOLDER_RE.findall(sql):
         params.setdefault(pname, ptype.strip())
-    defaults = dict(_DEFAULT_RE.findall(sql))
-    return NamedQuery(path.stem, sql, params, defaults)
+    return NamedQuery(name, sql, params, dict(_DEFAULT_RE.findall(sql)))
+
+
+def query_file(path: Path) -> NamedQuery:
+    """A .sql file anywhere (`fleetprof sql --file`) read like a named query, named after the file."""
+    return parse_query(path.name, path.read_text())
+
+
+@cache
+def _load_named(path: Path, _mtime: int) -> NamedQuery:
+    return parse_query(path.stem, path.read_text())
 
 
 def store_sql(name: str) -> str:

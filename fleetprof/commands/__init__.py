@@ -10,6 +10,7 @@ from fleetprof.commands.kafka import kafka
 from fleetprof.commands.loadgen import loadgen
 from fleetprof.commands.process import process
 from fleetprof.commands.query import query
+from fleetprof.commands.report import report
 from fleetprof.commands.run import run
 from fleetprof.commands.sql import sql
 from fleetprof.commands.symbolize import symbolize
@@ -26,3 +27,4 @@ COMMANDS.append(loadgen)
 COMMANDS.append(symbolize)
 COMMANDS.append(agent)
 COMMANDS.append(run)
+COMMANDS.append(report)
