@@ -229,3 +229,25 @@ def test_dates_in_the_payload_are_utc(kafka_bootstrap):
     body = payload({"started_ns": 0, "time_ns": 1_500_000_000, "alert_id": "a", "state": "FIRING"})
     assert body["started"] == "1970-01-01T00:00:00+00:00"
     assert datetime.fromisoformat(body["time"]) == datetime(1970, 1, 1, tzinfo=UTC) + timedelta(seconds=1.5)
+
+
+def test_evidence_through_the_api_of_fleetprof_up_equals_the_store_s(store):
+    """`fleetprof up` runs the alerter as a child process that reads evidence through up's query API."""
+    import httpx
+
+    from fleetprof.api import serve_api
+    from fleetprof.query_client import ApiTarget
+
+    node, base = f"alert-api-{uuid.uuid4().hex[:8]}", _base()
+    _cpu_rows(store, node, base)
+    direct = AlertEvidence(lambda name, params: store.query_named(name, params))
+    server = serve_api(store, "127.0.0.1", 0)
+    try:
+        target = ApiTarget(server.address, httpx.Client(base_url=server.url))
+        via_api = AlertEvidence(target.named)
+        args = (node, [GPU_PID, 7], base + 10 * SECOND_NS, base + 40 * SECOND_NS)
+        assert via_api.top_stacks(*args) == direct.top_stacks(*args)
+        assert [e["count"] for e in via_api.top_stacks(*args)[0]] == [30, 15]
+        target.close()
+    finally:
+        server.stop()
