@@ -4,6 +4,7 @@ chDB lets one process open a data directory, so every other command reaches the 
   GET  /healthz                      {"status": "ok", "service": "fleetprof", "database": ...}
   GET  /api/query/{name}?param=...   a named query (sql/queries/<name>.sql); text parameters typed by its placeholders
   POST /api/sql {"sql", "params"}    one read-only statement (readonly=1, enforced by ClickHouse itself)
+  GET  /                             the web UI, with its own endpoints under /api/ (fleetprof/webui/routes.py)
 Results are {"columns": [...], "rows": [[...]]}; errors are {"error": "<one line>"} with 400/403/404/503.
 There is no authentication, which is why it binds to loopback unless told otherwise.
 """
@@ -131,11 +132,15 @@ def create_app(store: Store) -> Starlette:
             return _error(503, str(exc))
         return _result(columns, rows)
 
+    # Imported here: the UI's routes read through fleetprof.query_client, which imports this module.
+    from fleetprof.webui.routes import borrowed_routes
+
     return Starlette(routes=[
         Route("/healthz", healthz, methods=["GET"]),
         Route("/api/query/{name}", named, methods=["GET"]),
         Route("/api/sql", sql, methods=["POST"]),
         Route("/metrics", metrics, methods=["GET"]),
+        *borrowed_routes(store),
     ])
 
 
@@ -165,9 +170,15 @@ class ApiServer:
 
 
 def serve_api(store: Store, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> ApiServer:
-    """Serve the API for `store` on host:port (port 0 picks a free one) until .stop(); raises OSError if taken."""
-    if not _is_loopback(host):
+    """Serve the API (and the web UI) for `store` on host:port (port 0 picks a free one) until .stop(); raises
+    OSError if taken."""
+    if not is_loopback(host):
         log.warning("the query API has no authentication and now listens on %s, beyond this machine", host)
+    return serve_app(create_app(store), host, port, "the query API")
+
+
+def serve_app(app: Starlette, host: str, port: int, what: str) -> ApiServer:
+    """Serve `app` on host:port in a background thread until .stop(); raises OSError if the port is taken."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -177,7 +188,7 @@ def serve_api(store: Store, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) 
     except OSError:
         sock.close()
         raise
-    config = uvicorn.Config(create_app(store), log_level="warning", access_log=False, lifespan="off")
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
     server = uvicorn.Server(config)
     # uvicorn installs signal handlers only on the main thread, so this thread leaves the caller's handlers alone.
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="fleetprof-api", daemon=True)
@@ -187,12 +198,13 @@ def serve_api(store: Store, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) 
         if not thread.is_alive() or time.monotonic() > deadline:
             server.should_exit = True
             sock.close()
-            raise OSError(f"the query API did not start on {host}:{port}")
+            raise OSError(f"{what} did not start on {host}:{port}")
         time.sleep(0.01)
     return ApiServer(server, thread, sock)
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether `host` is only reachable from this machine."""
     if host == "localhost":
         return True
     try:

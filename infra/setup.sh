@@ -51,6 +51,7 @@ command -v c++filt >/dev/null || packages+=(binutils)  # tests check mangled nam
 command -v eu-addr2line >/dev/null || packages+=(elfutils)  # the symbolizer is checked against eu-addr2line
 command -v debuginfod >/dev/null || packages+=(debuginfod)  # a real server for the debuginfod symbol source tests
 command -v gcc >/dev/null || packages+=(gcc)  # ELF tests build libraries (no build id, 100k functions)
+command -v chromium >/dev/null || packages+=(chromium)  # the web UI tests drive it headless (playwright)
 # <sys/sdt.h>: the USDT probes of the CUPTI shim and the GPU simulator (native/include/fleetprof_probes.h)
 compgen -G "/usr/include/*/sys/sdt.h" >/dev/null || [ -e /usr/include/sys/sdt.h ] || packages+=(systemtap-sdt-dev)
 if command -v dpkg >/dev/null; then

@@ -14,6 +14,7 @@ from fleetprof.commands.report import report
 from fleetprof.commands.run import run
 from fleetprof.commands.sql import sql
 from fleetprof.commands.symbolize import symbolize
+from fleetprof.commands.ui import ui
 from fleetprof.commands.up import up
 
 COMMANDS: list[click.Command] = []
@@ -28,3 +29,4 @@ COMMANDS.append(symbolize)
 COMMANDS.append(agent)
 COMMANDS.append(run)
 COMMANDS.append(report)
+COMMANDS.append(ui)

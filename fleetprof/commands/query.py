@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,27 +12,9 @@ from fleetprof.commands.query_metrics import metrics
 from fleetprof.commands.sql import emit
 from fleetprof.commands.time_range import time_range
 from fleetprof.flamegraph_formats import BINARY_FORMATS, FORMATS
-from fleetprof.pprof import pprof_bytes
+from fleetprof.profile_kinds import KINDS, render_profile
 from fleetprof.query_client import QueryError, QueryTarget, query_target
 from fleetprof.settings import Settings
-
-
-@dataclass(frozen=True)
-class Kind:
-    """What a profile counts, and the named queries that rank it, total it and fold it into stacks."""
-
-    top: str
-    totals: str
-    flamegraph: str
-    unit: str  # what one unit of a value is, for people
-    pprof_type: tuple[str, str]  # pprof sample type and unit
-
-
-KINDS = {
-    "cpu": Kind("top_functions_cpu", "totals_cpu", "flamegraph_cpu", "samples", ("samples", "count")),
-    # GPU time in ns, by the CPU stack that launched each kernel, the kernel as the leaf frame
-    "gpu": Kind("top_kernels_gpu", "totals_gpu", "flamegraph_gpu", "ns", ("gpu_time", "nanoseconds")),
-}
 
 
 def _filters(node: str | None, pid: int | None, comm: str | None) -> dict[str, Any]:
@@ -146,23 +126,10 @@ def flamegraph(settings: Settings, kind: str, since: str, until: str, node: str 
     queries = KINDS[kind]
     _, rows = _run(settings, lambda target: target.named(queries.flamegraph, params))
     title = f"fleetprof {kind} {start.isoformat(timespec='seconds')} – {end.isoformat(timespec='seconds')}"
-    data = _render(fmt, [(list(functions), int(count)) for functions, count in rows], title, queries)
+    data = render_profile(fmt, [(list(functions), int(count)) for functions, count in rows], title, queries)
     if output is None:
         out.write(data)
         out.flush()
     else:
         output.write_bytes(data)
         click.echo(f"wrote {len(rows)} stacks to {output}", err=True)
-
-
-def _render(fmt: str, stacks: list[tuple[list[str], int]], title: str, kind: Kind) -> bytes:
-    """The flame graph file; values in the kind's unit where the format can say so."""
-    if fmt == "pprof":
-        return pprof_bytes(stacks, sample_type=kind.pprof_type[0], unit=kind.pprof_type[1])
-    data = FORMATS[fmt](stacks, title=title)
-    if fmt == "speedscope" and kind.unit == "ns":
-        doc = json.loads(data)
-        for profile in doc["profiles"]:
-            profile["unit"] = "nanoseconds"  # speedscope then shows the weights as durations
-        data = json.dumps(doc).encode()
-    return data

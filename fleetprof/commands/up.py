@@ -54,6 +54,7 @@ def up(settings: Settings, symbolizers: int, simulate_gpu: bool, api_addr: str |
         url = pipeline.start_api()
         console.print(f"[green]✓[/] query API at {url}   — try: fleetprof loadgen, then"
                       " fleetprof query top --kind cpu --since 5m")
+        console.print(f"[green]✓[/] web UI at {url}/   — GPU metrics, flame graphs, diffs and exports")
         console.print("Press Ctrl-C to stop.")
         pipeline.wait(on_event=lambda e: console.print(f"[yellow]![/] {e}"))
         if pipeline.failure:

@@ -1,0 +1,242 @@
+"""The web UI's HTTP side over any QueryTarget: the page, its static files, and the JSON endpoints it reads.
+
+  GET /                         the page (static/index.html); GET /static/... its modules, CSS and vendored uPlot
+  GET /api/timeseries           NVML device and per-process series and profile activity, bucketed for charts
+  GET /api/nodes                nodes with data in the range;  GET /api/processes  processes (node, pid, comm)
+  GET /api/flamegraph           one range's CPU or GPU-time flame graph, frames interned (see model.py)
+  GET /api/flamegraph/diff      the range against base_since / base_until
+  GET /api/export               the range as pprof, folded, speedscope, json or html: the same bytes as
+                                `fleetprof query flamegraph --format F` with the same options
+Parameters: since, until (5m, 2h, epoch seconds or ISO-8601; a relative since counts back from until), kind=cpu|gpu,
+node, pid, comm ('' and 0 mean "all"). Errors are {"error": "<one line>"}: 400 for a bad parameter, 503 when the
+store did not answer.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+from clickhouse_connect.driver.exceptions import ClickHouseError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from fleetprof.profile_kinds import KINDS, render_profile
+from fleetprof.query_client import QueryError, QueryTarget, StoreTarget
+from fleetprof.store import Store, StoreError, one_line, parse_time
+from fleetprof.webui import STATIC_DIR, model
+
+SERIES_ROW_LIMIT = 200_000  # chart points per answer: 330 GPUs (or processes) at 600 buckets each
+GZIP_MIN_BYTES = 32 * 1024  # flame graphs of big ranges are megabytes of JSON; small answers are not worth it
+EXPORTS = {  # every format of `fleetprof query flamegraph`: (media type, file name suffix)
+    "pprof": ("application/octet-stream", "pb.gz"),  # not application/gzip: browsers would unpack it on download
+    "folded": ("text/plain; charset=utf-8", "folded"),
+    "speedscope": ("application/json", "speedscope.json"),
+    "json": ("application/json", "json"),
+    "html": ("text/html; charset=utf-8", "html"),
+}
+
+
+class BadRequest(ValueError):
+    """A request parameter that does not parse; its message is the one-line answer."""
+
+
+class BorrowedStore(StoreTarget):
+    """A StoreTarget over a store another part of this process owns (`fleetprof up`): close() leaves it open."""
+
+    def close(self) -> None:
+        pass
+
+
+# --- parameters -----------------------------------------------------------------------------------------------------
+
+
+def _window(request: Request, since_key: str = "since", until_key: str = "until",
+            default_since: str | None = "1h") -> tuple[datetime, datetime]:
+    q = request.query_params
+    since_text = q.get(since_key, default_since)
+    if since_text is None:
+        raise BadRequest(f"{since_key} is required")
+    try:
+        until = parse_time(q.get(until_key) or "now")
+        since = parse_time(since_text, now=until)
+    except ValueError as exc:
+        raise BadRequest(f"{since_key}/{until_key}: {exc}") from None
+    if since >= until:
+        raise BadRequest(f"{since_key} ({since.isoformat()}) must be before {until_key} ({until.isoformat()})")
+    return since, until
+
+
+def _kind(request: Request) -> str:
+    kind = request.query_params.get("kind", "cpu")
+    if kind not in KINDS:
+        raise BadRequest(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    return kind
+
+
+def _filters(request: Request, comm: bool = True) -> dict[str, Any]:
+    q = request.query_params
+    pid_text = q.get("pid") or "0"
+    if not (pid_text.isascii() and pid_text.isdigit()) or int(pid_text) >= 2**32:
+        raise BadRequest(f"pid must be a process id (0 for all), not {pid_text!r}")
+    filters: dict[str, Any] = {"node": q.get("node", ""), "pid": int(pid_text)}
+    if comm:
+        filters["comm"] = q.get("comm", "")
+    return filters
+
+
+def _ms(t: datetime) -> int:
+    return round(t.timestamp() * 1000)
+
+
+def _stack_rows(target: QueryTarget, name: str, params: dict[str, Any]) -> list[Sequence[Any]]:
+    """A flame graph query's rows (arrays of names and a number). Straight from the store when this process has it
+    open: they hold nothing that needs StoreTarget's per-value JSON conversion, which costs seconds at 100k stacks."""
+    if not isinstance(target, StoreTarget):
+        return target.named(name, params)[1]
+    try:
+        return target.store.query_named(name, params)[1]
+    except ClickHouseError as exc:
+        raise QueryError(one_line(exc)) from None
+    except StoreError as exc:
+        raise QueryError(str(exc)) from None
+
+
+# --- responses ------------------------------------------------------------------------------------------------------
+
+
+def _json(request: Request, payload: Any) -> Response:
+    body = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
+    headers = {"Cache-Control": "no-store"}
+    if len(body) >= GZIP_MIN_BYTES and "gzip" in request.headers.get("accept-encoding", ""):
+        body = gzip.compress(body, compresslevel=1)  # level 1: most of the size for a fraction of the time
+        headers["Content-Encoding"] = "gzip"
+        headers["Vary"] = "Accept-Encoding"
+    return Response(body, media_type="application/json", headers=headers)
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def _answering(handler: Callable[[Request], Response]) -> Callable[[Request], Response]:
+    """A handler whose bad parameters are 400s and whose store failures are 503s, each a one-line error."""
+
+    def wrapped(request: Request) -> Response:
+        try:
+            return handler(request)
+        except BadRequest as exc:
+            return _error(400, str(exc))
+        except QueryError as exc:
+            return _error(503, str(exc))
+
+    return wrapped
+
+
+# --- the endpoints --------------------------------------------------------------------------------------------------
+
+
+def ui_routes(target: QueryTarget) -> list[BaseRoute]:
+    """The page, its files and its endpoints, answering from `target` (sync handlers: Starlette's thread pool)."""
+
+    def index(request: Request) -> Response:
+        return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+
+    def simulated(since: datetime, until: datetime, node: str) -> bool:
+        _, rows = target.named("ui_simulated", {"since": since, "until": until, "node": node})
+        return bool(rows and rows[0][0])
+
+    def timeseries(request: Request) -> Response:
+        since, until = _window(request)
+        filters = _filters(request, comm=False)
+        step = model.step_ms(since, until)
+        window = {"since": since, "until": until, "node": filters["node"]}
+        limit = {"step_ms": step, "limit": SERIES_ROW_LIMIT}
+        dev_cols, dev_rows = target.named("ui_gpu_series", {**window, **limit})
+        proc_cols, proc_rows = target.named("ui_gpu_process_series", {**window, "pid": filters["pid"], **limit})
+        activity_step = max(step, model.MIN_ACTIVITY_STEP_MS)
+        _, act_rows = target.named("ui_profile_activity", {**window, "pid": filters["pid"], "step_ms": activity_step})
+        devices = model.series(dev_cols, dev_rows, ("node", "gpu_index", "uuid"), model.DEVICE_FIELDS)
+        processes = model.series(proc_cols, proc_rows, ("node", "gpu_index", "pid"), model.PROCESS_FIELDS)
+        return _json(request, {
+            "since_ms": _ms(since), "until_ms": _ms(until), "step_ms": step, "activity_step_ms": activity_step,
+            "simulated": any(s["simulated"] for s in devices + processes),
+            "truncated": max(len(dev_rows), len(proc_rows)) >= SERIES_ROW_LIMIT,
+            "devices": devices, "processes": processes, "activity": model.activity(act_rows)})
+
+    def nodes(request: Request) -> Response:
+        since, until = _window(request)
+        columns, rows = target.named("ui_nodes", {"since": since, "until": until})
+        return _json(request, {"nodes": [dict(zip(columns, r, strict=True)) for r in rows]})
+
+    def processes(request: Request) -> Response:
+        since, until = _window(request)
+        columns, rows = target.named("ui_processes", {"since": since, "until": until,
+                                                      "node": request.query_params.get("node", "")})
+        return _json(request, {"processes": [dict(zip(columns, r, strict=True)) for r in rows]})
+
+    def frames(kind: str, since: datetime, until: datetime, filters: dict[str, Any]) -> list[Sequence[Any]]:
+        return _stack_rows(target, f"flamegraph_frames_{kind}", {"since": since, "until": until, **filters})
+
+    def header(kind: str, since: datetime, until: datetime, filters: dict[str, Any]) -> dict[str, Any]:
+        return {"kind": kind, "unit": KINDS[kind].unit, "since_ms": _ms(since), "until_ms": _ms(until),
+                "filters": filters, "simulated": simulated(since, until, filters["node"])}
+
+    def flamegraph(request: Request) -> Response:
+        kind, (since, until), filters = _kind(request), _window(request), _filters(request)
+        payload = model.flamegraph(frames(kind, since, until, filters))
+        return _json(request, {**header(kind, since, until, filters), **payload})
+
+    def flamegraph_diff(request: Request) -> Response:
+        kind, (since, until), filters = _kind(request), _window(request), _filters(request)
+        base_since, base_until = _window(request, "base_since", "base_until", default_since=None)
+        payload = model.flamegraph_diff(frames(kind, since, until, filters),
+                                        frames(kind, base_since, base_until, filters))
+        return _json(request, {**header(kind, since, until, filters), "base_since_ms": _ms(base_since),
+                               "base_until_ms": _ms(base_until), **payload})
+
+    def export(request: Request) -> Response:
+        kind, (since, until), filters = _kind(request), _window(request), _filters(request)
+        fmt = request.query_params.get("format", "folded")
+        if fmt not in EXPORTS:
+            raise BadRequest(f"format must be one of {', '.join(EXPORTS)}, not {fmt!r}")
+        queries = KINDS[kind]
+        rows = _stack_rows(target, queries.flamegraph, {"since": since, "until": until, **filters})
+        # The title and the rendering are the CLI's (fleetprof query flamegraph), so both give the same bytes.
+        title = f"fleetprof {kind} {since.isoformat(timespec='seconds')} – {until.isoformat(timespec='seconds')}"
+        data = render_profile(fmt, [(list(functions), int(count)) for functions, count in rows], title, queries)
+        media_type, suffix = EXPORTS[fmt]
+        name = f"fleetprof-{kind}-{since:%Y%m%dT%H%M%SZ}-{until:%Y%m%dT%H%M%SZ}.{suffix}"
+        return Response(data, media_type=media_type,
+                        headers={"Content-Disposition": f'attachment; filename="{name}"', "Cache-Control": "no-store"})
+
+    return [
+        Route("/", index, methods=["GET"]),
+        Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
+        Route("/api/timeseries", _answering(timeseries), methods=["GET"]),
+        Route("/api/nodes", _answering(nodes), methods=["GET"]),
+        Route("/api/processes", _answering(processes), methods=["GET"]),
+        Route("/api/flamegraph", _answering(flamegraph), methods=["GET"]),
+        Route("/api/flamegraph/diff", _answering(flamegraph_diff), methods=["GET"]),
+        Route("/api/export", _answering(export), methods=["GET"]),
+    ]
+
+
+def borrowed_routes(store: Store) -> list[BaseRoute]:
+    """The UI's routes over a store this process owns elsewhere (`fleetprof up`'s), which they never close."""
+    return ui_routes(BorrowedStore(store))
+
+
+def ui_app(target: QueryTarget) -> Starlette:
+    """The UI on its own (`fleetprof ui`): the routes above plus a health check naming where it reads from."""
+
+    def healthz(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", "service": "fleetprof-ui", "store": target.where})
+
+    return Starlette(routes=[Route("/healthz", healthz, methods=["GET"]), *ui_routes(target)])

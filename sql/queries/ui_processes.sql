@@ -1,0 +1,28 @@
+-- The processes with anything stored in [since, until), for the web UI's process filter, optionally on one node
+-- ('' means "all"): per (node, pid), a command name, the CPU samples and the GPU kernel time (ns). GPU rows carry no
+-- comm yet, and NVML's process readings have one, so the name is the first non-empty one found. The busiest come
+-- first (CPU samples, then GPU time), at most `limit` of them.
+-- @default until = now
+-- @default node =
+-- @default limit = 5000
+SELECT node, pid, anyIf(comm, comm != '') AS comm, sum(cpu) AS cpu_samples, sum(gpu) AS gpu_ns
+FROM
+(
+    SELECT node, pid, toString(comm) AS comm, sum(count) AS cpu, toUInt64(0) AS gpu
+    FROM cpu_samples
+    WHERE ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)} AND ({node:String} = '' OR node = {node:String})
+    GROUP BY node, pid, comm
+    UNION ALL
+    SELECT node, pid, toString(comm), toUInt64(0), sum(duration_ns)
+    FROM gpu_kernel_samples
+    WHERE ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)} AND ({node:String} = '' OR node = {node:String})
+    GROUP BY node, pid, comm
+    UNION ALL
+    SELECT node, pid, toString(comm), toUInt64(0), toUInt64(0)
+    FROM gpu_process_metrics
+    WHERE ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)} AND ({node:String} = '' OR node = {node:String})
+    GROUP BY node, pid, comm
+)
+GROUP BY node, pid
+ORDER BY cpu_samples DESC, gpu_ns DESC, node, pid
+LIMIT {limit:UInt32}
