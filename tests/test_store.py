@@ -62,8 +62,10 @@ def test_every_migration_statement_can_run_again(store):
 
 
 def test_migrations_have_codecs_on_every_column(store):
+    # Views (0009) store nothing, so they have no codecs; every table that stores data must name one per column.
     _, rows = store.query_sql(
-        "SELECT table, name FROM system.columns WHERE database = currentDatabase() AND compression_codec = ''")
+        "SELECT table, name FROM system.columns WHERE database = currentDatabase() AND compression_codec = ''"
+        " AND table NOT IN (SELECT name FROM system.tables WHERE database = currentDatabase() AND engine = 'View')")
     assert rows == []
 
 

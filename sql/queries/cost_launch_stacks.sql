@@ -4,8 +4,9 @@
 -- kernels (how many distinct kernels it launched). Stacks that differ only in addresses merge. {limit} rows, most
 -- GPU time first, ties by stack text.
 -- Same deduplication and naming as top_kernels_gpu_stacks: GPU time and launches are summed (SummingMergeTree rows not
--- merged yet), argMax picks one definition per stack and frame id (ReplacingMergeTree rows not merged yet), and a
--- stack or frame without a definition shows as "[unknown stack 0x…]" / "[unknown 0x…]".
+-- merged yet), the stack_names view (migration 0009) picks one definition per stack and frame id with argMax
+-- (ReplacingMergeTree rows not merged yet), and a stack or frame without a definition shows as
+-- "[unknown stack 0x…]" / "[unknown 0x…]".
 -- @default until = now
 -- @default node =
 -- @default limit = 10
@@ -18,46 +19,19 @@ WITH
           AND ({node:String} = '' OR node = {node:String})
         GROUP BY stack_id, kernel_name
     ),
-    definitions AS
-    (
-        SELECT stack_id, argMax(frame_ids, last_seen) AS frame_ids
-        FROM stacks
-        WHERE stack_id IN (SELECT stack_id FROM samples)
-        GROUP BY stack_id
-    ),
-    positions AS
-    (
-        SELECT stack_id, defined, frame_id, position
-        FROM
-        (
-            SELECT s.stack_id AS stack_id, notEmpty(d.frame_ids) AS defined,
-                   if(defined, d.frame_ids, [toUInt64(0)]) AS frames
-            FROM (SELECT DISTINCT stack_id FROM samples) AS s
-            LEFT JOIN definitions AS d ON d.stack_id = s.stack_id
-        )
-        ARRAY JOIN frames AS frame_id, arrayEnumerate(frames) AS position
-    ),
-    names AS
-    (
-        SELECT frame_id, argMax(function, last_seen) AS fn, argMax(kind, last_seen) = 'GPU_KERNEL' AS is_kernel,
-               1 AS known
-        FROM frames
-        WHERE frame_id IN (SELECT arrayJoin(frame_ids) FROM definitions)
-        GROUP BY frame_id
-    ),
     folded AS
     (
-        SELECT p.stack_id AS stack_id,
-               -- groupArray has no order; sorting by position restores root first, leaf last
-               arrayStringConcat(arrayMap(x -> x.2, arrayFilter(x -> x.3 = 0, arraySort(x -> x.1, groupArray((
-                   p.position,
-                   multiIf(p.defined = 0, concat('[unknown stack 0x', lower(hex(p.stack_id)), ']'),
-                           n.known = 1, replaceAll(replaceAll(n.fn, ';', ':'), '\n', ' '),
-                           concat('[unknown 0x', lower(hex(p.frame_id)), ']')),
-                   if(n.known = 1, toUInt8(n.is_kernel), 0)))))), ';') AS stack
-        FROM positions AS p
-        LEFT JOIN names AS n ON n.frame_id = p.frame_id
-        GROUP BY stack_id
+        SELECT s.stack_id AS stack_id,
+               arrayStringConcat(arrayMap(fn -> replaceAll(replaceAll(fn, ';', ':'), '\n', ' '),
+                   if(empty(n.functions), [concat('[unknown stack 0x', lower(hex(s.stack_id)), ']')],
+                      arrayFilter((fn, kind) -> kind != 'GPU_KERNEL', n.functions, n.kinds))),
+                   ';') AS stack
+        FROM (SELECT DISTINCT stack_id FROM samples) AS s
+        LEFT JOIN
+        (
+            -- IN on the view reaches the stacks table's sorting key: only the sampled stacks' granules are read
+            SELECT stack_id, functions, kinds FROM stack_names WHERE stack_id IN (SELECT stack_id FROM samples)
+        ) AS n ON n.stack_id = s.stack_id
     )
 SELECT f.stack AS stack, sum(s.ns) AS gpu_ns, sum(s.n) AS launches, uniqExact(s.kernel_name) AS kernels
 FROM samples AS s

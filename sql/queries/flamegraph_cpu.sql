@@ -1,7 +1,10 @@
 -- CPU flame graph over [since, until), optionally for one node / pid / comm ('' and 0 mean "all"): one row per
 -- distinct root-to-leaf list of function names with its sample count (stacks that differ only in addresses within
 -- the same functions merge), ready to print as folded stacks ("root;…;leaf count").
--- Same deduplication as top_functions_cpu: argMax picks one definition per stack and frame id, samples are summed.
+-- Samples are summed (SummingMergeTree rows not merged yet); the stacks' names come from the stack_names view
+-- (migration 0009), which picks one definition per stack and frame id with argMax (ReplacingMergeTree rows not
+-- merged yet) and names a frame without a definition "[unknown 0x…]". A stack without a definition has no row
+-- there and shows as "[unknown stack 0x…]" rather than vanishing from the counts.
 -- @default until = now
 -- @default node =
 -- @default pid = 0
@@ -17,46 +20,14 @@ WITH
           AND ({comm:String} = '' OR comm = {comm:String})
         GROUP BY stack_id
     ),
-    definitions AS
+    named AS
     (
-        SELECT stack_id, argMax(frame_ids, last_seen) AS frame_ids
-        FROM stacks
-        WHERE stack_id IN (SELECT stack_id FROM samples)
-        GROUP BY stack_id
-    ),
-    positions AS
-    (
-        SELECT stack_id, samples, defined, frame_id, position
-        FROM
-        (
-            SELECT s.stack_id AS stack_id, s.samples AS samples, notEmpty(d.frame_ids) AS defined,
-                   if(defined, d.frame_ids, [toUInt64(0)]) AS frames
-            FROM samples AS s
-            LEFT JOIN definitions AS d ON d.stack_id = s.stack_id
-        )
-        ARRAY JOIN frames AS frame_id, arrayEnumerate(frames) AS position
-    ),
-    names AS
-    (
-        SELECT frame_id, argMax(function, last_seen) AS fn, 1 AS known
-        FROM frames
-        WHERE frame_id IN (SELECT arrayJoin(frame_ids) FROM definitions)
-        GROUP BY frame_id
-    ),
-    per_stack AS
-    (
-        SELECT p.stack_id AS stack_id,
-               any(p.samples) AS samples,
-               -- groupArray has no order; sorting by position restores root first, leaf last
-               arrayMap(x -> x.2, arraySort(x -> x.1, groupArray((p.position,
-                   multiIf(p.defined = 0, concat('[unknown stack 0x', lower(hex(p.stack_id)), ']'),
-                           n.known = 1, n.fn,
-                           concat('[unknown 0x', lower(hex(p.frame_id)), ']')))))) AS functions
-        FROM positions AS p
-        LEFT JOIN names AS n ON n.frame_id = p.frame_id
-        GROUP BY stack_id
+        -- IN on the view reaches the stacks table's sorting key: only the sampled stacks' granules are read
+        SELECT stack_id, functions FROM stack_names WHERE stack_id IN (SELECT stack_id FROM samples)
     )
-SELECT functions, sum(samples) AS count
-FROM per_stack
+SELECT if(empty(n.functions), [concat('[unknown stack 0x', lower(hex(s.stack_id)), ']')], n.functions) AS functions,
+       sum(s.samples) AS count
+FROM samples AS s
+LEFT JOIN named AS n ON n.stack_id = s.stack_id
 GROUP BY functions
 ORDER BY count DESC, functions ASC

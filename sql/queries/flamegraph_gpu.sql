@@ -1,8 +1,9 @@
 -- GPU flame graph over [since, until), optionally for one node / pid / comm ('' and 0 mean "all"): one row per
 -- distinct root-to-leaf list of function names with its GPU time in ns (the launching CPU stack, root first, then the
 -- kernel as the leaf; stacks that differ only in addresses within the same functions merge), ready to print as folded
--- stacks ("root;…;kernel ns"). Same deduplication as top_kernels_gpu: argMax picks one definition per stack and frame
--- id, GPU time is summed.
+-- stacks ("root;…;kernel ns"). GPU time is summed (SummingMergeTree rows not merged yet); names come from the
+-- stack_names view (migration 0009) with the same deduplication and "[unknown 0x…]" / "[unknown stack 0x…]" naming
+-- as flamegraph_cpu.
 -- @default until = now
 -- @default node =
 -- @default pid = 0
@@ -21,46 +22,14 @@ WITH
                                   WHERE ts >= {since:DateTime} AND ts < {until:DateTime} AND comm = {comm:String}))
         GROUP BY stack_id
     ),
-    definitions AS
+    named AS
     (
-        SELECT stack_id, argMax(frame_ids, last_seen) AS frame_ids
-        FROM stacks
-        WHERE stack_id IN (SELECT stack_id FROM samples)
-        GROUP BY stack_id
-    ),
-    positions AS
-    (
-        SELECT stack_id, samples, defined, frame_id, position
-        FROM
-        (
-            SELECT s.stack_id AS stack_id, s.samples AS samples, notEmpty(d.frame_ids) AS defined,
-                   if(defined, d.frame_ids, [toUInt64(0)]) AS frames
-            FROM samples AS s
-            LEFT JOIN definitions AS d ON d.stack_id = s.stack_id
-        )
-        ARRAY JOIN frames AS frame_id, arrayEnumerate(frames) AS position
-    ),
-    names AS
-    (
-        SELECT frame_id, argMax(function, last_seen) AS fn, 1 AS known
-        FROM frames
-        WHERE frame_id IN (SELECT arrayJoin(frame_ids) FROM definitions)
-        GROUP BY frame_id
-    ),
-    per_stack AS
-    (
-        SELECT p.stack_id AS stack_id,
-               any(p.samples) AS samples,
-               -- groupArray has no order; sorting by position restores root first, leaf last
-               arrayMap(x -> x.2, arraySort(x -> x.1, groupArray((p.position,
-                   multiIf(p.defined = 0, concat('[unknown stack 0x', lower(hex(p.stack_id)), ']'),
-                           n.known = 1, n.fn,
-                           concat('[unknown 0x', lower(hex(p.frame_id)), ']')))))) AS functions
-        FROM positions AS p
-        LEFT JOIN names AS n ON n.frame_id = p.frame_id
-        GROUP BY stack_id
+        -- IN on the view reaches the stacks table's sorting key: only the sampled stacks' granules are read
+        SELECT stack_id, functions FROM stack_names WHERE stack_id IN (SELECT stack_id FROM samples)
     )
-SELECT functions, sum(samples) AS count
-FROM per_stack
+SELECT if(empty(n.functions), [concat('[unknown stack 0x', lower(hex(s.stack_id)), ']')], n.functions) AS functions,
+       sum(s.samples) AS count
+FROM samples AS s
+LEFT JOIN named AS n ON n.stack_id = s.stack_id
 GROUP BY functions
 ORDER BY count DESC, functions ASC

@@ -3,9 +3,10 @@
 -- self:  GPU time of stacks whose leaf is the function: the kernels' own time (a CPU function is never a leaf here);
 -- total: GPU time of stacks that contain the function at least once: the time of the kernels it launched, directly
 --        or below it; a function that recurs within one stack counts that stack once.
--- Same deduplication as top_functions_cpu: argMax picks one definition per stack and frame id (ReplacingMergeTree
--- rows not merged yet), GPU time is summed (SummingMergeTree rows not merged yet), and a stack or frame without a
--- definition shows as "[unknown stack 0x…]" / "[unknown 0x…]" rather than vanishing from the totals.
+-- Same deduplication as top_functions_cpu: GPU time is summed (SummingMergeTree rows not merged yet), the
+-- stack_frame_names view (migration 0009) picks one definition per stack and frame id with argMax (ReplacingMergeTree
+-- rows not merged yet), and a stack or frame without a definition shows as "[unknown stack 0x…]" / "[unknown 0x…]"
+-- rather than vanishing from the totals.
 -- @default until = now
 -- @default node =
 -- @default pid = 0
@@ -25,46 +26,25 @@ WITH
                                   WHERE ts >= {since:DateTime} AND ts < {until:DateTime} AND comm = {comm:String}))
         GROUP BY stack_id
     ),
-    definitions AS
-    (
-        -- IN on the sorting key reads only the sampled stacks' granules, not the whole table
-        SELECT stack_id, argMax(frame_ids, last_seen) AS frame_ids
-        FROM stacks
-        WHERE stack_id IN (SELECT stack_id FROM samples)
-        GROUP BY stack_id
-    ),
-    positions AS
-    (
-        -- one row per frame of every sampled stack; a stack without a definition becomes one pseudo-frame
-        SELECT stack_id, samples, defined, frame_id, position, length(frames) AS depth
-        FROM
-        (
-            SELECT s.stack_id AS stack_id, s.samples AS samples, notEmpty(d.frame_ids) AS defined,
-                   if(defined, d.frame_ids, [toUInt64(0)]) AS frames
-            FROM samples AS s
-            LEFT JOIN definitions AS d ON d.stack_id = s.stack_id
-        )
-        ARRAY JOIN frames AS frame_id, arrayEnumerate(frames) AS position
-    ),
-    names AS
-    (
-        SELECT frame_id, argMax(function, last_seen) AS fn, argMax(binary, last_seen) AS bin, 1 AS known
-        FROM frames
-        WHERE frame_id IN (SELECT arrayJoin(frame_ids) FROM definitions)
-        GROUP BY frame_id
-    ),
     per_stack AS
     (
         -- one row per (stack, function): this is where a recurring function collapses to one count of the stack
-        SELECT p.stack_id AS stack_id,
-               any(p.samples) AS samples,
-               multiIf(p.defined = 0, concat('[unknown stack 0x', lower(hex(p.stack_id)), ']'),
-                       n.known = 1, n.fn,
-                       concat('[unknown 0x', lower(hex(p.frame_id)), ']')) AS function_name,
-               if(n.known = 1, n.bin, '') AS binary_name,
-               max(p.position = p.depth) AS is_leaf
-        FROM positions AS p
-        LEFT JOIN names AS n ON n.frame_id = p.frame_id
+        SELECT s.stack_id AS stack_id,
+               any(s.samples) AS samples,
+               if(f.position = 0, concat('[unknown stack 0x', lower(hex(s.stack_id)), ']'), f.function)
+                   AS function_name,
+               f.binary AS binary_name,
+               max(f.position = f.depth) AS is_leaf
+        FROM
+        (
+            -- IN on the view reaches the stacks table's sorting key: only the sampled stacks' granules are read
+            SELECT stack_id, position, depth, function, binary
+            FROM stack_frame_names
+            WHERE stack_id IN (SELECT stack_id FROM samples)
+        ) AS f
+        -- the frames are the big side, so they probe a hash table of the samples rather than fill one; a sampled
+        -- stack without a definition comes through with position 0
+        RIGHT JOIN samples AS s ON f.stack_id = s.stack_id
         GROUP BY stack_id, function_name, binary_name
     )
 SELECT
