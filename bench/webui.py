@@ -6,15 +6,17 @@ in the same run.
 Stacks: synthetic, distinct, 10 to 40 frames deep, from a call graph where popular callees are taken more often (so
 stacks share prefixes, as real ones do), ~20k function names in ~24 binaries, long-tailed counts. Measured in Debian's
 headless chromium (driven by playwright), each run on a fresh page, median of --runs:
-- fleetprof: the text of a /api/flamegraph answer (built by fleetprof.webui.model, as the server does) → JSON.parse
+- fleetprof: the text of a /api/flamegraph answer (built by fleetprof.webui.model and orjson, as the server does it
+  from the rows of flamegraph_ids_cpu and flamegraph_names_cpu) → JSON.parse
   → call tree, layout and canvas draw (static/flamegraph.js) → two animation frames (painted);
 - peer, d3-flame-graph 5.0.0 (SVG, on d3 7), the flame graph library many profilers embed: the text of its input, a
   nested {name, value, children} tree → JSON.parse → d3.select().datum().call(flamegraph()) → two animation frames.
   Both skip frames narrower than 0.5 px; the peer's transitions are off. It is fetched with `npm pack` into a
   temporary directory at bench time (never vendored).
-Also printed: the server side's encoding of the rows into the compact answer (Python), the answer's size, and with
---server the whole /api/flamegraph answer (the ClickHouse query on chDB, encoding, gzip'd JSON) from a real API over a
-temporary chDB store holding the same stacks as CPU samples, timed from Python (median of --runs).
+Also printed: the server side's encoding of those rows into the compact answer's JSON (Python, median of --runs),
+the answer's size, and with --server the whole /api/flamegraph answer (the two ClickHouse queries on chDB, encoding,
+compression as Chromium asks for it: zstd) from a real API over a temporary chDB store holding the same stacks as CPU
+samples, timed from Python until the body is received and unpacked (median of --runs).
 Writes bench/out/webui.json.
 """
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import gzip
 import itertools
 import json
 import os
@@ -39,16 +42,25 @@ from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import orjson
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from fleetprof.webui import STATIC_DIR, model  # noqa: E402
+
+try:
+    from compression import zstd  # Python 3.14 and later
+except ImportError:
+    from backports import zstd
 
 PEER_PACKAGES = ["d3-flame-graph@5.0.0", "d3@7.9.0"]
 CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-dev-shm-usage"]
 FANOUT = 8  # callees per (function, depth); the first are taken far more often than the last
 CUMULATIVE = list(itertools.accumulate(1 / (j + 1) ** 1.3 for j in range(FANOUT)))
+BROWSER_ACCEPT_ENCODING = "gzip, deflate, br, zstd"  # what Chromium sends
+UNPACK = {"identity": bytes, "gzip": gzip.decompress, "zstd": zstd.decompress}
 
 PAGE = """<!doctype html><html><head><meta charset="utf-8"><link rel="icon" href="data:,">
 <style>body { margin: 0; } #wrap { position: relative; width: %(width)dpx; }</style>
@@ -153,6 +165,20 @@ def fetch_peer(into: Path) -> None:
             item.rename(into / "peer" / name / item.name)
 
 
+def stored_form(stacks: list[tuple[list[str], list[str], int]]) -> tuple[list[tuple], list[tuple]]:
+    """`stacks` as the store holds them: (frame_id, function, binary) per distinct function, and (stack_id,
+    frame_ids, value) per stack; flamegraph_names_cpu's and flamegraph_ids_cpu's rows over them."""
+    ids: dict[str, int] = {}
+    names, rows = [], []
+    for k, (functions, binaries, value) in enumerate(stacks):
+        for name, binary in zip(functions, binaries, strict=True):
+            if name not in ids:
+                ids[name] = len(ids) + 1
+                names.append((ids[name], name, binary))
+        rows.append((k + 1, [ids[name] for name in functions], value))
+    return names, rows
+
+
 def time_server(stacks: list[tuple[list[str], list[str], int]], runs: int, where: Path) -> dict:
     """Seconds for GET /api/flamegraph over a chDB store holding `stacks` as one window of CPU samples."""
     from datetime import UTC, datetime, timedelta
@@ -163,15 +189,10 @@ def time_server(stacks: list[tuple[list[str], list[str], int]], runs: int, where
     from fleetprof.store import open_store
 
     ts = datetime.now(tz=UTC).replace(microsecond=0) - timedelta(minutes=5)
-    ids: dict[str, int] = {}
-    frames, stack_rows, samples = [], [], []
-    for k, (functions, binaries, value) in enumerate(stacks):
-        for name, binary in zip(functions, binaries, strict=True):
-            if name not in ids:
-                ids[name] = len(ids) + 1
-                frames.append([ids[name], name, binary, "NATIVE", ts])
-        stack_rows.append([k + 1, [ids[name] for name in functions], ts])
-        samples.append([ts, "bench", 1, "bench", "", k + 1, value])
+    names, ids = stored_form(stacks)
+    frames = [[frame_id, name, binary, "NATIVE", ts] for frame_id, name, binary in names]
+    stack_rows = [[stack_id, frame_ids, ts] for stack_id, frame_ids, _ in ids]
+    samples = [[ts, "bench", 1, "bench", "", stack_id, value] for stack_id, _, value in ids]
     store = open_store(f"chdb://{where}", "bench")
     try:
         store.migrate()
@@ -181,17 +202,22 @@ def time_server(stacks: list[tuple[list[str], list[str], int]], runs: int, where
         store.insert("cpu_samples", samples, ["ts", "node", "pid", "comm", "container_id", "stack_id", "count"])
         api = serve_api(store, "127.0.0.1", 0)
         try:
-            times, size = [], 0
+            times = []
             params = {"since": int(ts.timestamp()) - 1, "until": int(ts.timestamp()) + 1}
             with httpx.Client(base_url=api.url, timeout=600) as http:
                 for _ in range(runs):
                     started = time.perf_counter()
-                    response = http.get("/api/flamegraph", params=params)
-                    body = response.json()
+                    # asked as Chromium asks, and unpacked here (httpx unpacks zstd only with a package we don't use)
+                    with http.stream("GET", "/api/flamegraph", params=params,
+                                     headers={"Accept-Encoding": BROWSER_ACCEPT_ENCODING}) as response:
+                        wire = b"".join(response.iter_raw())
+                    encoding = response.headers.get("content-encoding", "identity")
+                    text = UNPACK[encoding](wire)
                     times.append(time.perf_counter() - started)
-                    size = response.num_bytes_downloaded  # on the wire: gzip'd
+                    body = json.loads(text)  # the client's work (the page's JSON.parse is timed in Chromium)
             assert len(body["stacks"]) == len(stacks), "the store must give back every stack"
-            return {"median_s": statistics.median(times), "runs_s": times, "gzip_bytes": size}
+            return {"median_s": statistics.median(times), "runs_s": times, "wire_bytes": len(wire),
+                    "encoding": encoding}
         finally:
             api.stop()
     finally:
@@ -232,10 +258,15 @@ def main() -> None:
         (root / "index.html").write_text(PAGE % {"width": args.width})
         for size in sizes:
             stacks = synthetic_stacks(size)
-            started = time.perf_counter()
-            payload = model.flamegraph(stacks)
-            encode_s = time.perf_counter() - started
-            ours = json.dumps(payload, separators=(",", ":"))
+            names, rows = stored_form(stacks)
+            ids = model.StackIds.from_rows(rows)  # the server reads these as Arrow columns
+            encode_runs = []
+            for _ in range(args.runs):
+                started = time.perf_counter()
+                payload = model.flamegraph_of_ids(ids, names)
+                ours = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+                encode_runs.append(time.perf_counter() - started)
+            encode_s = statistics.median(encode_runs)
             (root / "data" / f"fleetprof-{size}.json").write_text(ours)
             (root / "data" / f"peer-{size}.json").write_text(json.dumps(nested_tree(stacks), separators=(",", ":")))
             depths = [len(f) for f, _, _ in stacks]
@@ -280,8 +311,9 @@ def main() -> None:
               f"{r['ratio_peer_over_fleetprof']:>6.1f}x")
     for size, r in results["sizes"].items():
         if "server" in r:
-            print(f"{size:>8,} stacks: /api/flamegraph answered in {r['server']['median_s']:.2f} s (query, encoding, "
-                  f"{r['server']['gzip_bytes'] / 1e6:.1f} MB gzip'd JSON)")
+            print(f"{size:>8,} stacks: /api/flamegraph answered in {r['server']['median_s']:.2f} s (queries, encoding, "
+                  f"{r['server']['wire_bytes'] / 1e6:.1f} MB of {r['server']['encoding']} JSON, unpacked; runs: "
+                  + ", ".join(f"{t:.2f}" for t in r["server"]["runs_s"]) + " s)")
     out = ROOT / "bench" / "out"
     out.mkdir(exist_ok=True)
     (out / "webui.json").write_text(json.dumps(results, indent=2) + "\n")

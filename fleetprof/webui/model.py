@@ -3,14 +3,26 @@
 A flame graph is sent compact, since a range can hold 100k distinct stacks: every distinct (function, binary) frame
 once in `frames` / `frame_binary` (an index into `binaries`), and each stack as a list of frame indices, root first,
 with its value in `counts` at the same position. The page builds the call tree itself.
+
+The server builds it from frame ids (flamegraph_ids_* and flamegraph_names_*: integers per stack, names once per
+frame) with numpy, rather than from per-stack lists of names, which cost ClickHouse and Python seconds at 100k stacks.
+It gives exactly what `GROUP BY functions, binaries ORDER BY value DESC, functions, binaries` over the stack_names
+view gives: stacks whose (function, binary) lists are equal merge and their values add up, ordered by value, then
+functions, then binaries, compared as ClickHouse compares arrays of strings (element by element, bytewise, a prefix
+first).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
+from itertools import chain, pairwise
 from typing import Any
+
+import numpy as np
+import pandas as pd
 
 # Chart bucket widths, seconds: the smallest that keeps a range under MAX_POINTS buckets.
 STEPS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
@@ -33,27 +45,14 @@ def step_ms(since: datetime, until: datetime, max_points: int = MAX_POINTS) -> i
 
 
 def flamegraph(rows: Iterable[Sequence[Any]]) -> dict[str, Any]:
-    """The compact flame graph of flamegraph_frames_* rows (functions, binaries, value)."""
+    """The compact flame graph of (functions, binaries, value) rows, merged and ordered already (what
+    flamegraph_of_ids gives for stacks with those names, but with lists for stacks)."""
     interned = _Interner()
     stacks, counts = [], []
     for functions, binaries, value in rows:
         stacks.append(interned.stack(functions, binaries))
         counts.append(int(value))
     return {**interned.tables(), "stacks": stacks, "counts": counts, "total": sum(counts)}
-
-
-def flamegraph_diff(rows: Iterable[Sequence[Any]], base_rows: Iterable[Sequence[Any]]) -> dict[str, Any]:
-    """Two ranges' flame graphs over one frame table: every stack of either, with `counts` (the range shown) and
-    `base_counts` (the baseline it is compared with); a stack missing from one range has 0 there."""
-    interned = _Interner()
-    values: dict[tuple[int, ...], list[int]] = {}
-    for side, source in ((0, rows), (1, base_rows)):
-        for functions, binaries, value in source:
-            values.setdefault(tuple(interned.stack(functions, binaries)), [0, 0])[side] += int(value)
-    counts = [v[0] for v in values.values()]
-    base_counts = [v[1] for v in values.values()]
-    return {**interned.tables(), "stacks": [list(s) for s in values], "counts": counts, "total": sum(counts),
-            "base_counts": base_counts, "base_total": sum(base_counts)}
 
 
 class _Interner:
@@ -78,6 +77,197 @@ class _Interner:
         binaries = self.binaries
         frame_binary = [binaries.setdefault(b, len(binaries)) for _, b in self.frames]
         return {"frames": [f for f, _ in self.frames], "binaries": list(binaries), "frame_binary": frame_binary}
+
+
+# --- from frame ids -------------------------------------------------------------------------------------------------
+
+UNKNOWN_FRAME = "[unknown 0x{}]"  # stack_frame_names' name for a frame id without a definition (0009)
+UNKNOWN_STACK = "[unknown stack 0x{}]"  # flamegraph_cpu's for a sampled stack id without one
+
+
+def ch_hex(value: int) -> str:
+    """ClickHouse's lower(hex(UInt64)): whole bytes, leading zero bytes dropped ('05', '0100', '00' for 0)."""
+    text = f"{value:x}"
+    return "0" + text if len(text) % 2 else text
+
+
+@dataclass(frozen=True)
+class StackIds:
+    """flamegraph_ids_* rows as arrays: per sampled stack its id and value, and its frame ids, root first, in
+    frame_id[offsets[i]:offsets[i + 1]] (none for a stack without a definition)."""
+
+    stack_id: np.ndarray  # uint64
+    value: np.ndarray  # uint64
+    offsets: np.ndarray  # int64, one more than stacks
+    frame_id: np.ndarray  # uint64
+
+    @classmethod
+    def from_arrow(cls, table: Any) -> StackIds:
+        """From the query's Arrow table (Store.query_named_arrow): no Python object per frame."""
+        frames = table.column("frame_ids").combine_chunks()
+        offsets = frames.offsets.to_numpy().astype(np.int64) if len(frames) else np.zeros(1, np.int64)
+        return cls(table.column("stack_id").to_numpy().astype(np.uint64),
+                   table.column("value").to_numpy().astype(np.uint64),
+                   offsets - offsets[0], frames.flatten().to_numpy().astype(np.uint64))
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[Sequence[Any]]) -> StackIds:
+        """From (stack_id, frame_ids, value) rows, as the API's JSON gives them."""
+        n = len(rows)
+        offsets = np.zeros(n + 1, np.int64)
+        np.cumsum(np.fromiter((len(r[1]) for r in rows), np.int64, n), out=offsets[1:])
+        return cls(np.fromiter((r[0] for r in rows), np.uint64, n), np.fromiter((r[2] for r in rows), np.uint64, n),
+                   offsets, np.fromiter(chain.from_iterable(r[1] for r in rows), np.uint64, int(offsets[-1])))
+
+
+def flamegraph_of_ids(stacks: StackIds, names: Iterable[Sequence[Any]]) -> dict[str, Any]:
+    """The compact flame graph of flamegraph_ids_* arrays and flamegraph_names_* rows (frame_id, function, binary):
+    what flamegraph() gives for the rows of grouping them by names in SQL, except that each stack is a numpy array
+    of frame indices (routes.py writes them with orjson, without a Python int per frame)."""
+    frames = _FrameNames(names)
+    merged = frames.merge([frames.tokens(stacks)])
+    counts = merged.values[:, 0].tolist()
+    return {**merged.compact(), "counts": counts, "total": sum(counts)}
+
+
+def flamegraph_diff_of_ids(stacks: StackIds, base: StackIds, names: Iterable[Sequence[Any]]) -> dict[str, Any]:
+    """Two ranges' flame graphs over one frame table, stacks as in flamegraph_of_ids: every stack of either, with
+    `counts` (the range shown) and `base_counts` (the baseline it is compared with); a stack missing from one range
+    has 0 there. `names` holds the rows of both ranges' flamegraph_names_* queries."""
+    frames = _FrameNames(names)
+    merged = frames.merge([frames.tokens(stacks), frames.tokens(base)])
+    counts, base_counts = merged.values[:, 0].tolist(), merged.values[:, 1].tolist()
+    return {**merged.compact(), "counts": counts, "total": sum(counts), "base_counts": base_counts,
+            "base_total": sum(base_counts)}
+
+
+@dataclass(frozen=True)
+class _Tokens:
+    """Stacks as indices of distinct (function, binary) pairs: pair[offsets[i]:offsets[i + 1]] for stack i."""
+
+    pair: np.ndarray
+    offsets: np.ndarray
+    value: np.ndarray
+
+
+@dataclass(frozen=True)
+class _Merged:
+    """Distinct stacks in answer order: stack i is the pairs of stack `stack[i]` of `tokens`, and values[i] its
+    value in each range (one column per range)."""
+
+    pairs: list[tuple[str, str]]
+    tokens: _Tokens
+    stack: np.ndarray
+    values: np.ndarray
+
+    def compact(self) -> dict[str, list]:
+        """The frame tables and index arrays of the answer: frames and binaries numbered in order of first
+        appearance, as _Interner numbers them."""
+        offsets = self.tokens.offsets
+        lengths = np.diff(offsets)[self.stack]
+        ends = np.cumsum(lengths)
+        at = np.repeat(offsets[self.stack] - (ends - lengths), lengths) + np.arange(int(lengths.sum()))
+        indices, appearance = pd.factorize(self.tokens.pair[at])  # indices by first appearance, and their pairs
+        binaries: dict[str, int] = {}
+        frame_binary = [binaries.setdefault(self.pairs[p][1], len(binaries)) for p in appearance.tolist()]
+        bounds = [0, *ends.tolist()]
+        return {"frames": [self.pairs[p][0] for p in appearance.tolist()], "binaries": list(binaries),
+                "frame_binary": frame_binary, "stacks": [indices[a:b] for a, b in pairwise(bounds)]}
+
+
+class _FrameNames:
+    """Frame ids to distinct (function, binary) pairs, one index each; the names of undefined ids are made up here
+    as the SQL makes them up."""
+
+    def __init__(self, names: Iterable[Sequence[Any]]):
+        self.pairs: dict[tuple[str, str], int] = {}
+        ids, pair_of = [], []
+        for frame_id, function, binary in names:
+            ids.append(frame_id)
+            pair_of.append(self._pair(function, binary))
+        # the first row of a frame id wins: a diff's two name queries can both hold it
+        self.ids, first = np.unique(np.array(ids, np.uint64), return_index=True)
+        self.pair_of = np.array(pair_of, np.int64)[first]
+
+    def _pair(self, function: str, binary: str) -> int:
+        return self.pairs.setdefault((function, binary), len(self.pairs))
+
+    def tokens(self, stacks: StackIds) -> _Tokens:
+        """Every frame as its pair; a stack without frames as the one frame "[unknown stack 0x…]" (binary '')."""
+        codes, distinct = pd.factorize(stacks.frame_id)  # a hash table: 2.5M frames, a few 10k distinct ids
+        at = np.searchsorted(self.ids, distinct)
+        known = at < len(self.ids)
+        known[known] = self.ids[at[known]] == distinct[known]
+        pair_of = np.empty(len(distinct), np.int64)
+        pair_of[known] = self.pair_of[at[known]]
+        for i in np.flatnonzero(~known).tolist():
+            pair_of[i] = self._pair(UNKNOWN_FRAME.format(ch_hex(int(distinct[i]))), "")
+        pair, offsets = pair_of[codes], stacks.offsets
+        lengths = np.diff(offsets)
+        empty = lengths == 0
+        if empty.any():
+            spread_offsets = np.zeros(len(lengths) + 1, np.int64)
+            np.cumsum(np.where(empty, 1, lengths), out=spread_offsets[1:])
+            spread = np.empty(int(spread_offsets[-1]), np.int64)
+            spread[np.repeat(spread_offsets[:-1] - offsets[:-1], lengths) + np.arange(len(pair))] = pair
+            spread[spread_offsets[:-1][empty]] = [self._pair(UNKNOWN_STACK.format(ch_hex(i)), "")
+                                                  for i in stacks.stack_id[empty].tolist()]
+            pair, offsets = spread, spread_offsets
+        return _Tokens(pair, offsets, stacks.value)
+
+    def merge(self, ranges: Sequence[_Tokens]) -> _Merged:
+        """The stacks of one or more ranges with equal (function, binary) lists merged, their values summed per range,
+        ordered by value (descending), then functions, then binaries: the first range's stacks, then the next
+        range's that the first lacks, and so on. Call after tokens() for every range: it ranks every name."""
+        sizes = [len(r.offsets) - 1 for r in ranges]
+        shifts = np.cumsum([0, *(len(r.pair) for r in ranges)])[:-1]
+        tokens = _Tokens(np.concatenate([r.pair for r in ranges]),
+                         np.concatenate([[0], *(r.offsets[1:] + s for r, s in zip(ranges, shifts, strict=True))]),
+                         np.concatenate([r.value for r in ranges]))
+        side = np.repeat(np.arange(len(ranges)), sizes)
+        keys = self._keys(tokens)
+        groups: dict[bytes, int] = {}
+        group = np.fromiter((groups.setdefault(k, len(groups)) for k in keys), np.int64, len(keys))
+        values = np.zeros((len(groups), len(ranges)), np.uint64)
+        np.add.at(values, (group, side), tokens.value)  # uint64 and wrapping, like ClickHouse's sum
+        present = np.zeros((len(groups), len(ranges)), bool)
+        present[group, side] = True
+        _, first = np.unique(group, return_index=True)  # the first stack of each group stands for it
+        ordered = list(groups)
+        by_key = np.array(sorted(range(len(ordered)), key=ordered.__getitem__), np.int64)
+        order, taken = [], np.zeros(len(groups), bool)
+        for r in range(len(ranges)):
+            mine = by_key[present[by_key, r] & ~taken[by_key]]
+            # ~ reverses uint64 order exactly; stable keeps equal values in key order
+            order.append(mine[np.argsort(~values[mine, r], kind="stable")])
+            taken[mine] = True
+        picked = np.concatenate(order)
+        return _Merged(list(self.pairs), tokens, first[picked], values[picked])
+
+    def _keys(self, tokens: _Tokens) -> list[bytes]:
+        """Per stack, bytes that compare as ClickHouse compares (functions, binaries) and are equal exactly when
+        both lists are: the functions' ranks, a 0, the binaries' ranks, as big-endian 4-byte words of rank + 1, so a
+        list that is a prefix of another sorts first and 0 ends the functions before anything else."""
+        function_rank, binary_rank = self._ranks()
+        offsets, n = tokens.offsets, len(tokens.offsets) - 1
+        lengths = np.diff(offsets)
+        words = np.zeros(2 * int(offsets[-1]) + n, ">u4")  # stack i's key: words 2 * offsets[i] + i onwards
+        at = np.repeat(offsets[:-1] + np.arange(n), lengths) + np.arange(len(tokens.pair))
+        words[at] = function_rank[tokens.pair] + 1
+        words[at + np.repeat(lengths, lengths) + 1] = binary_rank[tokens.pair] + 1
+        data = words.tobytes()
+        bounds = (4 * (2 * offsets + np.arange(n + 1))).tolist()
+        return [data[a:b] for a, b in pairwise(bounds)]
+
+    def _ranks(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per pair, the rank of its function among all functions and of its binary among all binaries (Python
+        orders str by code point, as ClickHouse orders UTF-8 by byte)."""
+        ranks = []
+        for part in (0, 1):
+            values = [p[part] for p in self.pairs]
+            rank = {v: i for i, v in enumerate(sorted(set(values)))}
+            ranks.append(np.fromiter(map(rank.__getitem__, values), np.int64, len(values)))
+        return ranks[0], ranks[1]
 
 
 def series(columns: list[str], rows: list[list[Any]], key: Sequence[str], fields: Sequence[str]) -> list[dict]:

@@ -1,0 +1,25 @@
+-- The names of the frames that flamegraph_ids_gpu returns for the same parameters: one row per defined frame id
+-- (its function and binary, the newest definition from the frame_names view, migration 0009) of the launching stacks
+-- of the GPU kernels sampled over [since, until), optionally for one node / pid / comm ('' and 0 mean "all"). A frame
+-- id without a row here has no definition: the UI names it "[unknown 0x<frame id>]" with binary ''. Frame ids come
+-- from every stored definition of the sampled stacks, as flamegraph_names_cpu explains.
+-- @default until = now
+-- @default node =
+-- @default pid = 0
+-- @default comm =
+WITH
+    samples AS
+    (
+        SELECT DISTINCT stack_id
+        FROM gpu_kernel_samples
+        WHERE ts >= {since:DateTime} AND ts < {until:DateTime}
+          AND ({node:String} = '' OR node = {node:String})
+          AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
+          -- GPU rows carry no comm yet (launch records have none): also the processes the CPU sampler saw under it
+          AND ({comm:String} = '' OR comm = {comm:String}
+               OR (node, pid) IN (SELECT node, pid FROM cpu_samples
+                                  WHERE ts >= {since:DateTime} AND ts < {until:DateTime} AND comm = {comm:String}))
+    )
+SELECT frame_id, function, toString(binary) AS binary
+FROM frame_names
+WHERE frame_id IN (SELECT arrayJoin(frame_ids) FROM stacks WHERE stack_id IN (SELECT stack_id FROM samples))
