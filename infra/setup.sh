@@ -150,6 +150,11 @@ if ! perf_python_reason=$(bash infra/perf_python.sh); then
     say "CPython with -X perf unavailable (its test will skip): ${perf_python_reason##*$'\n'}"
 fi
 
+# --- validators of the deployment files (kubeconform, kustomize, Kubernetes schemas, systemd-analyze) ---
+if ! tools_reason=$(bash infra/tools.sh); then
+    say "deployment validators unavailable (their tests will skip): ${tools_reason##*$'\n'}"
+fi
+
 # --- the Kafka jars: fetched again whenever the pom changed (the stamp holds the pom's hash) ---
 pom_hash=$(sha256sum "$POM" | cut -d' ' -f1)
 if ! compgen -G "$KAFKA_LIB/kafka_2.13-*.jar" >/dev/null \
