@@ -22,11 +22,13 @@ STAGE_BATCH_SIZE = {"correlate": 5000}
 @click.option("--batch-size", type=click.IntRange(1, 100_000), default=None, help="Messages per batch.")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=0,
               help="Serve Prometheus /metrics on 127.0.0.1:PORT (0: off).")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, envvar="FLEETPROF_METRICS_HOST",
+              help="Address /metrics listens on (e.g. 0.0.0.0 in a pod, for Prometheus to scrape).")
 @click.option("--log-level", default="INFO", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"]))
 @alert_options
 @click.pass_obj
-def process(settings: Settings, stage: str, batch_size: int | None, metrics_port: int, log_level: str,
-            **alert_values: object) -> None:
+def process(settings: Settings, stage: str, batch_size: int | None, metrics_port: int, metrics_host: str,
+            log_level: str, **alert_values: object) -> None:
     """Run one processor STAGE until SIGTERM: symbolize (cpu.stacks → cpu.samples), correlate (gpu.launches +
     gpu.kernels → gpu.samples), alerts (gpu.metrics → alerts, with CPU evidence from the store, and the webhook)
     or sink (→ ClickHouse). The --alert-* options apply to the alerts stage."""
@@ -37,7 +39,9 @@ def process(settings: Settings, stage: str, batch_size: int | None, metrics_port
     stop = threading.Event()
     install_sigterm(stop)
     if metrics_port:
-        serve_metrics(metrics_port)
+        if metrics_host not in ("127.0.0.1", "::1", "localhost"):
+            log.warning("Prometheus /metrics listens on %s, beyond this machine", metrics_host)
+        serve_metrics(metrics_port, metrics_host)
     kafka = settings.kafka_config()
     log.info("starting stage %s against %s", stage, settings.kafka)
     if stage == "sink":
