@@ -68,4 +68,6 @@ _KAFKA_ENV = {
     "FLEETPROF_KAFKA_SASL_USERNAME": "sasl.username",
     "FLEETPROF_KAFKA_SASL_PASSWORD": "sasl.password",
     "FLEETPROF_KAFKA_SSL_CA_LOCATION": "ssl.ca.location",
+    # how soon a consumer group gives a dead member's partitions to the others (librdkafka's default: 45 s)
+    "FLEETPROF_KAFKA_SESSION_TIMEOUT_MS": "session.timeout.ms",
 }
