@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from producers.elf_symbols import ElfError, read_elf_symbols, symbol_chunks
 from producers.kallsyms import KernelSymbols, kernel_symbol_chunks
+from producers.outage_buffer import HeldWindow
 from producers.perf_map import DEFAULT_PERF_MAPS, PerfMapCache, is_perf_map_id
 from producers.process_info import mapped_file
 from producers.publisher import Publisher, PublishError
@@ -63,6 +64,12 @@ class AgentSender:
 
     def _symbols(self, batch: dict) -> tuple[int, int, int]:
         """Queue the tables `batch` needs and has not had yet: (chunks, build ids, bytes)."""
+        chunks, new_ids = self._new_tables(batch)
+        size = sum(self._send(topic, key, value) for topic, key, value in _symbol_messages(chunks))
+        return len(chunks), new_ids, size
+
+    def _new_tables(self, batch: dict) -> tuple[list[dict], int]:
+        """The SymbolChunk records `batch` needs and has not had yet (marked had from now on), and how many ids."""
         chunks: list[dict] = []
         new_ids = 0
         kid = batch.get("kernel_build_id", "")
@@ -87,9 +94,7 @@ class AgentSender:
                     sent.add(c["build_id"])  # the file may have changed since it was mapped
                 chunks += found
                 new_ids += 1
-        size = sum(self._send(topics.SYMBOLS, f"{c['build_id']}/{c['chunk_index']}", encode("SymbolChunk", c))
-                   for c in chunks)
-        return len(chunks), new_ids, size
+        return chunks, new_ids
 
     def _tables_of(self, pid: int, mapping: dict) -> list[dict] | None:
         """The SymbolChunk records for one mapping's build id, or None when they cannot be had."""
@@ -124,3 +129,21 @@ class AgentSender:
         self.batches += len(messages)
         self.samples += samples
         return WindowSent(samples, len(batch["processes"]), len(messages), n_chunks, new_ids, size)
+
+    def window_messages(self, batch: dict) -> HeldWindow:
+        """The window as messages, not sent: the symbol tables it needs that no earlier window carried, then the
+        batch split to fit. The tables count as had from now on: whoever ships the window must keep them ahead of
+        any later batch (OutageBuffer carries a dropped window's tables on to the next window)."""
+        chunks, new_ids = self._new_tables(batch)
+        symbols = [(topics.SYMBOLS.name, key, value) for _, key, value in _symbol_messages(chunks)]
+        encoded = encode_cpu_batches(batch, self.max_message_bytes) if batch["processes"] else []
+        samples = sum(s["count"] for p in batch["processes"] for s in p["stacks"])
+        self.symbol_chunks += len(chunks)
+        self.batches += len(encoded)
+        self.samples += samples
+        return HeldWindow(symbols, [(topics.CPU_STACKS.name, batch["node"], m) for m in encoded], samples,
+                          len(batch["processes"]), new_ids)
+
+
+def _symbol_messages(chunks: list[dict]) -> list[tuple[topics.Topic, str, bytes]]:
+    return [(topics.SYMBOLS, f"{c['build_id']}/{c['chunk_index']}", encode("SymbolChunk", c)) for c in chunks]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
@@ -20,7 +21,9 @@ PRODUCER_DEFAULTS: dict[str, object] = {
     "compression.type": "lz4",
     "queue.buffering.max.messages": 100_000,
     "queue.buffering.max.kbytes": 64 * 1024,  # the bounded local queue: 64 MiB
-    "message.timeout.ms": 120_000,
+    # never expire a queued message: during a Kafka outage the caller decides what to keep and what to drop
+    # (producers/outage_buffer.py); a message librdkafka holds is delivered once, whenever the broker is back
+    "message.timeout.ms": 0,
     "log_level": 3,  # librdkafka errors only: retried warnings (coordinator loading, reconnects) are noise here
 }
 
@@ -43,7 +46,9 @@ class Publisher:
         self.first_error = ""
         self.broker_error = ""
 
-    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+    def _on_delivery(self, err: KafkaError | None, msg: Message, done: Callable[[bool], None] | None = None) -> None:
+        if done is not None:
+            done(err is None)
         if err is None:
             self.delivered += 1
             return
@@ -58,12 +63,14 @@ class Publisher:
             self.first_error = self.first_error or f"fatal producer error: {err.str()}"
         log.debug("kafka producer error: %s", err.str())
 
-    def publish(self, topic: str, key: bytes | str, value: bytes) -> None:
-        """Queue one message, waiting (never dropping) while the local queue is full."""
+    def publish(self, topic: str, key: bytes | str, value: bytes, done: Callable[[bool], None] | None = None) -> None:
+        """Queue one message, waiting (never dropping) while the local queue is full; `done(delivered)` is called
+        from a later poll or flush once its fate is known."""
         deadline = None
+        report = self._on_delivery if done is None else lambda err, msg: self._on_delivery(err, msg, done)
         while True:
             try:
-                self._producer.produce(topic, value, key, on_delivery=self._on_delivery)
+                self._producer.produce(topic, value, key, on_delivery=report)
                 break
             except BufferError:
                 now = time.monotonic()

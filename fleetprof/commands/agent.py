@@ -21,6 +21,7 @@ from producers.cpu_sampler import BpfUnavailable, CpuSampler
 from producers.gpu_probes import publish as publish_gpu
 from producers.kallsyms import KernelSymbols, kernel_build_id, read_kallsyms
 from producers.memory import trim_heap
+from producers.outage_buffer import OutageBuffer
 from producers.publisher import Publisher, PublishError, check_broker
 from schemas import topics
 from schemas.codec import encode
@@ -80,6 +81,10 @@ def _hex_addrs(batch: dict) -> dict:
 @click.option("--gpu/--no-gpu", default=True, show_default=True,
               help="Also time CUDA kernels with their launching stacks (fleetprof USDT probes) and poll NVML.")
 @click.option("--nvml-period", default="1s", show_default=True, help="NVML poll period (at least 1s).")
+@click.option("--buffer-mb", type=click.FloatRange(0, min_open=True), envvar="FLEETPROF_AGENT_BUFFER_MB",
+              default=256, show_default=True,
+              help="Memory for windows waiting while Kafka is unreachable; the oldest whole windows are dropped "
+                   "(and counted) beyond it. [env FLEETPROF_AGENT_BUFFER_MB]")
 @click.option("--format", "fmt", type=click.Choice(["json", "text"]), default=None,
               help="Dry run: json (the default) prints one CpuStackBatch per line, one process each, addresses as "
                    "hex strings, then any GpuLaunch, GpuKernel and GpuMetrics records, one per line. Publishing: "
@@ -87,7 +92,7 @@ def _hex_addrs(batch: dict) -> dict:
 @click.pass_obj
 def agent(settings: Settings, dry_run: bool, once: bool, window: str, frequency: int, pid: int | None,
           comm: str | None, cgroup: str | None, node: str | None, gpu: bool, nvml_period: str,
-          fmt: str | None) -> None:
+          buffer_mb: float, fmt: str | None) -> None:
     """Run the node agent: CPU stacks (eBPF, needs root), CUDA kernel time with launching stacks (USDT) and NVML
     metrics, published to Kafka with the symbol tables they need sent first. Whatever cannot run here is said in
     one line and the rest keeps running. Stops on SIGTERM/SIGINT after sending what it collected."""
@@ -105,7 +110,7 @@ def agent(settings: Settings, dry_run: bool, once: bool, window: str, frequency:
             raise click.UsageError("--dry-run prints JSON only")
     elif fmt is None:
         fmt = "text"
-    run = AgentRun(settings, window_s, frequency, pid, node, keep, gpu, nvml_s)
+    run = AgentRun(settings, window_s, frequency, pid, node, keep, gpu, nvml_s, int(buffer_mb * 2**20))
     if dry_run:
         run.dry_run()
     else:
@@ -166,7 +171,7 @@ class AgentRun:
     """One `fleetprof agent` invocation: opens the collectors, runs windows, publishes or prints."""
 
     def __init__(self, settings: Settings, window_s: float, frequency: int, pid: int | None, node: str,
-                 keep: ProcessFilter, gpu: bool, nvml_s: float) -> None:
+                 keep: ProcessFilter, gpu: bool, nvml_s: float, buffer_bytes: int = 256 << 20) -> None:
         self.settings = settings
         self.window_s = window_s
         self.frequency = frequency
@@ -175,6 +180,7 @@ class AgentRun:
         self.keep = keep
         self.gpu = gpu
         self.nvml_s = nvml_s
+        self.buffer_bytes = buffer_bytes
         self.processes = ProcessCache()
 
     def _kept(self, records: list[dict]) -> list[dict]:
@@ -245,6 +251,7 @@ class AgentRun:
         kid = kernel.build_id if kernel is not None else ""
         publisher = Publisher(config)
         sender = AgentSender(publisher, kernel)
+        outbox = OutageBuffer(publisher, self.buffer_bytes)
         windows = lost = dropped = launches = kernels = metrics = 0
         t0 = time.monotonic()
         collectors = self._open()
@@ -272,22 +279,33 @@ class AgentRun:
             while True:
                 start_ns = time.time_ns()
                 samples = loop.window(self.window_s, stop)  # a signal ends the window early; its data still goes
+                chunks_before = sender.symbol_chunks
                 batch = self._batch(collectors, samples, start_ns, kid)
-                sent = sender.send_window(batch)
-                if publisher.flush(sender.flush_timeout):
-                    raise PublishError(f"GPU records not delivered within {sender.flush_timeout:.0f} s")
+                held = sender.window_messages(batch)
+                outbox.add(held)
+                # Kafka away: keep sampling (a glance for acks, not a wait), the windows wait in the buffer
+                outbox.drain(idle_s=0.05 if outbox.buffering else 2.0, budget_s=max(self.window_s, 30.0))
                 trim_heap()  # reading new binaries' symbol tables is bursty: give the peak back, not keep it
                 windows += 1
                 sampler = collectors.sampler
                 if sampler is not None:
                     lost, dropped = lost + sampler.lost_samples, dropped + sampler.dropped_samples
-                click.echo(f"window {windows}: {sent.samples} samples, {sent.processes} processes, {sent.batches} "
-                           f"batches, {sent.symbol_chunks} symbol chunks ({sent.new_build_ids} new build ids), "
-                           f"{sent.bytes} bytes sent; {sampler.lost_samples if sampler else 0} lost stacks, "
+                click.echo(f"window {windows}: {held.samples} samples, {held.processes} processes, "
+                           f"{len(held.batches)} batches, {sender.symbol_chunks - chunks_before} symbol chunks "
+                           f"({held.new_build_ids} new build ids), {held.bytes} bytes; "
+                           f"{outbox.pending_bytes} bytes waiting for Kafka; "
+                           f"{sampler.lost_samples if sampler else 0} lost stacks, "
                            f"{sampler.dropped_samples if sampler else 0} dropped; {launches} launches, {kernels} "
                            f"kernels, {metrics} GPU metric polls so far", err=True)
                 if once or stop.is_set():
                     break
+            # what is still waiting gets one more chance, then counts as dropped
+            if not outbox.drain(idle_s=10.0, budget_s=sender.flush_timeout):
+                outbox.drop_rest()
+            if outbox.unconfirmed:
+                raise PublishError(f"{outbox.unconfirmed} messages not confirmed by Kafka at exit")
+            if publisher.flush(sender.flush_timeout):
+                raise PublishError(f"GPU records not delivered within {sender.flush_timeout:.0f} s")
         except PublishError as exc:
             raise click.ClickException(str(exc)) from None
         finally:
@@ -297,14 +315,19 @@ class AgentRun:
                 publisher.poll(0)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        summary = {"node": self.node, "windows": windows, "samples": sender.samples, "batches": sender.batches,
+        summary = {"node": self.node, "windows": windows, "samples": outbox.sent_samples,
+                   "produced_samples": sender.samples, "batches": sender.batches,
                    "symbol_chunks": sender.symbol_chunks, "build_ids": len(sender.sent_build_ids),
-                   "unreadable_files": sender.unreadable, "lost_stacks": lost, "dropped_samples": dropped,
+                   "unreadable_files": sender.unreadable, "lost_stacks": lost, "map_full_samples": dropped,
+                   "dropped_windows": outbox.dropped_windows, "dropped_messages": outbox.dropped_messages,
+                   "dropped_bytes": outbox.dropped_bytes, "dropped_samples": outbox.dropped_samples,
+                   "buffer_peak_bytes": outbox.peak_bytes,
                    "gpu_launches": launches, "gpu_kernels": kernels, "gpu_metric_polls": metrics,
                    "gpu_probe_counters": gpu_counters, "off": collectors.notes,
                    "kernel_build_id": kid, "bytes": publisher.bytes,
                    "elapsed_s": round(time.monotonic() - t0, 3)}
         if fmt == "json":
             sys.stdout.write(json.dumps(summary) + "\n")
-        click.echo(f"stopped after {windows} windows: {sender.samples} samples, {launches} launches, {kernels} "
+        click.echo(f"stopped after {windows} windows: {outbox.sent_samples} samples sent, {outbox.dropped_samples} "
+                   f"dropped in {outbox.dropped_windows} windows while Kafka was away, {launches} launches, {kernels} "
                    f"kernels, {metrics} GPU metric polls, {publisher.bytes} bytes sent", err=True)
