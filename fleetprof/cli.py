@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import click
 
@@ -28,6 +29,9 @@ def cli(ctx: click.Context, data_dir: Path | None, kafka: str | None, clickhouse
     if kafka is not None:
         settings.kafka = kafka
     if clickhouse is not None:
+        if urlsplit(clickhouse).password is not None:  # every user of the machine reads command lines (ps)
+            raise click.BadParameter("the URL holds a password: give it in FLEETPROF_CLICKHOUSE_PASSWORD (or put "
+                                     "the whole URL in FLEETPROF_CLICKHOUSE) instead", param_hint="--clickhouse")
         settings.clickhouse = clickhouse
     if database is not None:
         settings.database = database

@@ -22,6 +22,24 @@ from dataclasses import dataclass, field
 SECOND_NS = 1_000_000_000
 UNARMED, ARMED, PENDING, FIRING, RECOVERING = "UNARMED", "ARMED", "PENDING", "FIRING", "RECOVERING"
 KIND = "gpu_utilization_drop"
+# Bounds on what one GPU's state keeps: it is one record of alerts.state, which must fit one Kafka message.
+MAX_NAME = 1024  # characters of a node name, GPU UUID or GPU name (real ones are well under 100)
+MAX_PIDS = 4096  # processes remembered per GPU for the evidence (the smallest pids when more were seen)
+
+
+def invalid_metrics(record: dict) -> str | None:
+    """Why a decoded GpuMetrics record cannot be watched (its names too long to keep in the state), or None."""
+    if len(record["node"]) > MAX_NAME:
+        return f"node name of {len(record['node'])} characters (limit {MAX_NAME})"
+    for dev in record["devices"]:
+        for field_name in ("uuid", "name"):
+            if len(dev[field_name]) > MAX_NAME:
+                return f"GPU {field_name} of {len(dev[field_name])} characters (limit {MAX_NAME})"
+    return None
+
+
+def _pid_union(held: list[int], seen: list[int]) -> list[int]:
+    return sorted(set(held) | set(seen))[:MAX_PIDS]
 
 
 @dataclass(frozen=True)
@@ -124,7 +142,7 @@ class DropDetector:
                                                 simulated=bool(record.get("simulated", False)))
                 self.changed.add(key)
             before = gpu.as_record()
-            transition = self._step(gpu, util, record["time_ns"], sorted(set(pids_by_index.get(dev["index"], []))))
+            transition = self._step(gpu, util, record["time_ns"], _pid_union([], pids_by_index.get(dev["index"], [])))
             if transition is not None:
                 out.append(transition)
             if gpu.as_record() != before:
@@ -139,7 +157,7 @@ class DropDetector:
             if gpu.phase == ARMED and util < cfg.below:
                 # the processes listed while busy are the ones whose CPU time explains the drop, even if they exit
                 gpu.phase, gpu.since_ns, gpu.low_sum, gpu.low_count = PENDING, now, util, 1
-                gpu.pids = sorted(set(gpu.pids) | set(pids))
+                gpu.pids = _pid_union(gpu.pids, pids)
                 return self._fire_if_held(gpu, now)
             if gpu.phase == ARMED and pids and util >= cfg.below:
                 gpu.pids = pids  # remember the latest processes seen busy on it
@@ -151,7 +169,7 @@ class DropDetector:
                 return None
             gpu.low_sum += util
             gpu.low_count += 1
-            gpu.pids = sorted(set(gpu.pids) | set(pids))
+            gpu.pids = _pid_union(gpu.pids, pids)
             return self._fire_if_held(gpu, now)
         if gpu.phase == FIRING:
             if util >= cfg.recover_above:
@@ -159,7 +177,7 @@ class DropDetector:
                 return self._resolve_if_held(gpu, util, now)
             gpu.low_sum += util
             gpu.low_count += 1
-            gpu.pids = sorted(set(gpu.pids) | set(pids))
+            gpu.pids = _pid_union(gpu.pids, pids)
             return None
         # RECOVERING
         if util < cfg.recover_above:  # not recovered after all: the same alert goes on

@@ -18,8 +18,8 @@ from collections import Counter
 
 from processors import metrics
 from processors.alert_evidence import AlertEvidence
-from processors.alerts import KIND, AlertConfig, DropDetector, GpuDrop, Transition
-from processors.messages import Message, Produced
+from processors.alerts import KIND, AlertConfig, DropDetector, GpuDrop, Transition, invalid_metrics
+from processors.messages import Message, Produced, dead_letter
 from processors.state_changelog import StateChangelog
 from schemas import topics
 
@@ -119,8 +119,12 @@ class AlertsStage:
                 self.detectors[m.partition], self.next_offset[m.partition] = DropDetector(self.config), -1
             if m.offset < self.next_offset[m.partition]:
                 continue  # already in the restored state
-            for t in self.detectors[m.partition].poll(m.record):
-                out.append(self._alert(t, m))
+            reason = invalid_metrics(m.record)
+            if reason is not None:
+                out.append(dead_letter(self.name, m.topic, m.partition, m.offset, m.key, m.value, reason))
+            else:
+                for t in self.detectors[m.partition].poll(m.record):
+                    out.append(self._alert(t, m))
             self.next_offset[m.partition] = m.offset + 1
             touched[m.partition] = None
         for p in touched:

@@ -44,6 +44,7 @@ LAUNCH, KERNEL, PROCESS, STACK = 0, 1, 2, 3
 SIDES = ("LAUNCH", "KERNEL")
 EXPIRED, LATE, EVICTED, SUPERSEDED = "EXPIRED", "LATE", "EVICTED", "SUPERSEDED"
 MAX_KERNEL_NAME = 64 * 1024
+MAX_NODE = 1024  # characters of a node name: it is part of every pending entry and every output record
 MAX_USER_ADDRS = 1024  # BPF stack walks stop at 127 frames; anything far longer is not a stack
 MAX_MAPPINGS = 4096
 MAX_MAPPINGS_BYTES = 256 * 1024  # a process's mappings are one changelog item, and it must fit one message
@@ -164,6 +165,8 @@ def process_size(node: str, mappings: list[dict]) -> int:
 
 def invalid_launch(rec: dict) -> str | None:
     """Why a decoded GpuLaunch cannot be joined, or None."""
+    if len(rec["node"]) > MAX_NODE:
+        return f"launch with a node name of {len(rec['node'])} characters (limit {MAX_NODE})"
     if rec["pid"] <= 0:
         return f"launch with pid {rec['pid']}"
     if not 1 <= rec["weight"] <= MAX_WEIGHT:
@@ -180,6 +183,8 @@ def invalid_launch(rec: dict) -> str | None:
 
 def invalid_kernel(rec: dict) -> str | None:
     """Why a decoded GpuKernel cannot be joined, or None."""
+    if len(rec["node"]) > MAX_NODE:
+        return f"kernel with a node name of {len(rec['node'])} characters (limit {MAX_NODE})"
     if rec["pid"] <= 0:
         return f"kernel with pid {rec['pid']}"
     if rec["end_ns"] < rec["start_ns"]:

@@ -11,7 +11,7 @@ import numpy as np
 from processors.correlate import KERNEL, LAUNCH, SIDES
 from processors.demangle import demangle
 from processors.stack_ids import stack_id
-from processors.symbolize import FrameMemo, SymbolizeStats, TableLookup, symbolize_batch
+from processors.symbolize import FrameMemo, SymbolizeStats, TableLookup, clamp_long, symbolize_batch
 from schemas.fast_codec import PackedStacks
 
 GPU_BINARY = "[gpu]"
@@ -100,14 +100,14 @@ def build_gpu_samples(matches: list[tuple], unmatched: list[tuple], window_ns: i
     defs: dict[int, tuple] = {}
     for m, (sid, ids, frames) in zip(matches, resolved, strict=True):
         node, pid, weight, kstart, duration = m[0], m[1], m[5], m[6], m[7]
-        cell = sums[(node, kstart - kstart % window_ns, pid, m[8], m[9], sid, m[10])]
+        cell = sums[(node, clamp_long(kstart - kstart % window_ns), pid, m[8], m[9], sid, m[10])]
         cell[0] += duration * weight
         cell[1] += weight
         if sid not in defs:
             defs[sid] = (ids, frames)
     lost: dict[tuple, list[int]] = defaultdict(lambda: [0, 0, 0])
     for node, pid, t, side, reason, duration, weight in unmatched:
-        cell = lost[(node, t - t % window_ns, pid, side, reason)]
+        cell = lost[(node, clamp_long(t - t % window_ns), pid, side, reason)]  # times near -2^63 floor below it
         cell[0] += 1
         cell[1] += duration
         cell[2] += weight
@@ -123,10 +123,11 @@ def build_gpu_samples(matches: list[tuple], unmatched: list[tuple], window_ns: i
     for (node, window, pid, device, stream, sid, name), (ns, launches) in sums.items():
         record(node, window)["samples"].append({
             "pid": pid, "comm": "", "container_id": "", "device": device, "stream": stream, "stack_id": sid,
-            "kernel_name": name, "duration_ns": ns, "launches": launches})
+            "kernel_name": name, "duration_ns": clamp_long(ns), "launches": clamp_long(launches)})
     for (node, window, pid, side, reason), (events, ns, launches) in lost.items():
         record(node, window)["unmatched"].append({"pid": pid, "side": SIDES[side], "reason": reason,
-                                                  "events": events, "duration_ns": ns, "launches": launches})
+                                                  "events": events, "duration_ns": clamp_long(ns),
+                                                  "launches": clamp_long(launches)})
     for rec in records.values():
         sids = list(dict.fromkeys(s["stack_id"] for s in rec["samples"]))
         rec["stacks"] = [{"stack_id": sid, "frame_ids": list(defs[sid][0])} for sid in sids]

@@ -32,12 +32,23 @@ class Produced:
     source: Message | None = None  # the input it came from, so an unsendable output can be dead-lettered
 
 
+# A dead letter must itself fit Kafka's default 1 MB message limit, or producing it stops the runner: a larger
+# message (a topic or broker configured for more) is named by its position and size instead of kept whole.
+MAX_KEPT_BYTES = 900 * 1024
+MAX_REASON = 2000  # characters: reasons quote values from the message
+
+
 def dead_letter(stage: str, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
                 reason: str) -> Produced:
-    """The dead letter for a message: kept whole, with the one-line reason."""
+    """The dead letter for a message: kept whole (up to MAX_KEPT_BYTES), with the one-line reason."""
+    reason = reason.splitlines()[0][:MAX_REASON] if reason and reason.strip() else "unknown"
+    if value is not None and len(value) + len(key or b"") > MAX_KEPT_BYTES:
+        reason += f" [the message's {len(value)} bytes are not kept: over the {MAX_KEPT_BYTES}-byte dead letter limit]"
+        value = None
+    if key is not None and len(key) > MAX_KEPT_BYTES:
+        key = None
     record = {"stage": stage, "source_topic": topic, "source_partition": partition, "source_offset": offset,
-              "key": key, "value": value, "reason": reason.splitlines()[0] if reason else "unknown",
-              "time_ns": time.time_ns()}
+              "key": key, "value": value, "reason": reason, "time_ns": time.time_ns()}
     return Produced("deadletter", key, "DeadLetter", record)
 
 

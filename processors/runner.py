@@ -179,11 +179,8 @@ class TopicRunner:
             self.producer.begin_transaction()
             for p in out:
                 key, value = encode_produced(p)
-                if len(value) > MAX_OUTPUT_BYTES and p.source is not None:
-                    src = p.source
-                    p = dead_letter(self.stage.name, src.topic, src.partition, src.offset, src.key,
-                                    src.value,
-                                    f"output of {len(value)} bytes exceeds the {MAX_OUTPUT_BYTES}-byte message limit")
+                if len(value) > MAX_OUTPUT_BYTES:
+                    p = self._oversize(p, len(value))
                     key, value = encode_produced(p)
                 self._produce(p.topic, key, value)
                 counter = metrics.DEAD_LETTERS if p.topic == "deadletter" else metrics.RECORDS_OUT
@@ -204,6 +201,17 @@ class TopicRunner:
             self._hook("after_abort")
             metrics.ABORTS.labels(self.stage.name).inc()
             self._rewind()
+
+    def _oversize(self, p: Produced, size: int) -> Produced:
+        """The dead letter that replaces an output too large to send: for its input when it has one, else one that
+        names the output (Kafka would refuse it, and raising here would stop the stage on every retry)."""
+        reason = f"output of {size} bytes exceeds the {MAX_OUTPUT_BYTES}-byte message limit"
+        src = p.source
+        if src is not None:
+            return dead_letter(self.stage.name, src.topic, src.partition, src.offset, src.key, src.value, reason)
+        log.error("dropping a %d-byte output to %s: over the %d-byte message limit", size, p.topic, MAX_OUTPUT_BYTES)
+        key = p.key.encode() if isinstance(p.key, str) else p.key
+        return dead_letter(self.stage.name, p.topic, -1, -1, key, None, f"{reason}; dropped (an output, not an input)")
 
     def _hook(self, name: str) -> None:
         hook = getattr(self.stage, name, None)

@@ -34,8 +34,47 @@ class Rows:
     rows: list[list] = field(default_factory=list)
 
 
+# The unsigned and narrow integer columns of the tables (sql/migrations). Avro's int and long are signed and wider: a
+# value outside its column would fail the batch's insert on every retry, stalling the sink, so the message that
+# holds it is dead-lettered instead. tests/test_fuzz_sink.py checks these against the migrated tables.
+_U8, _U16, _U32, _U64, _I16 = (0, 2**8 - 1), (0, 2**16 - 1), (0, 2**32 - 1), (0, 2**64 - 1), (-(2**15), 2**15 - 1)
+COLUMN_RANGES: dict[str, dict[str, tuple[int, int]]] = {
+    "frames": {"frame_id": _U64},
+    "stacks": {"stack_id": _U64, "frame_ids": _U64},
+    "cpu_samples": {"pid": _U32, "stack_id": _U64, "count": _U64},
+    "gpu_device_metrics": {"gpu_index": _U16, "gpu_util_pct": _U8, "mem_util_pct": _U8, "mem_used_bytes": _U64,
+                           "mem_total_bytes": _U64, "sm_clock_mhz": _U32, "mem_clock_mhz": _U32, "power_mw": _U32,
+                           "power_limit_mw": _U32, "temperature_c": _I16, "pcie_tx_kbps": _U32,
+                           "pcie_rx_kbps": _U32, "clock_event_reasons": _U64, "xid_errors": _U32},
+    "gpu_process_metrics": {"gpu_index": _U16, "pid": _U32, "sm_util_pct": _U8, "mem_util_pct": _U8,
+                            "used_memory_bytes": _U64},
+    "gpu_kernel_samples": {"pid": _U32, "device": _U16, "stream": _U32, "stack_id": _U64, "duration_ns": _U64,
+                           "launches": _U64},
+    "gpu_unmatched": {"pid": _U32, "events": _U64, "duration_ns": _U64, "launches": _U64},
+    "alerts": {"gpu_index": _U16},
+}
+_DATETIME_MAX_S = 2**32 - 1  # DateTime is seconds since 1970 in a UInt32
+
+
 def _ts(ns: int) -> datetime:
-    return datetime.fromtimestamp(ns // 1_000_000_000, tz=UTC)
+    """A DateTime column's value; ValueError outside its range (1970 to 2106)."""
+    seconds = ns // 1_000_000_000
+    if not 0 <= seconds <= _DATETIME_MAX_S:
+        raise ValueError(f"time {ns} ns lies outside ClickHouse DateTime (1970 to 2106)")
+    return datetime.fromtimestamp(seconds, tz=UTC)
+
+
+def check_ranges(table: str, rows: Rows) -> Rows:
+    """`rows`, or ValueError naming the first value that its column cannot hold."""
+    ranges = COLUMN_RANGES.get(table, {})
+    checks = [(i, name, ranges[name]) for i, name in enumerate(rows.columns) if name in ranges]
+    for row in rows.rows:
+        for i, name, (lo, hi) in checks:
+            value = row[i]
+            for v in value if isinstance(value, list) else (value,):
+                if v is not None and not lo <= v <= hi:
+                    raise ValueError(f"{table}.{name} = {v} lies outside [{lo}, {hi}]")
+    return rows
 
 
 def _ts_ms(ns: int) -> datetime:
@@ -110,6 +149,7 @@ def rows_for(messages: list[Message]) -> dict[str, Rows]:
     out: dict[str, Rows] = {}
     for m in messages:
         for table, rows in ROW_BUILDERS[m.name](m.record).items():
+            check_ranges(table, rows)
             if table in out:
                 out[table].rows.extend(rows.rows)
             else:

@@ -12,7 +12,7 @@ import time
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from processors.runner import client_config
-from processors.symbol_tables import SymbolTables
+from processors.symbol_tables import BadChunk, SymbolTables
 from schemas import codec, topics
 
 log = logging.getLogger("fleetprof.symbols")
@@ -77,8 +77,13 @@ class SymbolFeed:
             self.bad_chunks += 1
             log.warning("skipping undecodable symbol chunk: %s", exc)
             return None
+        try:
+            self.tables.add_chunk(chunk)
+        except BadChunk as exc:  # one bad record on the compacted topic must not stop every reader of it
+            self.bad_chunks += 1
+            log.warning("skipping inconsistent symbol chunk: %s", exc)
+            return None
         self._where.setdefault(chunk["build_id"], {})[chunk["chunk_index"]] = (partition, offset)
-        self.tables.add_chunk(chunk)
         return chunk
 
     def ensure(self, build_ids: set[str], timeout: float = 10.0) -> int:

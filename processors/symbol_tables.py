@@ -8,6 +8,20 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+class BadChunk(ValueError):
+    """A SymbolChunk that cannot be part of a table (its index outside its count, arrays of different lengths)."""
+
+
+def check_chunk(chunk: dict) -> None:
+    """Raise BadChunk when a decoded SymbolChunk is not self-consistent: it comes from a topic anyone may write."""
+    count, index = chunk["chunk_count"], chunk["chunk_index"]
+    if not 0 <= index < count:
+        raise BadChunk(f"symbol chunk {index} of {count} for build id {chunk['build_id'][:80]!r}")
+    if not len(chunk["addrs"]) == len(chunk["sizes"]) == len(chunk["names"]):
+        raise BadChunk(f"symbol chunk for build id {chunk['build_id'][:80]!r} has {len(chunk['addrs'])} addresses, "
+                       f"{len(chunk['sizes'])} sizes and {len(chunk['names'])} names")
+
+
 def as_u64(values: list[int]) -> np.ndarray:
     """Avro longs (addresses with the same bits) as uint64."""
     return np.asarray(values, dtype=np.int64).view(np.uint64)
@@ -86,7 +100,8 @@ class SymbolTables:
         self.partial_dropped = 0
 
     def add_chunk(self, chunk: dict) -> SymbolTable | None:
-        """Take one chunk; returns the table once its last chunk arrived."""
+        """Take one chunk; returns the table once its last chunk arrived. BadChunk for an inconsistent one."""
+        check_chunk(chunk)
         build_id = chunk["build_id"]
         parts = self._partial.setdefault(build_id, {})
         parts[chunk["chunk_index"]] = chunk

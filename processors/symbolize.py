@@ -21,6 +21,13 @@ KERNEL_BINARY = "[kernel.kallsyms]"
 _DELETED = " (deleted)"
 
 TableLookup = Callable[[str], SymbolTable | None]
+LONG_MIN, LONG_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def clamp_long(n: int) -> int:
+    """A sum of Avro longs kept an Avro long: counts from a message may be anything, and a sum the codec cannot
+    encode would stop the runner when it writes the output."""
+    return LONG_MIN if n < LONG_MIN else LONG_MAX if n > LONG_MAX else n
 
 
 @dataclass
@@ -229,7 +236,7 @@ def symbolize_batch(batch: dict, tables: TableLookup, memo: FrameMemo | None = N
         "frames": [{"frame_id": f[0], "function": f[1], "binary": f[2], "kind": f[3]} for f in frames],
         "stacks": [{"stack_id": sid, "frame_ids": list(ids)} for sid, ids in stacks.items()],
         "samples": [
-            {"pid": pid, "comm": comm, "container_id": cid, "stack_id": sid, "count": n}
+            {"pid": pid, "comm": comm, "container_id": cid, "stack_id": sid, "count": clamp_long(n)}
             for (pid, comm, cid, sid), n in counts.items()
         ],
     }

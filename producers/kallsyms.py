@@ -59,6 +59,8 @@ def parse_kallsyms(text: str) -> tuple[list[int], list[str], int]:
         if addr == 0:
             hidden += 1
             continue
+        if addr >> 64:  # not an address (a 64-bit kernel's are 16 hex digits at most)
+            continue
         by_addr.setdefault(addr, parts[2])  # the 4th field, if any, is "[module]"
     addrs = sorted(by_addr)
     return addrs, [by_addr[a] for a in addrs], hidden

@@ -9,8 +9,10 @@ from __future__ import annotations
 import io
 import json
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
@@ -32,6 +34,45 @@ class SchemaVersion:
     version: int
     parsed: dict
     fingerprint: bytes  # 8 bytes, little endian, as written after the marker
+    ints_fit: Callable[[Any], bool] | None = None  # whether every `int` of a record fits 32 bits (None: it has none)
+
+
+_INT_MIN, _INT_MAX = -(1 << 31), (1 << 31) - 1
+_PRIMITIVES = {"null", "boolean", "int", "long", "float", "double", "bytes", "string"}
+
+
+def _int_check(schema: Any, named: dict[str, Any]) -> Callable[[Any], bool] | None:
+    """A function telling whether every Avro `int` in a datum of `schema` fits 32 bits, or None when the schema
+    holds no int. fastavro reads an int as it reads a long, unchecked, so a message can carry an int that no writer
+    could encode again: a stage would pass it on and the runner would fail writing its output."""
+    if isinstance(schema, str):
+        if schema == "int":
+            return lambda v: _INT_MIN <= v <= _INT_MAX
+        return None if schema in _PRIMITIVES else named.get(schema)
+    if isinstance(schema, list):
+        branches = [(b, _int_check(b, named)) for b in schema]
+        if all(check is None for _, check in branches):
+            return None
+        nullable = "null" in schema
+        checks = [check for _, check in branches if check is not None]
+        return lambda v: (v is None and nullable) or any(check(v) for check in checks)
+    kind = schema["type"]
+    if kind == "record":
+        named[schema["name"]] = None  # a record that holds itself: no int found through that path
+        fields = [(f["name"], check) for f in schema["fields"] if (check := _int_check(f["type"], named))]
+        check = (lambda r: all(c(r[name]) for name, c in fields)) if fields else None
+        named[schema["name"]] = check
+        return check
+    if kind == "array":
+        item = _int_check(schema["items"], named)
+        return None if item is None else (lambda a: all(item(x) for x in a))
+    if kind == "map":
+        value = _int_check(schema["values"], named)
+        return None if value is None else (lambda m: all(value(x) for x in m.values()))
+    if kind in ("enum", "fixed"):
+        named[schema["name"]] = None
+        return None
+    return _int_check(kind, named)
 
 
 def crc64_avro(schema: dict) -> bytes:
@@ -50,7 +91,7 @@ class SchemaRegistry:
     def register(self, schema_json: dict, version: int) -> SchemaVersion:
         parsed = fastavro.parse_schema(schema_json, named_schemas={})
         name = parsed["name"]
-        sv = SchemaVersion(name, version, parsed, crc64_avro(schema_json))
+        sv = SchemaVersion(name, version, parsed, crc64_avro(schema_json), _int_check(parsed, {}))
         self._by_fingerprint[sv.fingerprint] = sv
         current = self._latest.get(name)
         if current is None or current.version < version:
@@ -147,6 +188,8 @@ def decode(data: bytes, expect: str | None = None, registry: SchemaRegistry | No
         raise DecodeError(f"truncated or corrupt Avro body for {writer.name}: {type(exc).__name__}: {exc}") from None
     if buf.tell() != len(data):
         raise DecodeError(f"{len(data) - buf.tell()} trailing bytes after {writer.name} record")
+    if reader.ints_fit is not None and not reader.ints_fit(record):
+        raise DecodeError(f"an int field of {writer.name} holds a value outside 32 bits")
     return writer.name, record
 
 

@@ -1,0 +1,363 @@
+"""Fuzz targets: each takes bytes and checks the contract its subject has with hostile input, raising AssertionError
+(or whatever the subject raised against its contract) on a violation. The hypothesis tests (tests/test_fuzz_*.py),
+the corpus replay and the atheris campaigns (tests/fuzz/run_atheris.py) call the same functions.
+
+Contracts: a decoder returns a record or raises DecodeError with a one-line reason; decode_message returns a Message
+or a dead letter, never raises; a parser returns its result or its one error type; a stage, run through the
+runner's isolation, returns outputs the runner can send (encodable, under the message limit unless they carry
+their source for a dead letter), within a time limit, and opens no file named by a message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from processors.messages import Message, Produced, decode_message
+from schemas import codec, topics
+from schemas.columnar_decode import CPU_BATCH_V1_FINGERPRINT, decode_cpu_batch_columnar
+from schemas.fast_codec import PackedStacks
+
+CORPUS = Path(__file__).parent / "corpus"
+STEP_LIMIT_S = 20.0  # far above any normal call: reaching it means a hang or a blow-up
+# Where a stage's outputs go: MAX_OUTPUT_BYTES of processors/runner.py, imported lazily (it loads confluent_kafka).
+
+
+class Raw:
+    """The part of confluent_kafka.Message that the runners read."""
+
+    def __init__(self, value: bytes | None, topic: str, key: bytes | None = b"k", partition: int = 0,
+                 offset: int = 0) -> None:
+        self._v, self._t, self._k, self._p, self._o = value, topic, key, partition, offset
+
+    def value(self) -> bytes | None:
+        return self._v
+
+    def key(self) -> bytes | None:
+        return self._k
+
+    def topic(self) -> str:
+        return self._t
+
+    def partition(self) -> int:
+        return self._p
+
+    def offset(self) -> int:
+        return self._o
+
+    def error(self) -> None:
+        return None
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float = STEP_LIMIT_S) -> Iterator[None]:
+    """Fail (TimeoutError) when the block runs longer than `seconds`: a hang, not a slow call. Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(*_: object) -> None:
+        raise TimeoutError(f"still running after {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    started = time.monotonic()
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)  # an outer timer (pytest-timeout's) is put back after
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer:
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - started), 0.001))
+
+
+def one_line(reason: str) -> None:
+    assert reason and "\n" not in reason, f"not a one-line reason: {reason!r}"
+
+
+# ---- decoders -------------------------------------------------------------------------------------------------
+
+def check_decode(data: bytes) -> tuple[str, dict] | None:
+    """codec.decode: a record that encodes again and decodes to itself, or DecodeError."""
+    try:
+        name, record = codec.decode(data)
+    except codec.DecodeError as exc:
+        one_line(str(exc))
+        return None
+    again = codec.encode(name, record)
+    assert codec.encode(*codec.decode(again)) == again  # bytes, not records: a NaN is not equal to itself
+    return name, record
+
+
+def check_columnar(data: bytes) -> None:
+    """The columnar CpuStackBatch decoder agrees with codec.decode or refuses with DecodeError."""
+    try:
+        rec = decode_cpu_batch_columnar(data)
+    except codec.DecodeError as exc:
+        one_line(str(exc))
+        return
+    rec = {**rec, "processes": [{**p, "stacks": p["stacks"].records()} for p in rec["processes"]]}
+    assert rec == codec.decode(data)[1], "the columnar decoder read what fastavro reads otherwise"
+
+
+def check_decode_message(data: bytes, topic: str = "cpu.stacks", columnar: bool = True) -> Message | Produced:
+    """decode_message: a Message, or a dead letter that keeps the bytes and says why in one line; never raises."""
+    expect = {t.name: t.schema for t in topics.ALL}
+    item = decode_message("fuzz", Raw(data, topic), expect, 16 << 20, columnar=columnar)
+    if isinstance(item, Produced):
+        assert item.topic == "deadletter"
+        one_line(item.record["reason"])
+        assert item.record["value"] == data
+        codec.encode(item.schema, item.record)
+    else:
+        assert item.topic == topic and item.name == f"fleetprof.{expect[topic]}"
+        if columnar and item.name == "fleetprof.CpuStackBatch":
+            assert all(isinstance(p["stacks"], PackedStacks) for p in item.record["processes"])
+    return item
+
+
+def with_header(schema: str, body: bytes) -> bytes:
+    """A message body behind the single-object header of the newest version of `schema`."""
+    return codec.MARKER + codec.default_registry().latest(schema).fingerprint + body
+
+
+def check_avro_body(data: bytes) -> None:
+    """The first byte picks a schema; the rest is its body: the mutations land in the body, past the header."""
+    if not data:
+        return
+    names = codec.default_registry().names()
+    name = names[data[0] % len(names)]
+    message = with_header(name, data[1:])
+    check_decode(message)
+    check_decode_message(message, topic=next((t.name for t in topics.ALL if f"fleetprof.{t.schema}" == name),
+                                             "cpu.stacks"))
+    if codec.default_registry().latest(name).fingerprint == CPU_BATCH_V1_FINGERPRINT:
+        check_columnar(message)
+
+
+# ---- parsers --------------------------------------------------------------------------------------------------
+
+def check_elf(data: bytes, directory: str | None = None) -> None:
+    """read_elf_symbols and read_build_id on a file holding `data`: ElfSymbols (whose chunks make a table) or ElfError
+    with a one-line reason."""
+    from processors.symbol_tables import table_from_chunks
+    from producers.elf_symbols import ElfError, read_build_id, read_elf_symbols, symbol_chunks
+
+    fd, path = tempfile.mkstemp(prefix="fuzz-", suffix=".elf", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        try:
+            syms = read_elf_symbols(path)
+        except ElfError as exc:
+            one_line(str(exc))
+            syms = None
+        if syms is not None:
+            assert len(syms.addrs) == len(syms.sizes) == len(syms.names)
+            assert all(syms.addrs[1:] > syms.addrs[:-1]), "addresses sorted and unique"
+            chunks = symbol_chunks(syms)
+            for c in chunks:
+                codec.encode("SymbolChunk", c)
+            assert len(table_from_chunks(chunks)) == len(syms)
+        try:
+            build_id = read_build_id(path)
+        except ElfError as exc:
+            one_line(str(exc))
+        else:
+            assert syms is None or build_id == syms.build_id
+    finally:
+        os.unlink(path)
+
+
+def check_perf_map(data: bytes) -> None:
+    """parse_perf_map: sorted unique 64-bit starts, one-line names, chunks the codec can encode."""
+    from producers.perf_map import is_perf_map_id, parse_perf_map, perf_map_chunks
+
+    found = parse_perf_map(data, max_entries=10_000)
+    assert found.addrs == sorted(set(found.addrs)) and all(0 <= a < 1 << 64 for a in found.addrs)
+    assert all(0 <= s < 1 << 64 for s in found.sizes) and len(found.sizes) == len(found.names) == len(found)
+    assert all("\n" not in n and n == n.strip(" \t\r") and n for n in found.names)
+    assert is_perf_map_id(found.build_id) and found.build_id == parse_perf_map(data, max_entries=10_000).build_id
+    for c in perf_map_chunks(found):
+        codec.encode("SymbolChunk", c)
+
+
+def check_kallsyms(data: bytes) -> None:
+    """parse_kallsyms on any text: sorted unique addresses that the codec can encode as a table."""
+    from producers.kallsyms import KernelSymbols, kernel_symbol_chunks, parse_kallsyms
+
+    addrs, names, hidden = parse_kallsyms(data.decode("utf-8", "replace"))
+    assert addrs == sorted(set(addrs)) and len(addrs) == len(names) and hidden >= 0
+    for c in kernel_symbol_chunks(KernelSymbols("kernel-fuzz", addrs, names, hidden)):
+        codec.encode("SymbolChunk", c)
+
+
+def check_demangle(data: bytes) -> None:
+    """demangle: a string for any name, bounded in size; never crashes the process (see processors/demangle.py)."""
+    from processors.demangle import MAX_DEMANGLED, demangle
+
+    name = data.decode("utf-8", "replace")
+    for prefix in ("", "_Z", "_R", "$s"):
+        out = demangle(prefix + name)
+        assert isinstance(out, str) and (len(out) <= MAX_DEMANGLED or out == prefix + name)
+
+
+# ---- stages ---------------------------------------------------------------------------------------------------
+
+_MODULE_FILES = (".py", ".pyc", ".so")
+
+
+class Opens:
+    """Every file path opened while active (an audit hook: `open` and `os.open`, whatever module opens it)."""
+
+    _active: list[Opens] = []
+    _installed = False
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+
+    def data_paths(self) -> list[str]:
+        """The paths opened other than Python's own module files (a lazy import)."""
+        return [p for p in self.paths if not (p.endswith(_MODULE_FILES) and "/../" not in p)]
+
+    @classmethod
+    def _hook(cls, event: str, args: tuple) -> None:
+        if cls._active and event in ("open", "os.open") and args and isinstance(args[0], (str, bytes, os.PathLike)):
+            path = os.fsdecode(args[0])
+            for watcher in cls._active:
+                watcher.paths.append(path)
+
+    def __enter__(self) -> Opens:
+        if not Opens._installed:
+            sys.addaudithook(Opens._hook)
+            Opens._installed = True
+        Opens._active.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        Opens._active.remove(self)
+
+
+def strings_in(value: object) -> Iterator[str]:
+    """Every string inside a decoded record."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from strings_in(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from strings_in(v)
+
+
+class StageHarness:
+    """A stage behind a real TopicRunner's isolation (`_process`: the whole batch, else one message at a time with a
+    dead letter for each that fails). Each run gets a fresh stage, so a run depends on its input alone. The
+    runner's Kafka clients point at a closed port and are never used."""
+
+    def __init__(self, make_stage: Callable[[], object]) -> None:
+        from processors.runner import TopicRunner
+
+        self.make_stage = make_stage
+        self.runner = TopicRunner(make_stage(), {"bootstrap.servers": "127.0.0.1:9", "log_level": 0})
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return self.runner.stage.inputs
+
+    def run(self, messages: list[Message]) -> list[Produced]:
+        """The runner's outputs for `messages`, checked against the stage contract (see the module doc)."""
+        from processors.runner import MAX_OUTPUT_BYTES, encode_produced
+
+        self.runner.stage = self.make_stage()
+        with time_limit(), Opens() as opened:
+            out = self.runner._process(messages)
+            sizes = [len(encode_produced(p)[1]) for p in out]  # what the runner's commit encodes
+        for p, size in zip(out, sizes, strict=True):
+            assert size <= MAX_OUTPUT_BYTES or p.source is not None, \
+                f"a {size}-byte output to {p.topic} that the runner can neither send nor dead-letter"
+            if p.topic == "deadletter":
+                one_line(p.record["reason"])
+        named = {v for m in messages for v in strings_in(m.record) if len(v) > 1}
+        assert not opened.data_paths(), f"{type(self.runner.stage).__name__} opened {opened.data_paths()}"
+        assert not named & set(opened.paths), f"opened a path named by a message: {named & set(opened.paths)}"
+        return out
+
+    def run_bytes(self, data: bytes) -> list[Produced] | None:
+        """Messages cut from `data` at STAGE_SEPARATOR, each a byte choosing one of the stage's input topics, then an
+        Avro body of that topic's schema; those that decode go through `run`."""
+        messages = []
+        for i, chunk in enumerate(data.split(STAGE_SEPARATOR)[:8]):
+            if not chunk:
+                continue
+            topic = self.inputs[chunk[0] % len(self.inputs)]
+            item = check_decode_message(with_header(topics.BY_NAME[topic].schema, chunk[1:]), topic,
+                                        columnar=bool(getattr(self.runner.stage, "columnar_input", False)))
+            if isinstance(item, Message):
+                item.offset = i
+                messages.append(item)
+        return self.run(messages) if messages else None
+
+    def close(self) -> None:
+        self.runner.consumer.close()
+
+
+STAGE_SEPARATOR = b"\xfe\xfd\xfc"
+
+
+def stage_factories() -> dict[str, Callable[[], object]]:
+    """Each topic-to-topic stage as `fleetprof process` builds it, less the side inputs read from Kafka (symbols
+    feed, state changelogs, evidence): those are I/O, and a stage runs without them in its pure tests."""
+    from processors.alerts import AlertConfig
+    from processors.alerts_stage import AlertsStage
+    from processors.correlate_stage import CorrelateStage
+    from processors.stages import SymbolizeStage
+    from processors.symbol_tables import SymbolTables
+
+    # alerts fire at once (no hold), so a few polls reach every phase
+    return {"symbolize": lambda: SymbolizeStage(SymbolTables()),
+            "correlate": lambda: CorrelateStage(SymbolTables(), None),
+            "alerts": lambda: AlertsStage(AlertConfig(hold_ns=0, recover_ns=0), None, None)}
+
+
+def as_messages(topic: str, records: list[dict], columnar: bool = False) -> list[Message]:
+    """Records as the runner hands them to a stage: encoded, then decoded by decode_message, at offsets 0, 1, ..."""
+    schema = topics.BY_NAME[topic].schema
+    out = []
+    for i, rec in enumerate(records):
+        item = decode_message("fuzz", Raw(codec.encode(schema, rec), topic, offset=i), {topic: schema}, 1 << 30,
+                              columnar=columnar)
+        assert isinstance(item, Message), item.record["reason"]
+        out.append(item)
+    return out
+
+
+_harnesses: dict[str, StageHarness] = {}
+
+
+def check_stage(name: str, data: bytes) -> None:
+    """The stage target for atheris: one harness per stage and process."""
+    if name not in _harnesses:
+        _harnesses[name] = StageHarness(stage_factories()[name])
+    _harnesses[name].run_bytes(data)
+
+
+TARGETS: dict[str, Callable[[bytes], object]] = {
+    "stage_symbolize": lambda data: check_stage("symbolize", data),
+    "stage_correlate": lambda data: check_stage("correlate", data),
+    "stage_alerts": lambda data: check_stage("alerts", data),
+    "avro": check_avro_body,
+    "decode_message": check_decode_message,
+    "columnar": lambda data: check_columnar(with_header("CpuStackBatch", data)),
+    "elf": check_elf,
+    "perf_map": check_perf_map,
+    "kallsyms": check_kallsyms,
+    "demangle": check_demangle,
+}
