@@ -31,12 +31,12 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.correlator import free_ports  # noqa: E402
+from bench.correlator import free_ports, raw_consume  # noqa: E402
 from fleetprof.broker import LocalBroker, create_topics  # noqa: E402
 from processors.alert_webhook import AlertWebhook, webhook_thread  # noqa: E402
 from processors.alerts import SECOND_NS, AlertConfig  # noqa: E402
@@ -88,23 +88,6 @@ def fleet(bootstrap: str, nodes: int, gpus: int, seconds: int, drop_every: int) 
     return sent, size, dropping
 
 
-def raw_consume(bootstrap: str, messages: int) -> tuple[float, list[tuple]]:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"raw-{uuid.uuid4()}", "enable.auto.commit": False,
-                  "fetch.max.bytes": 64 << 20, "max.partition.fetch.bytes": 16 << 20})
-    partitions = c.list_topics(TOPIC, timeout=10).topics[TOPIC].partitions
-    parts = [TopicPartition(TOPIC, p, OFFSET_BEGINNING) for p in partitions]
-    t0 = time.perf_counter()
-    c.assign(parts)
-    out: list[tuple] = []
-    while len(out) < messages:
-        for m in c.consume(1000, 1.0):
-            if m.error() is None:
-                out.append((m.partition(), m.offset(), m.key(), m.value()))
-    elapsed = time.perf_counter() - t0
-    c.close()
-    return elapsed, out
-
-
 def detect(raw: list[tuple], batch: int = 1000) -> tuple[float, dict[str, int]]:
     """CPU seconds of decode + the stage's pure work over every message; alerts by state."""
     stage = AlertsStage(CONFIG, None, None)
@@ -112,7 +95,7 @@ def detect(raw: list[tuple], batch: int = 1000) -> tuple[float, dict[str, int]]:
     t = time.process_time()
     for i in range(0, len(raw), batch):
         msgs = []
-        for part, offset, key, value in raw[i:i + batch]:
+        for _, part, offset, key, value in raw[i:i + batch]:
             name, rec = codec.decode(value, expect="GpuMetrics")
             msgs.append(Message(TOPIC, part, offset, key, name, rec))
         for p in stage.process(msgs):
@@ -200,7 +183,7 @@ def main() -> None:
         sent, size, dropping = fleet(broker.bootstrap, args.nodes, args.gpus, args.seconds, args.drop_every)
         polls = sent * args.gpus + live
         sent += live  # the live node's polls are in the topic too (its drop is shorter than the default hold)
-        runs = [raw_consume(broker.bootstrap, sent) for _ in range(3)]
+        runs = [raw_consume(broker.bootstrap, sent, [TOPIC]) for _ in range(3)]
         raw_s, raw = min(r[0] for r in runs), runs[0][1]
         del runs
         detect_s, states = detect(raw)

@@ -57,12 +57,12 @@ def free_ports(n: int) -> list[int]:
         return [s.getsockname()[1] for s in socks]
 
 
-def raw_consume(bootstrap: str, messages: int) -> tuple[float, list[tuple]]:
-    """Seconds for a plain consumer to fetch `messages` messages of both input topics (partitions assigned
+def raw_consume(bootstrap: str, messages: int, inputs: list[str] = INPUTS) -> tuple[float, list[tuple]]:
+    """Seconds for a plain consumer to fetch `messages` messages of the input topics (partitions assigned
     directly, no group join), and the messages as (topic, partition, offset, key, value)."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"raw-{uuid.uuid4()}", "enable.auto.commit": False,
                   "fetch.max.bytes": 64 << 20, "max.partition.fetch.bytes": 16 << 20})
-    parts = [TopicPartition(t, p, OFFSET_BEGINNING) for t in INPUTS
+    parts = [TopicPartition(t, p, OFFSET_BEGINNING) for t in inputs
              for p in c.list_topics(t, timeout=10).topics[t].partitions]
     t0 = time.perf_counter()
     c.assign(parts)

@@ -13,7 +13,6 @@ processors/alert_evidence.py when an alert fires or resolves.
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 
 from processors import metrics
@@ -158,7 +157,5 @@ class AlertsStage:
 
 def build_alerts(kafka: dict, config: AlertConfig, evidence: AlertEvidence | None,
                  group: str = DEFAULT_GROUP) -> AlertsStage:
-    started = time.monotonic()
-    stage = AlertsStage(config, StateChangelog(kafka, group, topic=topics.ALERTS_STATE.name), evidence, group=group)
-    log.info("alerts stage ready in %.2f s: %s", time.monotonic() - started, config)
-    return stage
+    log.info("alerts stage: %s", config)
+    return AlertsStage(config, StateChangelog(kafka, group, topic=topics.ALERTS_STATE.name), evidence, group=group)
