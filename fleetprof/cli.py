@@ -8,10 +8,14 @@ from urllib.parse import urlsplit
 
 import click
 
-from fleetprof.settings import Settings
+from fleetprof.settings import ConfigError, Settings
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="TOML config file with [kafka] (bootstrap and any librdkafka setting, SASL/TLS included) and "
+                   "[clickhouse] (url, user, password, database); the environment overrides it. "
+                   "[env FLEETPROF_CONFIG]")
 @click.option("--data-dir", type=click.Path(path_type=Path), default=None,
               help="Local state: Kafka logs, chDB store. [env FLEETPROF_DATA_DIR; default ~/.local/share/fleetprof]")
 @click.option("--kafka", default=None, help="Kafka bootstrap host:port. [env FLEETPROF_KAFKA; default 127.0.0.1:9092]")
@@ -20,10 +24,13 @@ from fleetprof.settings import Settings
                    "Default: chDB in the data dir.")
 @click.option("--database", default=None, help="ClickHouse database. [env FLEETPROF_DATABASE; default fleetprof]")
 @click.pass_context
-def cli(ctx: click.Context, data_dir: Path | None, kafka: str | None, clickhouse: str | None,
-        database: str | None) -> None:
+def cli(ctx: click.Context, config_path: Path | None, data_dir: Path | None, kafka: str | None,
+        clickhouse: str | None, database: str | None) -> None:
     """fleetprof: always-on CPU and GPU profiling for fleets of CUDA machines."""
-    settings = Settings()
+    try:
+        settings = Settings.load(config_path)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--config") from None
     if data_dir is not None:
         settings.data_dir = data_dir
     if kafka is not None:
@@ -51,3 +58,6 @@ def main() -> None:
         cli.main(prog_name="fleetprof", standalone_mode=True)
     except KeyboardInterrupt:
         sys.exit(130)
+    except ConfigError as exc:  # a secret file named in the environment that cannot be read, found late
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(1)

@@ -77,7 +77,8 @@ class LocalPipeline:
     def start_store(self) -> list[str]:
         from fleetprof.store import open_store
 
-        self.store = open_store(self.settings.clickhouse_dsn, self.settings.database)
+        self.store = open_store(self.settings.clickhouse_dsn, self.settings.database,
+                                **self.settings.clickhouse_credentials())
         return self.store.migrate()
 
     def start_processors(self) -> None:
@@ -133,6 +134,8 @@ class LocalPipeline:
         env["FLEETPROF_DATA_DIR"] = str(self.settings.data_dir)
         env["FLEETPROF_INSTANCE"] = str(child.index)
         env["FLEETPROF_API"] = self.settings.api
+        if self.settings.config_path is not None:  # the path, never the secrets it holds
+            env["FLEETPROF_CONFIG"] = str(self.settings.config_path.resolve())
         argv = child.argv or [sys.executable, "-m", "fleetprof", "process", child.stage]
         out = open(child.log_path, "ab")  # noqa: SIM115 - handed to the child for its lifetime
         # the repository root as cwd: the simulated workload runs as `-m producers...` under another interpreter

@@ -153,7 +153,8 @@ def query_target(settings: Settings) -> QueryTarget:
     """The API at settings.api if it answers, else the embedded store opened here; a server URL directly."""
     if not settings.is_embedded_store:
         try:
-            return StoreTarget(open_store(settings.clickhouse_dsn, settings.database))
+            return StoreTarget(open_store(settings.clickhouse_dsn, settings.database,
+                                          **settings.clickhouse_credentials()))
         except (StoreError, ClickHouseError) as exc:
             raise QueryError(one_line(exc)) from None
     api = _probe_api(settings.api, settings.database)
@@ -161,7 +162,7 @@ def query_target(settings: Settings) -> QueryTarget:
         return api
     path = Path(settings.clickhouse_dsn[len(CHDB_PREFIX):])
     try:
-        store = open_store(settings.clickhouse_dsn, settings.database)
+        store = open_store(settings.clickhouse_dsn, settings.database, **settings.clickhouse_credentials())
     except StoreBusy as exc:
         raise QueryError(f"the store at {exc.path} is owned by another fleetprof process whose API does not answer "
                          f"at {settings.api}") from None

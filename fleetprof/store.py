@@ -297,10 +297,9 @@ def _chdb_factory(path: Path) -> Callable[[str | None, bool], Client]:
     return make
 
 
-def _server_factory(url: str) -> Callable[[str | None, bool], Client]:
-    # Credentials only from the environment (never flags, never logged); a URL's own user:password also works.
-    username = os.environ.get(USER_ENV) or None
-    password = os.environ.get(PASSWORD_ENV)
+def _server_factory(url: str, username: str | None, password: str | None) -> Callable[[str | None, bool], Client]:
+    # Credentials come from Settings (environment or config file; never flags, never logged); a URL's own
+    # user:password also works.
 
     def make(database: str | None, readonly: bool) -> Client:
         kwargs: dict[str, Any] = {"dsn": url, "database": database, "autogenerate_session_id": False,
@@ -323,8 +322,10 @@ def _redact(url: str) -> str:
     return re.sub(r"//[^@/]*@", "//", url)
 
 
-def open_store(dsn: str, database: str) -> Store:
-    """Open the store at `dsn` (chdb:///dir or http(s)://host:port), creating `database` if missing.
+def open_store(dsn: str, database: str, *, username: str | None = None, password: str | None = None) -> Store:
+    """Open the store at `dsn` (chdb:///dir or http(s)://host:port), creating `database` if missing. A server's
+    credentials: `username` / `password` (Settings.clickhouse_credentials()), else FLEETPROF_CLICKHOUSE_USER /
+    _PASSWORD from the environment.
 
     Raises StoreBusy when another process holds the chDB directory.
     """
@@ -339,7 +340,9 @@ def open_store(dsn: str, database: str) -> Store:
         factory = _chdb_factory(path)
         location = str(path)
     elif dsn.startswith(("http://", "https://")):
-        factory = _server_factory(dsn)
+        if username is None and password is None:
+            username, password = os.environ.get(USER_ENV) or None, os.environ.get(PASSWORD_ENV)
+        factory = _server_factory(dsn, username, password)
         location = _redact(dsn)
     else:
         raise StoreError(f"unsupported store address {dsn!r} (use chdb:///dir or http(s)://host:port)")

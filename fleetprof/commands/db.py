@@ -19,7 +19,7 @@ def db() -> None:
 def migrate(settings: Settings) -> None:
     """Apply the migrations this store has not run yet and print their names."""
     try:
-        with open_store(settings.clickhouse_dsn, settings.database) as store:
+        with open_store(settings.clickhouse_dsn, settings.database, **settings.clickhouse_credentials()) as store:
             applied = store.migrate()
             location = store.location
     except (StoreError, ClickHouseError) as exc:

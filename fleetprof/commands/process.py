@@ -48,7 +48,7 @@ def process(settings: Settings, stage: str, batch_size: int | None, metrics_port
         from fleetprof.store import open_store
         from processors.store_writer import StoreRunner
 
-        store = open_store(settings.clickhouse_dsn, settings.database)
+        store = open_store(settings.clickhouse_dsn, settings.database, **settings.clickhouse_credentials())
         try:
             store.migrate()
             kwargs = {"batch_messages": batch_size} if batch_size else {}
