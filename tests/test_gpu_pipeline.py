@@ -14,7 +14,7 @@ import uuid
 from collections import Counter
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from prometheus_client import REGISTRY
 
 from fleetprof.pprof import Profile
@@ -62,11 +62,22 @@ def start_at_end(bootstrap: str, group: str, names: list[str]) -> None:
     """Commit the group's offsets at the topics' current ends: it reads only what this test sends."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
     try:
-        ends = [TopicPartition(t, p, c.get_watermark_offsets(TopicPartition(t, p), timeout=10)[1])
-                for t in names for p in range(topics.BY_NAME[t].partitions)]
+        ends = [TopicPartition(t, p, _end_offset(c, t, p)) for t in names for p in range(topics.BY_NAME[t].partitions)]
         c.commit(offsets=ends, asynchronous=False)
     finally:
         c.close()
+
+
+def _end_offset(c: Consumer, topic: str, partition: int, timeout: float = 30) -> int:
+    """The partition's high watermark; retried while a just-created topic's leader is still being elected."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return c.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)[1]
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 class Run:

@@ -1,6 +1,6 @@
 """Scale-out on the real broker and store: several `fleetprof process STAGE` processes in one consumer group share
 the partitions, and through a member joining, one leaving on SIGTERM and one SIGKILLed mid-stream (its partitions
-move only once its session times out), every input is counted exactly once.
+move only once its session times out), every input is counted exactly once, and every alert sent exactly once.
 
 The processes run in their stage's default consumer group (`fleetprof process` has no option to name another);
 each test commits that group's offsets at the topics' ends first, and counts only its own nodes.
@@ -22,10 +22,22 @@ from pathlib import Path
 import httpx
 from confluent_kafka.admin import AdminClient
 
+from processors.alerts import alert_id
 from processors.sink import SINK_INPUTS
-from schemas import topics
+from schemas import codec, topics
 from tests.conftest import free_ports
-from tests.pipeline_helpers import build_id_for, cpu_batch, encode, produce, sink, stack, symbol_chunks, wait_for
+from tests.pipeline_helpers import (
+    build_id_for,
+    cpu_batch,
+    encode,
+    produce,
+    read_topic,
+    sink,
+    stack,
+    symbol_chunks,
+    wait_for,
+)
+from tests.test_alerts_pipeline import _base, _metrics
 from tests.test_correlate import GEMM, SGEMM
 from tests.test_gpu_pipeline import Run, start_at_end
 
@@ -41,7 +53,8 @@ class Instance:
         self.stage = stage
         self.log = logs / f"{stage}-{slot}.log"
         # a killed member's partitions move once its session times out: 6 s instead of librdkafka's 45 s
-        env = dict(os.environ, FLEETPROF_KAFKA=bootstrap, FLEETPROF_DATA_DIR=str(logs),
+        # a data directory each: an alerter opens the chDB store there for its evidence, one process per directory
+        env = dict(os.environ, FLEETPROF_KAFKA=bootstrap, FLEETPROF_DATA_DIR=str(logs / f"{stage}-{slot}"),
                    FLEETPROF_INSTANCE=str(slot), FLEETPROF_KAFKA_SESSION_TIMEOUT_MS="6000")
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
@@ -252,3 +265,48 @@ def test_correlators_scale_out_and_a_killed_ones_partitions_move_with_exact_gpu_
     _, launches = store.query_sql("SELECT sum(launches) FROM gpu_kernel_samples WHERE node = {node:String}",
                                   {"node": run.node})
     assert int(launches[0][0]) == sum(lrec["weight"] for lrec, _ in pairs)
+
+
+def test_alerters_share_gpus_through_a_join_and_a_kill_and_each_drop_alerts_exactly_once(kafka_bootstrap, tmp_path):
+    """Six GPUs (two per gpu.metrics partition) go busy → low → busy. The drops are pending when a third alerter
+    joins and their partitions move (the detector state follows through the alerts.state changelog); one alerter is
+    SIGKILLed as the drops hold. Each GPU still gets exactly one FIRING and one RESOLVED alert, with its stable id."""
+    run = uuid.uuid4().hex[:8]
+    group, metrics_topic = "fleetprof-alerts", topics.GPU_METRICS.name
+    start_at_end(kafka_bootstrap, group, [metrics_topic])
+    nodes = nodes_over_partitions(f"al-{run}", 2, topics.GPU_METRICS.partitions)
+    base = _base()
+
+    def wave(seconds: range) -> None:
+        produce(kafka_bootstrap, [m for node in nodes for m in _metrics(node, base, seconds)])
+
+    def alerts() -> list[dict]:
+        found = read_topic(kafka_bootstrap, topics.ALERTS.name, lambda m: m.key().decode().startswith(f"al-{run}-"),
+                           2 * len(nodes) + 1, timeout=3)
+        return [codec.decode(m.value(), expect="Alert")[1] for m in found]
+
+    every = {(metrics_topic, p) for p in range(topics.GPU_METRICS.partitions)}
+    with Fleet(kafka_bootstrap, "alerts", tmp_path, batch_size=20) as fleet:
+        a, b = fleet.start(), fleet.start()
+        fleet.wait_serving(a, b)
+        two = wait_assigned(kafka_bootstrap, group, 2, every, fleet)
+        wave(range(0, 25))  # busy for 10 s, then low: every drop pending
+        wait_for(lambda: a.consumed(metrics_topic) + b.consumed(metrics_topic) >= 25 * len(nodes), timeout=60,
+                 what="the first wave consumed")
+        c = fleet.start()  # joins while the drops are pending: their state must follow the partitions
+        fleet.wait_serving(c)
+        three = wait_assigned(kafka_bootstrap, group, 3, every, fleet)
+        wave(range(25, 45))  # the drops hold for 30 s at t = 40: every GPU fires
+        wait_for(lambda: c.consumed(metrics_topic) > 0, timeout=60, what="the joined alerter consuming")
+        assert a.stop(signal.SIGKILL) == -signal.SIGKILL
+        wave(range(45, 70))  # busy again from t = 50: resolved at t = 65
+        wait_for(lambda: len(alerts()) >= 2 * len(nodes), timeout=120, what="a FIRING and a RESOLVED per GPU")
+        got = alerts()  # read once more: a duplicate would show up by now
+        for inst in (b, c):
+            assert inst.stop(signal.SIGTERM) == 0, inst.log.read_text()
+    assert len(two) == 2 and len(three) == 3
+    by_gpu = Counter((r["node"], r["state"]) for r in got)
+    assert by_gpu == Counter({(node, state): 1 for node in nodes for state in ("FIRING", "RESOLVED")})
+    for r in got:
+        assert r["alert_id"] == alert_id(r["node"], f"GPU-{r['node']}", base + 10 * SECOND)
+        assert r["time_ns"] == base + (40 if r["state"] == "FIRING" else 65) * SECOND
