@@ -18,7 +18,7 @@ from typing import Any
 log = logging.getLogger("fleetprof.settings")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SQL_DIR = REPO_ROOT / "sql"
+SQL_DIR = Path(__file__).resolve().parent / "sql"  # in a checkout a link to sql/; in a wheel the files themselves
 INFRA_DIR = REPO_ROOT / "infra"
 
 DEFAULT_KAFKA = "127.0.0.1:9092"

@@ -1,0 +1,73 @@
+"""What a deployment installs: the wheel (`pip install .`, as the Dockerfile does) carries the SQL migrations and
+named queries, the agent's BPF programs and the schemas, and an installed copy runs from outside the checkout; the
+Dockerfile parses (the official BuildKit parser, through the `dockerfile` package) and copies what exists."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from fleetprof.settings import REPO_ROOT
+from fleetprof.store import migration_files, named_queries
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
+                    str(REPO_ROOT)], check=True, capture_output=True, timeout=300)
+    (found,) = out.glob("fleetprof-*.whl")
+    return found
+
+
+def test_the_wheel_carries_sql_bpf_and_schemas(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    in_checkout = {f"fleetprof/sql/{p.relative_to(REPO_ROOT / 'sql')}" for p in (REPO_ROOT / "sql").rglob("*")
+                   if p.is_file() and p.suffix in (".sql", ".xml", ".md")}
+    assert len(in_checkout) > 40 and in_checkout <= names
+    assert {"producers/bpf/cpu_sampler.bpf.c", "producers/bpf/gpu_probes.bpf.c"} <= names
+    assert {f"schemas/{p.name}" for p in (REPO_ROOT / "schemas").glob("*.avsc")} <= names
+
+
+def test_an_installed_copy_migrates_a_store_and_knows_every_query_outside_the_checkout(wheel, tmp_path):
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+                   check=True, capture_output=True, timeout=300)
+    probe = ("import json, fleetprof, producers.cpu_sampler as cs;"
+             "from fleetprof.store import migration_files, named_queries;"
+             "print(json.dumps([fleetprof.__file__, named_queries(), len(migration_files()),"
+             " cs.BPF_SOURCE.is_file()]))")
+    env = {"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    where, queries, migrations, bpf = json.loads(done.stdout)
+    assert Path(where).is_relative_to(target)  # the installed copy, not the checkout
+    assert queries == named_queries() and migrations == len(migration_files()) and bpf
+    migrate = subprocess.run([sys.executable, "-m", "fleetprof", "--data-dir", str(tmp_path / "data"), "db", "migrate"],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert migrate.returncode == 0, migrate.stderr
+    assert migrate.stdout.split() == [name for _, name, _ in migration_files()]
+
+
+def test_the_dockerfile_parses_and_copies_what_exists():
+    import dockerfile
+
+    commands = dockerfile.parse_file(str(REPO_ROOT / "Dockerfile"))
+    by = [(c.cmd.upper(), c.value) for c in commands]
+    assert by[0] == ("FROM", ("debian:bookworm-slim",))  # Python 3.11 and python3-bpfcc from one distribution
+    copied = [src for cmd, value in by if cmd == "COPY" for src in value[:-1]]
+    assert copied and all((REPO_ROOT / src).exists() for src in copied)
+    packages = {"fleetprof", "processors", "producers", "schemas", "sql", "pyproject.toml", "README.md"}
+    assert set(copied) == packages
+    assert ("ENTRYPOINT", ("fleetprof",)) in by
+    install = next(v[0] for cmd, v in by if cmd == "RUN" and "pip install" in v[0])
+    assert "python3-bpfcc" in next(v[0] for cmd, v in by if cmd == "RUN" and "apt-get install" in v[0])
+    assert "/opt/fleetprof/bin/pip install --no-cache-dir /src" in install
+    ignored = (REPO_ROOT / ".dockerignore").read_text().split()
+    assert {".venv", ".git", ".build"} <= set(ignored)
