@@ -1,10 +1,12 @@
 """What a deployment installs: the wheel (`pip install .`, as the Dockerfile does) carries the SQL migrations and
 named queries, the agent's BPF programs and the schemas, and an installed copy runs from outside the checkout; the
-Dockerfile parses (the official BuildKit parser, through the `dockerfile` package) and copies what exists."""
+Dockerfile parses (the official BuildKit parser, through the `dockerfile` package) and copies what exists; the
+wheel is built from just what it copies."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -16,11 +18,29 @@ from fleetprof.settings import REPO_ROOT
 from fleetprof.store import migration_files, named_queries
 
 
+def _dockerfile() -> list[tuple[str, tuple[str, ...]]]:
+    import dockerfile
+
+    return [(c.cmd.upper(), c.value) for c in dockerfile.parse_file(str(REPO_ROOT / "Dockerfile"))]
+
+
+def _copied() -> list[str]:
+    return [src for cmd, value in _dockerfile() if cmd == "COPY" for src in value[:-1]]
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
+    """The wheel built from exactly what the Dockerfile copies (so the image build has all it needs), outside the
+    checkout (no build/ left in it)."""
+    src, out = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("wheel")
+    for name in _copied():
+        if (REPO_ROOT / name).is_dir():
+            shutil.copytree(REPO_ROOT / name, src / name, symlinks=True,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(REPO_ROOT / name, src / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
-                    str(REPO_ROOT)], check=True, capture_output=True, timeout=300)
+                    str(src)], check=True, capture_output=True, timeout=300)
     (found,) = out.glob("fleetprof-*.whl")
     return found
 
@@ -56,12 +76,9 @@ def test_an_installed_copy_migrates_a_store_and_knows_every_query_outside_the_ch
 
 
 def test_the_dockerfile_parses_and_copies_what_exists():
-    import dockerfile
-
-    commands = dockerfile.parse_file(str(REPO_ROOT / "Dockerfile"))
-    by = [(c.cmd.upper(), c.value) for c in commands]
+    by = _dockerfile()
     assert by[0] == ("FROM", ("debian:bookworm-slim",))  # Python 3.11 and python3-bpfcc from one distribution
-    copied = [src for cmd, value in by if cmd == "COPY" for src in value[:-1]]
+    copied = _copied()
     assert copied and all((REPO_ROOT / src).exists() for src in copied)
     packages = {"fleetprof", "processors", "producers", "schemas", "sql", "pyproject.toml", "README.md"}
     assert set(copied) == packages
