@@ -62,18 +62,20 @@ def start_at_end(bootstrap: str, group: str, names: list[str]) -> None:
     """Commit the group's offsets at the topics' current ends: it reads only what this test sends."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
     try:
-        ends = [TopicPartition(t, p, _end_offset(c, t, p)) for t in names for p in range(topics.BY_NAME[t].partitions)]
-        c.commit(offsets=ends, asynchronous=False)
+        ends = [TopicPartition(t, p, _retried(lambda t=t, p=p: c.get_watermark_offsets(TopicPartition(t, p),
+                                                                                       timeout=10)[1]))
+                for t in names for p in range(topics.BY_NAME[t].partitions)]
+        _retried(lambda: c.commit(offsets=ends, asynchronous=False))
     finally:
         c.close()
 
 
-def _end_offset(c: Consumer, topic: str, partition: int, timeout: float = 30) -> int:
-    """The partition's high watermark; retried while a just-created topic's leader is still being elected."""
+def _retried(call, timeout: float = 30):
+    """`call()`, retried while a just-started broker still elects a new topic's leader or the group's coordinator."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return c.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)[1]
+            return call()
         except KafkaException:
             if time.monotonic() > deadline:
                 raise
