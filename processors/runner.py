@@ -14,8 +14,8 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterable
-from typing import Protocol
+from collections.abc import Callable, Iterable
+from typing import Protocol, TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
@@ -26,6 +26,13 @@ from schemas import codec, topics
 log = logging.getLogger("fleetprof.runner")
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 MAX_OUTPUT_BYTES = 1_000_000  # Kafka's default message.max.bytes; stages split their outputs below it
+T = TypeVar("T")
+CALL_TIMEOUT_S = 10.0  # what one transactional call waits; one that times out is made again (retriable)
+RETRY_FIRST_DELAY, RETRY_MAX_DELAY = 0.2, 5.0  # seconds between tries of a call the broker did not answer
+# A transactional call still blocked this long past its own timeout is stuck in librdkafka (send_offsets_to_transaction
+# can wait forever for a group coordinator it cached across a broker restart: librdkafka issues 5456 and 5511).
+STUCK_GRACE_S = 10.0
+EXIT_STUCK = 75  # the process's exit status then (EX_TEMPFAIL): its supervisor starts a new one, which fences it
 
 
 class Stage(Protocol):
@@ -110,6 +117,7 @@ class TopicRunner:
         self.poll_timeout = poll_timeout
         self.max_message_bytes = max_message_bytes
         self.txn_timeout = txn_timeout
+        self.call_timeout = min(txn_timeout, CALL_TIMEOUT_S)
         self.expect = expected_schemas(stage.inputs)
         self.columnar = bool(getattr(stage, "columnar_input", False))
         self.consumer = Consumer(consumer_config(kafka, group or f"fleetprof-{stage.name}"))
@@ -119,12 +127,17 @@ class TopicRunner:
                      "linger.ms": 20, "compression.type": "lz4"})
         self.producer = Producer(pcfg)
         self.batches = 0
+        self._stop = threading.Event()  # run()'s: bounds the retries of a call the broker does not answer
+        self._watched: tuple[str, float] | None = None  # the transactional call in progress, and when it is stuck
 
     def start(self) -> None:
         self.producer.init_transactions(self.txn_timeout)
         self.consumer.subscribe(list(self.stage.inputs))
 
     def run(self, stop: threading.Event) -> None:
+        self._stop = stop
+        if threading.current_thread() is threading.main_thread():  # the process is this runner's own: see _stuck
+            threading.Thread(target=self._watchdog, name="txn-watchdog", daemon=True).start()
         self.start()
         try:
             while not stop.is_set():
@@ -175,6 +188,10 @@ class TopicRunner:
         return out
 
     def _commit(self, out: list[Produced]) -> None:
+        """Produce `out` and the consumed offsets in one transaction (KIP-447). A retriable error (the broker away,
+        a timeout: the call goes on in the background) retries the same call; an abortable one aborts and re-reads
+        the batch; a fatal one (this producer fenced by a newer instance, or broken) raises: the process exits
+        non-zero, its supervisor starts it again, and the new instance fences whatever this one left open."""
         try:
             self.producer.begin_transaction()
             for p in out:
@@ -186,21 +203,71 @@ class TopicRunner:
                 counter = metrics.DEAD_LETTERS if p.topic == "deadletter" else metrics.RECORDS_OUT
                 counter.labels(self.stage.name, p.topic).inc()
             positions = [tp for tp in self.consumer.position(self.consumer.assignment()) if tp.offset >= 0]
-            self.producer.send_offsets_to_transaction(positions, self.consumer.consumer_group_metadata(),
-                                                      self.txn_timeout)
-            self.producer.commit_transaction(self.txn_timeout)
-            self._hook("after_commit")
-            self.batches += 1
-            metrics.COMMITS.labels(self.stage.name).inc()
+            group = self.consumer.consumer_group_metadata()
+            self._txn_call("send_offsets_to_transaction",
+                           lambda: self.producer.send_offsets_to_transaction(positions, group, self.call_timeout))
+            self._txn_call("commit_transaction", lambda: self.producer.commit_transaction(self.call_timeout))
         except KafkaException as exc:
             err = exc.args[0]
-            if not err.txn_requires_abort():
+            if err.fatal() or not err.txn_requires_abort():
+                log.error("transaction failed for good (%s); exiting for a new instance to take over", err)
                 raise
             log.warning("transaction aborted (%s); re-reading the batch", err)
-            self.producer.abort_transaction(self.txn_timeout)
+            self._txn_call("abort_transaction", lambda: self.producer.abort_transaction(self.call_timeout))
             self._hook("after_abort")
             metrics.ABORTS.labels(self.stage.name).inc()
             self._rewind()
+            return
+        self._hook("after_commit")
+        self.batches += 1
+        metrics.COMMITS.labels(self.stage.name).inc()
+
+    def _txn_call(self, what: str, call: Callable[[], None]) -> None:
+        """A transactional call, made again while it fails with a retriable error (librdkafka's documented way:
+        the same call picks up where the last left off)."""
+        self._retry(what, call, lambda err: err.retriable() and not err.fatal() and not err.txn_requires_abort())
+
+    def _retry(self, what: str, call: Callable[[], T], again: Callable[[KafkaError], bool]) -> T:
+        """`call()`, made again while its KafkaError is one `again` accepts. Once asked to stop, given up after
+        txn_timeout: the process exits non-zero and the next instance with this transactional id fences what this
+        one left open."""
+        delay, give_up = RETRY_FIRST_DELAY, float("inf")
+        while True:
+            try:
+                return self._unless_stuck(what, call)
+            except KafkaException as exc:
+                err = exc.args[0]
+                if self._stop.is_set():
+                    give_up = min(give_up, time.monotonic() + self.txn_timeout)
+                if not again(err) or time.monotonic() > give_up:
+                    raise
+                log.warning("%s failed (%s); retrying in %.1f s", what, err, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_DELAY)
+
+    def _unless_stuck(self, what: str, call: Callable[[], T]) -> T:
+        """`call()` (its own timeout is call_timeout), watched by _watchdog."""
+        self._watched = (what, time.monotonic() + self.call_timeout + STUCK_GRACE_S)
+        try:
+            return call()
+        finally:
+            self._watched = None
+
+    def _watchdog(self) -> None:
+        while True:
+            time.sleep(1.0)
+            watched = self._watched
+            if watched is not None and time.monotonic() > watched[1]:
+                self._stuck(watched[0])
+
+    def _stuck(self, what: str) -> None:
+        """A call blocked STUCK_GRACE_S past its own timeout: nothing in this process can unblock it, so the process
+        exits with EXIT_STUCK; its supervisor starts a new one, which fences the transaction left open."""
+        log.error("%s has not returned %.0f s after its %.0f s timeout: stuck in librdkafka; exiting for a new "
+                  "instance to take over", what, STUCK_GRACE_S, self.call_timeout)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os._exit(EXIT_STUCK)
 
     def _oversize(self, p: Produced, size: int) -> Produced:
         """The dead letter that replaces an output too large to send: for its input when it has one, else one that
@@ -227,8 +294,12 @@ class TopicRunner:
                 self.producer.poll(0.1)
 
     def _rewind(self) -> None:
-        """Seek every assigned partition back to its committed offset after an abort."""
-        for tp in self.consumer.committed(self.consumer.assignment(), timeout=self.txn_timeout):
+        """Seek every assigned partition back to its committed offset after an abort (asked again while the group
+        coordinator cannot answer: reading on from the position would skip the aborted batch)."""
+        committed = self._retry("reading committed offsets",
+                                lambda: self.consumer.committed(self.consumer.assignment(), timeout=self.call_timeout),
+                                lambda err: not err.fatal())
+        for tp in committed:
             self.consumer.seek(TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0
                                               else OFFSET_BEGINNING))
 
