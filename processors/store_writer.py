@@ -14,7 +14,7 @@ import threading
 import time
 from datetime import UTC, datetime
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from processors import metrics
 from processors.known_ids import KnownIds
@@ -31,6 +31,9 @@ from schemas import codec
 
 log = logging.getLogger("fleetprof.sink")
 STATE_COLUMNS = ["topic", "partition", "min_offset", "max_offset", "state", "updated"]
+# commit errors meaning the partition went to another member: retrying cannot succeed, and need not
+_NOT_OURS = (KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS,
+             KafkaError._ASSIGNMENT_LOST)
 
 
 class StoreRunner:
@@ -157,7 +160,7 @@ class StoreRunner:
         for table, rows in tables.items():
             self._insert(table, rows, f"{topic}:{partition}:{lo}-{hi}:{table}")
         self._state(topic, partition, lo, hi, "AFTER")
-        self.consumer.commit(offsets=[TopicPartition(topic, partition, hi + 1)], asynchronous=False)
+        self._commit_offset(TopicPartition(topic, partition, hi + 1))
         self.batches += 1
         metrics.COMMITS.labels(self.name).inc()
         metrics.BATCH_SECONDS.labels(self.name).observe(time.monotonic() - started)
@@ -205,6 +208,29 @@ class StoreRunner:
             metrics.DEAD_LETTERS.labels(self.name, d.record["source_topic"]).inc()
         if dead and self.producer.flush(30) > 0:
             raise RuntimeError("dead letters could not be delivered; not committing the batch")
+
+    def _commit_offset(self, tp: TopicPartition) -> None:
+        """Commit the consumed offset, again while the broker or the group coordinator is away (a restart). The range
+        is marked AFTER in sink_state already, and an assignment resumes from there, so a commit given up (stopping,
+        or the partition gone to another member) costs no row and doubles none; the commit keeps the lag right."""
+        delay = 0.2
+        while True:
+            try:
+                self.consumer.commit(offsets=[tp], asynchronous=False)
+                return
+            except KafkaException as exc:
+                err = exc.args[0]
+                if err.fatal():
+                    raise
+                if self.stop.is_set() or err.code() in _NOT_OURS:  # sink_state says where to resume: AFTER hi
+                    log.info("offset commit for %s[%d] given up (%s); its range is marked done", tp.topic,
+                             tp.partition, err)
+                    return
+                metrics.STORE_RETRIES.labels(self.name).inc()
+                log.warning("offset commit for %s[%d] failed (%s); retrying in %.1fs", tp.topic, tp.partition, err,
+                            delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
     def _retry(self, action, first_delay: float = 0.2, max_delay: float = 5.0):
         """Run a store action until it succeeds; the batch waits, nothing is skipped."""
