@@ -58,9 +58,12 @@ class StageHooks(Protocol):
     def close(self) -> None: ...
 
 
+CONSUMER_ONLY = ("session.timeout.ms",)  # settings a producer would warn about (CONFWARN) and ignore
+
+
 def client_config(kafka: dict, **extra: object) -> dict:
     """librdkafka settings with its log lines routed into Python logging (structured, to the process's log)."""
-    cfg = dict(kafka)
+    cfg = {k: v for k, v in kafka.items() if k not in CONSUMER_ONLY}
     cfg["logger"] = logging.getLogger("fleetprof.rdkafka")
     cfg.update(extra)
     return cfg
@@ -68,6 +71,7 @@ def client_config(kafka: dict, **extra: object) -> dict:
 
 def consumer_config(kafka: dict, group: str, **extra: str) -> dict:
     cfg = client_config(kafka)
+    cfg.update({k: kafka[k] for k in CONSUMER_ONLY if k in kafka})
     cfg.update({
         "group.id": group,
         "enable.auto.commit": False,
