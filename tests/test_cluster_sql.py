@@ -12,7 +12,8 @@ built in one chDB process (a child, since chDB reads its configuration once per 
   * a row policy on each `<name>_local` table, `<sharding key> % 2 = shardNum() - 1`, makes each shard see exactly the
     rows that the Distributed table sends to it on insert (the key modulo the total weight picks the shard), so every
     shard holds its own slice, as on a real cluster; tables on every node (frames, sink_state, schema_migrations)
-    get no policy;
+    get no policy; outside a Distributed read (shardNum() = 0: a materialized view reading the inserted block) the
+    policy shows every row;
   * the users' settings are sql/cluster/fleetprof-profiles.xml itself, dropped into users.d/ as on a server.
 """
 
@@ -120,7 +121,7 @@ def test_creates_run_on_the_cluster_and_each_replicated_table_has_its_own_keeper
             assert whole == (table in ("frames", "schema_migrations", "sink_state")), table
             assert path not in paths, f"{table} and {paths.get(path)} share {path}"
             paths[path] = table
-    assert len(paths) == 10
+    assert len(paths) == 12
 
 
 def _replicated(statement: str) -> dict[str, tuple[str, str, str]]:
@@ -140,6 +141,9 @@ def test_distributed_tables_front_their_local_tables_with_the_documented_keys():
         "gpu_process_metrics": ("gpu_process_metrics_local", "cityHash64(node)"),
         "alerts": ("alerts_local", "cityHash64(alert_id)"),
         "gpu_unmatched": ("gpu_unmatched_local", "cityHash64(node)"),
+        # the hourly rollups sit with the window rows they sum
+        "cpu_samples_1h": ("cpu_samples_1h_local", "stack_id"),
+        "gpu_kernel_samples_1h": ("gpu_kernel_samples_1h_local", "stack_id"),
         # the stack views run on the shards, each over its own stacks, behind Distributed tables of the same names
         "stack_frames": ("stack_frames_local", "stack_id"),
         "stack_frame_names": ("stack_frame_names_local", "stack_id"),
@@ -155,6 +159,21 @@ def test_views_are_the_single_node_views_over_the_local_tables():
 
     single = [localized(code(s)) for s in split_statements((MIGRATIONS_DIR / "0009_stack_names.sql").read_text())]
     cluster = [ON_CLUSTER_RE.sub("", s) for _, s in cluster_statements() if s.startswith("CREATE VIEW")]
+    assert cluster == single
+
+
+def test_materialized_views_are_the_single_node_ones_over_the_local_tables():
+    # each shard sums the blocks it receives into its own rollup: the view reads and writes the _local tables
+    local = {name: f"{name}_local" for name in ("cpu_samples", "gpu_kernel_samples", "cpu_samples_1h",
+                                                "gpu_kernel_samples_1h")}
+
+    def localized(statement: str) -> str:
+        return re.sub(r"\b(" + "|".join(local) + r")\b", lambda m: local[m.group(1)], statement)
+
+    single = [localized(code(s)) for s in split_statements((MIGRATIONS_DIR / "0010_hourly_rollups.sql").read_text())
+              if code(s).startswith("CREATE MATERIALIZED VIEW")]
+    cluster = [ON_CLUSTER_RE.sub("", s) for _, s in cluster_statements() if s.startswith("CREATE MATERIALIZED VIEW")]
+    assert len(cluster) == 2
     assert cluster == single
 
 
@@ -260,7 +279,9 @@ USERS = """<clickhouse>
 
 def write_config(workdir: Path) -> Path:
     """config.xml with the two-shard cluster, users.xml with the shards' row policies, users.d with the profiles."""
-    filters = "".join(f"<{local}><filter>{escape(key)} % {SHARDS} = shardNum() - 1</filter></{local}>"
+    # shardNum() is 0 outside a Distributed table's read: a materialized view reading the block just inserted into a
+    # _local table (0010) must see all of it, as on a real cluster, where no policy exists
+    filters = "".join(f"<{local}><filter>shardNum() = 0 OR {escape(key)} % {SHARDS} = shardNum() - 1</filter></{local}>"
                       for local, key in stored().values())
     users = workdir / "users.xml"
     users.write_text(USERS.format(database=CLUSTER_DB, filters=filters))
@@ -339,6 +360,13 @@ def query_cases(base: datetime) -> dict[str, tuple[str, dict]]:
     for name in ("top_kernels_gpu", "flamegraph_gpu", "totals_gpu", "top_functions_cpu"):
         cases[f"{name}[comm=train]"] = (name, {**cases[name][1], "comm": "train"})
     cases["alerts[node=n1]"] = ("alerts", {**cases["alerts"][1], "node": "n1"})
+    # ranges holding whole hours: the flame graphs read those from the hourly rollups (0010), the edges from windows
+    hours = {"since": base - timedelta(minutes=150), "until": base + timedelta(minutes=95)}
+    for name in ("flamegraph_cpu", "flamegraph_ids_cpu", "flamegraph_names_cpu", "flamegraph_gpu", "flamegraph_ids_gpu",
+                 "flamegraph_names_gpu"):
+        cases[f"{name}[hours]"] = (name, {**cases[name][1], **hours})
+    cases["flamegraph_gpu[hours,comm=train]"] = ("flamegraph_gpu", {**cases["flamegraph_gpu"][1], **hours,
+                                                                    "comm": "train"})
     cases["gpu_metrics[node=n3,gpu=0]"] = ("gpu_metrics", {**cases["gpu_metrics"][1], "node": "n3", "gpu": 0})
     return cases
 

@@ -11,14 +11,29 @@
 -- @default pid = 0
 -- @default comm =
 WITH
+    -- [first_hour, end_hour): the whole UTC hours inside the range; empty (first_hour >= end_hour) for a short one
+    toStartOfHour({since:DateTime} + INTERVAL 3599 SECOND, 'UTC') AS first_hour,
+    toStartOfHour({until:DateTime}, 'UTC') AS end_hour,
     samples AS
     (
+        -- the same rows as flamegraph_ids_cpu: whole hours from the hourly rollup, the edges from the 10 s windows
         SELECT DISTINCT stack_id
-        FROM cpu_samples
-        WHERE ts >= {since:DateTime} AND ts < {until:DateTime}
-          AND ({node:String} = '' OR node = {node:String})
-          AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
-          AND ({comm:String} = '' OR comm = {comm:String})
+        FROM
+        (
+            SELECT stack_id
+            FROM cpu_samples_1h
+            WHERE hour >= first_hour AND hour < end_hour
+              AND ({node:String} = '' OR node = {node:String})
+              AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
+              AND ({comm:String} = '' OR comm = {comm:String})
+            UNION ALL
+            SELECT stack_id
+            FROM cpu_samples
+            WHERE ts >= {since:DateTime} AND ts < {until:DateTime} AND (ts < first_hour OR ts >= end_hour)
+              AND ({node:String} = '' OR node = {node:String})
+              AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
+              AND ({comm:String} = '' OR comm = {comm:String})
+        )
     )
 SELECT frame_id, function, toString(binary) AS binary
 FROM frame_names

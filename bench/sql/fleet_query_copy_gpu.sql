@@ -1,0 +1,7 @@
+-- The query bench's fill for GPU kernel rows, as fleet_query_copy_cpu does for CPU samples.
+INSERT INTO gpu_kernel_samples (ts, node, pid, comm, container_id, device, stream, stack_id, kernel_name, duration_ns,
+                                launches)
+SELECT ts + toIntervalSecond({shift:Int64}), node, pid, comm, container_id, device, stream, stack_id, kernel_name,
+       duration_ns, launches
+FROM gpu_kernel_samples
+WHERE ts >= {from:DateTime} AND ts < {to:DateTime}
