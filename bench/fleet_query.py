@@ -247,6 +247,8 @@ def main() -> None:
     ap.add_argument("--peer-runs", type=int, default=3, help="timed runs per peer")
     ap.add_argument("--merge-wait", type=float, default=600.0, help="longest wait for merges after the fill, s")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "fleet_query.json")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="build the data in this directory and keep it (to look at the queries afterwards)")
     args = ap.parse_args()
     if args.nodes < 1 or args.windows < 1 or args.hours * 360 < args.windows or args.runs < 1 or args.peer_runs < 1:
         raise SystemExit("need --nodes, --windows, --runs, --peer-runs >= 1 and --hours covering --windows")
@@ -256,6 +258,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="fleetprof-query-bench-") as tmpdir:
         tmp = Path(tmpdir)
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            tmp = args.keep
         log(f"pipeline: {args.nodes} nodes x {args.windows} windows of 10 s")
         store, made = run_pipeline(tmp, args.nodes, args.windows, args.rate)
         try:
