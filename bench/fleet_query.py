@@ -204,8 +204,8 @@ def fill(store: Store, first: datetime, end: datetime, hours: float, log: Callab
         # the oldest n seconds of what is there, placed just before it
         params = {"from": end - timedelta(seconds=have), "to": end - timedelta(seconds=have - n), "shift": -n}
         t0 = time.perf_counter()
-        for table in ("cpu", "gpu"):
-            store.query_sql(sql(f"fleet_query_copy_{table}"), params, readonly=False)
+        for statement in ("fleet_query_copy_cpu", "fleet_query_copy_gpu"):
+            store.query_sql(sql(statement), params, readonly=False)
         steps.append({"copied_s": n, "shift_s": -have, "seconds": round(time.perf_counter() - t0, 1)})
         have += n
         log(f"filled {have / 3600:.1f} h of {hours:g} h ({steps[-1]['seconds']} s)")
@@ -237,6 +237,24 @@ def print_table(result: dict[str, Any]) -> None:
         print(f"{name:42} {a:14.3f} {o:14.3f}")
 
 
+def requery(args: argparse.Namespace) -> None:
+    """Time the queries again on a kept store (e.g. once the machine is quiet) and replace the output's timings."""
+    if args.keep is None or not (args.keep / "chdb").is_dir() or not args.out.is_file():
+        raise SystemExit("--requery needs --keep DIR of an earlier run and that run's --out file")
+    result = json.loads(args.out.read_text())
+    old = result["queries"]
+    store = open_store(f"chdb://{args.keep / 'chdb'}", "bench")
+    try:
+        result["queries"] = run_query_phase(store, datetime.fromisoformat(old["since"]),
+                                            datetime.fromisoformat(old["until"]), old["node"], runs=args.runs,
+                                            peer_runs=args.peer_runs)
+    finally:
+        store.close()
+    result["queries_timed"] = {"date": time.strftime("%Y-%m-%d %H:%M"), "load_average": os.getloadavg()}
+    args.out.write_text(json.dumps(result, indent=2, default=str))
+    print_table(result)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=100)
@@ -249,7 +267,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "fleet_query.json")
     ap.add_argument("--keep", type=Path, default=None,
                     help="build the data in this directory and keep it (to look at the queries afterwards)")
+    ap.add_argument("--requery", action="store_true",
+                    help="only time the queries again, on the data a run with --keep left there (updates --out)")
     args = ap.parse_args()
+    if args.requery:
+        requery(args)
+        return
     if args.nodes < 1 or args.windows < 1 or args.hours * 360 < args.windows or args.runs < 1 or args.peer_runs < 1:
         raise SystemExit("need --nodes, --windows, --runs, --peer-runs >= 1 and --hours covering --windows")
 
