@@ -36,7 +36,8 @@ from confluent_kafka import Producer
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.correlator import free_ports, raw_consume  # noqa: E402
+from bench.correlator import raw_consume  # noqa: E402
+from bench.local_ports import free_ports  # noqa: E402
 from fleetprof.broker import LocalBroker, create_topics  # noqa: E402
 from processors.alert_webhook import AlertWebhook, webhook_thread  # noqa: E402
 from processors.alerts import SECOND_NS, AlertConfig  # noqa: E402

@@ -26,12 +26,10 @@ import json
 import os
 import platform
 import shutil
-import socket
 import sys
 import tempfile
 import time
 import uuid
-from contextlib import ExitStack
 from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
@@ -39,6 +37,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.local_ports import free_ports  # noqa: E402
 from fleetprof.broker import LocalBroker, create_topics  # noqa: E402
 from processors.correlate_stage import build_correlate  # noqa: E402
 from processors.messages import Message  # noqa: E402
@@ -47,14 +46,6 @@ from producers.loadgen import run_loadgen  # noqa: E402
 from schemas import codec, topics  # noqa: E402
 
 INPUTS = [topics.GPU_LAUNCHES.name, topics.GPU_KERNELS.name]
-
-
-def free_ports(n: int) -> list[int]:
-    with ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
 
 
 def raw_consume(bootstrap: str, messages: int, inputs: list[str] = INPUTS) -> tuple[float, list[tuple]]:

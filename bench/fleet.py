@@ -24,12 +24,10 @@ import platform
 import resource
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
 from pathlib import Path
 
 from confluent_kafka import ConsumerGroupTopicPartitions, TopicPartition
@@ -41,6 +39,7 @@ BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
 from bench.fleet_report import extrapolate, lag_summary, latency_summary, throughput  # noqa: E402
+from bench.local_ports import free_ports  # noqa: E402
 from fleetprof.broker import LocalBroker, create_topics  # noqa: E402
 from fleetprof.commands.loadgen import Duration  # noqa: E402
 from schemas import topics  # noqa: E402
@@ -55,14 +54,6 @@ GROUPS = {  # stage -> (consumer group, input topics)
     "peer": ("bench-raw-peer", RAW),
 }
 QUERY_PHASE = BENCH / "fleet_query.py"
-
-
-def free_ports(n: int) -> list[int]:
-    with ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
 
 
 def cpu_seconds(pid: int) -> float | None:

@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,7 +28,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -37,6 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.local_ports import free_ports  # noqa: E402
 from fleetprof.store import Store, bind_named, open_store, parse_query  # noqa: E402
 
 SQL = Path(__file__).resolve().parent / "sql"
@@ -131,14 +130,6 @@ def _settled(store: Store, poll: float = 1.0, quiet: int = 4, limit: float = 180
         if same >= quiet:
             return
     raise SystemExit(f"the pipeline did not settle within {limit:.0f} s: {last}")
-
-
-def free_ports(n: int) -> list[int]:
-    with ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
 
 
 def run_pipeline(tmp: Path, nodes: int, windows: int, rate: float) -> tuple[Store, dict[str, Any]]:

@@ -12,14 +12,12 @@ import argparse
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from contextlib import ExitStack
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -28,18 +26,11 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.local_ports import free_ports  # noqa: E402
 from fleetprof.broker import LocalBroker, create_topics  # noqa: E402
 from fleetprof.store import open_store  # noqa: E402
 from processors.store_writer import StoreRunner  # noqa: E402
 from producers.loadgen import run_loadgen  # noqa: E402
-
-
-def free_ports(n: int) -> list[int]:
-    with ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
 
 
 def raw_consume(bootstrap: str, topic: str, messages: int) -> tuple[float, list[bytes]]:
