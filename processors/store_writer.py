@@ -226,7 +226,6 @@ class StoreRunner:
                     log.info("offset commit for %s[%d] given up (%s); its range is marked done", tp.topic,
                              tp.partition, err)
                     return
-                metrics.STORE_RETRIES.labels(self.name).inc()
                 log.warning("offset commit for %s[%d] failed (%s); retrying in %.1fs", tp.topic, tp.partition, err,
                             delay)
             time.sleep(delay)
