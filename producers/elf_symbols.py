@@ -18,6 +18,9 @@ from typing import BinaryIO, TypeVar
 import numpy as np
 from elftools.elf.elffile import ELFFile
 
+from producers.symbol_chunks import chunk_symbol_table
+from schemas.fast_codec import DEFAULT_MAX_BYTES
+
 FALLBACK_PREFIX = "sha256:"  # marks a build id made from the file's bytes (the file has no GNU build id)
 NT_GNU_BUILD_ID = 3
 STT_FUNC, STT_GNU_IFUNC = 2, 10
@@ -242,17 +245,11 @@ def _longs(values: np.ndarray) -> list[int]:
     return values.astype(np.uint64).view(np.int64).tolist()
 
 
-def symbol_chunks(path_or_tables: str | os.PathLike | ElfSymbols, max_symbols: int = 5000) -> list[dict]:
-    """SymbolChunk records (kind ELF) of one file, at most max_symbols symbols each; always at least one chunk,
-    so a file without symbols still publishes its build id and segments."""
-    if max_symbols < 1:
-        raise ValueError("max_symbols must be at least 1")
+def symbol_chunks(path_or_tables: str | os.PathLike | ElfSymbols,
+                  max_bytes: int | None = DEFAULT_MAX_BYTES) -> list[dict]:
+    """SymbolChunk records (kind ELF) of one file, each encoding to at most `max_bytes` (None: one chunk)."""
     syms = path_or_tables if isinstance(path_or_tables, ElfSymbols) else read_elf_symbols(path_or_tables)
     segs = [{"file_offset": o, "vaddr": v, "memsz": m} for o, v, m in
             zip(_longs(syms.seg_offsets), _longs(syms.seg_vaddrs), _longs(syms.seg_memsz), strict=True)]
-    addrs, sizes = _longs(syms.addrs), _longs(syms.sizes)
-    count = max(1, -(-len(syms.names) // max_symbols))
-    return [{"build_id": syms.build_id, "binary": syms.binary, "kind": "ELF", "chunk_index": c, "chunk_count": count,
-             "load_segments": segs, "addrs": addrs[c * max_symbols:(c + 1) * max_symbols],
-             "sizes": sizes[c * max_symbols:(c + 1) * max_symbols],
-             "names": syms.names[c * max_symbols:(c + 1) * max_symbols]} for c in range(count)]
+    return chunk_symbol_table(syms.build_id, syms.binary, "ELF", segs, _longs(syms.addrs), _longs(syms.sizes),
+                              syms.names, max_bytes)

@@ -132,8 +132,11 @@ def test_chunks_round_trip_to_an_identity_lookup_table() -> None:
     high = 0xFFFFFFFFFF600000  # above 2**63: carried in Avro longs with the same bits
     text = b"".join(b"%x %x f%d\n" % (BASE + 0x100 * i, 0x40 if i % 2 else 0, i) for i in range(5))
     pm = parse_perf_map(text + b"%x 10 vsyscall_jit\n" % high)
-    chunks = perf_map_chunks(pm, max_symbols=2)
-    assert [c["chunk_index"] for c in chunks] == [0, 1, 2] and {c["chunk_count"] for c in chunks} == {3}
+    limit = len(codec.encode("SymbolChunk", perf_map_chunks(pm, None)[0])) - 40  # too small for all six
+    chunks = perf_map_chunks(pm, max_bytes=limit)
+    n = len(chunks)
+    assert n > 1 and [c["chunk_index"] for c in chunks] == list(range(n)) and {c["chunk_count"] for c in chunks} == {n}
+    assert all(len(codec.encode("SymbolChunk", c)) <= limit for c in chunks)
     assert {(c["kind"], c["binary"], c["build_id"]) for c in chunks} == {("PERFMAP", JIT_BINARY, pm.build_id)}
     decoded = [codec.decode(codec.encode("SymbolChunk", c), "SymbolChunk")[1] for c in reversed(chunks)]
     table = table_from_chunks(decoded)
