@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from fleetprof.commands.agent import parse_duration
+from fleetprof.durations import parse_duration
 from fleetprof.query_client import query_target
 from fleetprof.settings import Settings
 from processors.alerts import SECOND_NS, AlertConfig

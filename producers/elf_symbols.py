@@ -103,23 +103,23 @@ def _file_hash_id(f: BinaryIO) -> str:
     return FALLBACK_PREFIX + digest[: 64 - len(FALLBACK_PREFIX)]  # build_id fits in 64 characters
 
 
-def _build_id(elf: ELFFile, f: BinaryIO, file_size: int, sections: list) -> str:
-    """From the note sections (.note.gnu.build-id first), else from PT_NOTE segments (files without sections)."""
+def _build_id(elf: ELFFile, f: BinaryIO, file_size: int, sections: list | None = None) -> str:
+    """From the PT_NOTE segments first (a few program headers: cheap, and where the loader sees it), else from the
+    note sections (.note.gnu.build-id first; files whose notes are in no segment). `sections` are read only then."""
     little = elf.little_endian
-    notes = [s for s in sections if s["sh_type"] == "SHT_NOTE"]
+    for seg in elf.iter_segments():
+        if seg["p_type"] == "PT_NOTE":
+            data = _read_at(f, file_size, seg["p_offset"], seg["p_filesz"], "PT_NOTE segment")
+            found = _note_build_id(data, little, 8 if seg["p_align"] == 8 else 4)
+            if found:
+                return found
+    notes = [s for s in (sections if sections is not None else elf.iter_sections()) if s["sh_type"] == "SHT_NOTE"]
     notes.sort(key=lambda s: s.name != ".note.gnu.build-id")
     for sec in notes:
         data = _read_at(f, file_size, sec["sh_offset"], sec["sh_size"], f"note section {sec.name}")
         found = _note_build_id(data, little, 8 if sec["sh_addralign"] == 8 else 4)
         if found:
             return found
-    if not notes:
-        for seg in elf.iter_segments():
-            if seg["p_type"] == "PT_NOTE":
-                data = _read_at(f, file_size, seg["p_offset"], seg["p_filesz"], "PT_NOTE segment")
-                found = _note_build_id(data, little, 8 if seg["p_align"] == 8 else 4)
-                if found:
-                    return found
     return ""
 
 
@@ -227,7 +227,7 @@ def _read_build_id(path: str) -> str:
             raise ElfError("not an ELF file")
         f.seek(0)
         elf = ELFFile(f)
-        return _build_id(elf, f, os.fstat(f.fileno()).st_size, list(elf.iter_sections())) or _file_hash_id(f)
+        return _build_id(elf, f, os.fstat(f.fileno()).st_size) or _file_hash_id(f)
 
 
 def read_elf_symbols(path: str | os.PathLike) -> ElfSymbols:

@@ -31,7 +31,8 @@ CONTAINER = "4f1c2d3e" * 8  # 64 hex digits, as docker, containerd and cri-o nam
 DRIVER = r"""
 import json, logging, sys, threading, time
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
-from producers.nvml_collector import NvmlCollector, publish_metrics
+from producers.nvml_collector import NvmlCollector
+from schemas.codec import encode
 plan = json.loads(sys.argv[1])
 c = NvmlCollector(plan["node"], deadline_s=plan.get("deadline"), proc_root=plan.get("proc_root", "/proc"))
 t0 = time.time_ns()
@@ -49,7 +50,7 @@ for at in plan["at"]:
     threads = sum(1 for t in threading.enumerate() if t.name == "fleetprof-nvml")
     out["polls"].append({"record": record, "seconds": seconds, "threads": threads})
     if publisher is not None and record is not None:
-        publish_metrics(publisher, record)
+        publisher.publish("gpu.metrics", record["node"], encode("GpuMetrics", record))
 if publisher is not None:
     assert publisher.flush(30) == 0
 out["counters"] = {"polls": c.polls, "overruns": c.overruns, "skipped": c.skipped, "errors": c.errors}

@@ -4,34 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-import re
 
 import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from fleetprof.durations import Duration
 from fleetprof.settings import Settings
-
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "": 1.0}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|)\s*$")
-
-
-class Duration(click.ParamType):
-    """Seconds, from "30s", "5m", "1.5h", "500ms" or a bare number of seconds."""
-
-    name = "duration"
-
-    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        if isinstance(value, int | float):
-            seconds = float(value)
-        else:
-            match = _DURATION.match(str(value))
-            if not match:
-                self.fail(f"{value!r} is not a duration like 30s, 5m, 1h or a number of seconds", param, ctx)
-            seconds = float(match.group(1)) * _UNITS[match.group(2)]
-        if seconds <= 0:
-            self.fail(f"{value!r} must be longer than zero", param, ctx)
-        return seconds
 
 
 @click.command("loadgen")
