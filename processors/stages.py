@@ -9,6 +9,7 @@ from processors.correlate_stage import build_correlate
 from processors.debuginfod import DebuginfodSource
 from processors.known_ids import SentDefinitions
 from processors.messages import Message, Produced
+from processors.runner import TopicStage
 from processors.symbol_feed import SymbolFeed
 from processors.symbol_tables import SymbolTables
 from processors.symbolize import FrameMemo, SymbolizeStats, split_samples, symbolize_batch
@@ -19,7 +20,7 @@ log = logging.getLogger("fleetprof.stages")
 MAX_OUTPUT_BYTES = 600 * 1024
 
 
-class SymbolizeStage:
+class SymbolizeStage(TopicStage):
     """cpu.stacks → cpu.samples, with symbol tables from the symbols topic, and from debuginfod (when given) for
     build ids whose table is missing or leaves frames unknown (a stripped binary's .dynsym, or no symbols)."""
 

@@ -299,7 +299,7 @@ class StageHarness:
                 continue
             topic = self.inputs[chunk[0] % len(self.inputs)]
             item = check_decode_message(with_header(topics.BY_NAME[topic].schema, chunk[1:]), topic,
-                                        columnar=bool(getattr(self.runner.stage, "columnar_input", False)))
+                                        columnar=self.runner.stage.columnar_input)
             if isinstance(item, Message):
                 item.offset = i
                 messages.append(item)
