@@ -21,7 +21,7 @@ import pytest
 from fleetprof.simulated_gpu_demo import PERF_PYTHON
 from processors.demangle import demangle
 from processors.runner import TopicRunner
-from processors.stages import TOPIC_STAGES
+from processors.symbolize_stage import TOPIC_STAGES
 from producers.cpu_sampler import BpfUnavailable, check_bpf
 from producers.nvml_sim import Segment, SimDevice, SimProcess, sim_env, write_scenario
 from tests.elf_helpers import unavailable

@@ -59,7 +59,7 @@ def process(settings: Settings, stage: str, batch_size: int | None, metrics_port
         _run_alerts(settings, alert_values, stop)
     else:
         from processors.runner import TopicRunner
-        from processors.stages import TOPIC_STAGES
+        from processors.symbolize_stage import TOPIC_STAGES
 
         # a correlator transaction also carries its state's changelog: larger batches amortize it
         default = STAGE_BATCH_SIZE.get(stage)

@@ -318,8 +318,8 @@ def stage_factories() -> dict[str, Callable[[], object]]:
     from processors.alerts import AlertConfig
     from processors.alerts_stage import AlertsStage
     from processors.correlate_stage import CorrelateStage
-    from processors.stages import SymbolizeStage
     from processors.symbol_tables import SymbolTables
+    from processors.symbolize_stage import SymbolizeStage
 
     # alerts fire at once (no hold), so a few polls reach every phase
     return {"symbolize": lambda: SymbolizeStage(SymbolTables()),

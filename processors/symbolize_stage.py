@@ -1,4 +1,4 @@
-"""The explicit list of stages, and the wiring that gives each pure function its side inputs."""
+"""The symbolize stage: cpu.stacks → cpu.samples, symbolize_batch (processors/symbolize.py) given its side inputs."""
 
 from __future__ import annotations
 
