@@ -56,8 +56,8 @@ def raw_consume(bootstrap: str, topic: str, messages: int) -> tuple[float, list[
 def symbolize_only(bootstrap: str, values: list[bytes]) -> float:
     """Seconds for the pure symbolize function alone (columnar decode included, as the stage runs it) over the same
     messages, one core."""
-    from processors.stages import build_symbolize
     from processors.symbolize import symbolize_batch
+    from processors.symbolize_stage import build_symbolize
     from schemas import codec
 
     stage = build_symbolize({"bootstrap.servers": bootstrap})

@@ -23,8 +23,8 @@ from fleetprof.cli import cli
 from fleetprof.commands import COMMANDS
 from processors.debuginfod import DebuginfodClient, DebuginfodSource, elf_load_segments, valid_build_id
 from processors.messages import Message
-from processors.stages import SymbolizeStage
 from processors.symbol_tables import SymbolTables, table_from_chunks
+from processors.symbolize_stage import SymbolizeStage
 from producers.elf_symbols import read_elf_symbols, symbol_chunks
 from tests.conftest import free_ports
 from tests.elf_helpers import NmTable, gcc_build, need, readelf_build_id, readelf_loads, unavailable

@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 
 from fleetprof.simulated_gpu_demo import PERF_PYTHON
+from processors.correlate_stage import build_correlate
 from processors.demangle import demangle
 from processors.runner import TopicRunner
-from processors.stages import TOPIC_STAGES
 from producers.cpu_sampler import BpfUnavailable, check_bpf
 from producers.nvml_sim import Segment, SimDevice, SimProcess, sim_env, write_scenario
 from tests.elf_helpers import unavailable
-from tests.pipeline_helpers import Running, sink, wait_for
+from tests.pipeline_helpers import Running, sink, symbolizer, wait_for
 
 WORKLOAD_S = 4
 BUSY = {"gpu_util": 87, "mem_util": 55, "mem_used": 40 * 1024**3, "sm_clock": 1755, "mem_clock": 2619,
@@ -42,13 +42,7 @@ NATIVE_PATHS = {"_Z11native_gemmPKfS0_Pfi": ["gpusim_native_train_step", "native
 def _correlator(bootstrap: str, group: str) -> Running:
     kafka = {"bootstrap.servers": bootstrap}
     stop = threading.Event()
-    return Running(TopicRunner(TOPIC_STAGES["correlate"](kafka), kafka, group=group, poll_timeout=0.2), stop)
-
-
-def _symbolizer(bootstrap: str, group: str) -> Running:
-    kafka = {"bootstrap.servers": bootstrap}
-    return Running(TopicRunner(TOPIC_STAGES["symbolize"](kafka), kafka, group=group, poll_timeout=0.2),
-                   threading.Event())
+    return Running(TopicRunner(build_correlate(kafka), kafka, group=group, poll_timeout=0.2), stop)
 
 
 @pytest.fixture
@@ -110,7 +104,7 @@ def test_simulated_gpu_node_end_to_end(bpf, kafka_bootstrap, store, tmp_path: Pa
     assert summary["gpu_launches"] == sim["launches_sampled"] and summary["gpu_kernels"] == sim["kernels_fired"]
 
     run = uuid.uuid4().hex[:8]
-    with _symbolizer(kafka_bootstrap, f"sym-{run}") as sym, _correlator(kafka_bootstrap, f"cor-{run}") as cor, \
+    with symbolizer(kafka_bootstrap, f"sym-{run}") as sym, _correlator(kafka_bootstrap, f"cor-{run}") as cor, \
             sink(store, kafka_bootstrap, f"sink-{run}") as snk:
         def stored_launches() -> int:
             _, rows = store.query_sql("SELECT sum(launches) FROM gpu_kernel_samples WHERE node = {n:String}",
