@@ -42,7 +42,15 @@ ON_CLUSTER = " ON CLUSTER '{cluster}'"
 SHARD_PATH, SHARD_REPLICA = "/clickhouse/tables/{{shard}}/{{database}}/{table}", "{replica}"
 # one replica set over every node: a replica name unique across it, also where {replica} repeats from shard to shard
 WHOLE_PATH, WHOLE_REPLICA = "/clickhouse/tables/all/{{database}}/{table}", "{shard}-{replica}"
-DISTRIBUTED = "ENGINE = Distributed('{{cluster}}', currentDatabase(), {local}, {key})"
+# the statements a migration does not hold: a Distributed table in front of a table's or a view's local part, and the
+# version record ending each file
+DISTRIBUTED_TABLE = """CREATE TABLE IF NOT EXISTS {name}{on_cluster}
+(
+{columns}
+)
+ENGINE = Distributed('{{cluster}}', currentDatabase(), {local}, {key})"""
+DISTRIBUTED_VIEW = """CREATE TABLE IF NOT EXISTS {name}{on_cluster} AS {local}
+ENGINE = Distributed('{{cluster}}', currentDatabase(), {local}, {key})"""
 RECORD = "INSERT INTO schema_migrations (version, name, applied_at) VALUES ({version}, '{name}', now())"
 
 _DIRECTIVE_RE = re.compile(r"^--\s*@cluster\b\s*(.*?)\s*$")
@@ -121,7 +129,7 @@ def _cluster_statements(code: str, placement: str | None, layout: Layout, where:
     create = _CREATE_RE.match(first)
     if create is None:
         if placement is not None:
-            raise ClusterSqlError(f"{where}: `-- @cluster` places a CREATE TABLE or CREATE VIEW, nothing else")
+            raise ClusterSqlError(f"{where}: `-- @cluster` places a table or a view, nothing else")
         alter = _ALTER_RE.match(first)
         if alter and alter.group(1) not in layout.every_node:
             raise ClusterSqlError(f"{where}: only an ALTER of a table on every node is generated (replication carries "
@@ -129,33 +137,37 @@ def _cluster_statements(code: str, placement: str | None, layout: Layout, where:
         if not alter and not first.startswith("INSERT INTO "):
             raise ClusterSqlError(f"{where}: no cluster form for this statement in {COMMAND}")
         return [code]
-    kind, name, tail = create.groups()
+    kind, name = create.group(1), create.group(2)
     if kind == "MATERIALIZED VIEW":
         if placement is not None:
             raise ClusterSqlError(f"{where}: a materialized view follows its tables; no `-- @cluster` line")
-        return [_materialized_view(name, tail, rest, layout, where)]
+        return [_materialized_view(create, rest, layout, where)]
     if placement == "on every node":
         layout.every_node.add(name)
         if kind == "VIEW":
-            return [f"CREATE VIEW IF NOT EXISTS {name}{ON_CLUSTER}{tail}\n{rest}"]
-        return [_replicated(name, tail, rest, WHOLE_PATH.format(table=name), WHOLE_REPLICA, where)]
+            return [_on_cluster(create, name) + "\n" + rest]
+        return [_replicated(create, name, rest, WHOLE_PATH.format(table=name), WHOLE_REPLICA, where)]
     sharded = re.fullmatch(r"sharded by (.+)", placement or "")
     if sharded is None:
         raise ClusterSqlError(f"{where}: say where its rows live on a cluster, in a comment line right above it: "
                               "`-- @cluster sharded by <expression>` or `-- @cluster on every node`")
     local, key = f"{name}_local", sharded.group(1)
     if kind == "VIEW":
-        statements = [f"CREATE VIEW IF NOT EXISTS {local}{ON_CLUSTER}{tail}\n{_localized(rest, layout)}",
-                      f"CREATE TABLE IF NOT EXISTS {name}{ON_CLUSTER} AS {local}\n"
-                      + DISTRIBUTED.format(local=local, key=key)]
+        statements = [_on_cluster(create, local) + "\n" + _localized(rest, layout),
+                      DISTRIBUTED_VIEW.format(name=name, on_cluster=ON_CLUSTER, local=local, key=key)]
     else:
-        statements = [_replicated(local, tail, rest, SHARD_PATH.format(table=local), SHARD_REPLICA, where),
+        statements = [_replicated(create, local, rest, SHARD_PATH.format(table=local), SHARD_REPLICA, where),
                       _distributed(name, rest, local, key, where)]
     layout.sharded[name] = key
     return statements
 
 
-def _replicated(table: str, tail: str, rest: str, path: str, replica: str, where: str) -> str:
+def _on_cluster(create: re.Match, name: str) -> str:
+    """The CREATE line of a migration for the object `name`, run ON CLUSTER."""
+    return create.string[:create.start(2)] + name + ON_CLUSTER + create.string[create.end(2):]
+
+
+def _replicated(create: re.Match, table: str, rest: str, path: str, replica: str, where: str) -> str:
     """A MergeTree-family CREATE TABLE as its Replicated form, with the replicated deduplication window."""
     engine = _ENGINE_RE.search(rest)
     if engine is None:
@@ -166,7 +178,7 @@ def _replicated(table: str, tail: str, rest: str, path: str, replica: str, where
     if len(line) > LINE_LIMIT and engine.group(2):
         line = head + ", ".join(args) + ",\n" + " " * len(head) + engine.group(2) + ")"
     body = _DEDUP_RE.sub("replicated_deduplication_window", rest[:engine.start()] + line + rest[engine.end():])
-    return f"CREATE TABLE IF NOT EXISTS {table}{ON_CLUSTER}{tail}\n{body}"
+    return _on_cluster(create, table) + "\n" + body
 
 
 def _distributed(name: str, rest: str, local: str, key: str, where: str) -> str:
@@ -182,18 +194,17 @@ def _distributed(name: str, rest: str, local: str, key: str, where: str) -> str:
             columns.append((column_name, _CODEC_RE.sub("", column_type)))
     width = max(len(n) for n, _ in columns) + 1
     listed = ",\n".join(f"    {n.ljust(width)}{t}" for n, t in columns)
-    return f"CREATE TABLE IF NOT EXISTS {name}{ON_CLUSTER}\n(\n{listed}\n)\n{DISTRIBUTED.format(local=local, key=key)}"
+    return DISTRIBUTED_TABLE.format(name=name, on_cluster=ON_CLUSTER, columns=listed, local=local, key=key)
 
 
-def _materialized_view(name: str, tail: str, rest: str, layout: Layout, where: str) -> str:
+def _materialized_view(create: re.Match, rest: str, layout: Layout, where: str) -> str:
     """A materialized view on every node, from the local window table into the local rollup of each shard."""
-    target = _TARGET_RE.match(tail)
+    target = _TARGET_RE.match(create.group(3))
     sources = [m.group(3) for m in _REFERENCE_RE.finditer(rest)]
     if target is None or not sources or not all(t in layout.sharded for t in [target.group(1), *sources]):
         raise ClusterSqlError(f"{where}: only a materialized view `TO <table> AS` from sharded tables into a sharded "
                               "table is generated (it runs per shard, on the local tables)")
-    return (f"CREATE MATERIALIZED VIEW IF NOT EXISTS {name}{ON_CLUSTER} TO {target.group(1)}_local AS\n"
-            f"{_localized(rest, layout)}")
+    return create.string[:create.end(2)] + ON_CLUSTER + f" TO {target.group(1)}_local AS\n" + _localized(rest, layout)
 
 
 def _localized(text: str, layout: Layout) -> str:

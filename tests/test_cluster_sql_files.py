@@ -123,7 +123,7 @@ def test_a_sharded_table_becomes_a_replicated_local_table_behind_a_distributed_o
     (SHARDED + ";\nALTER TABLE tallies MODIFY COLUMN total UInt32",
      "ALTER TABLE tallies MODIFY COLUMN total UInt32: only an ALTER of a table on every node"),
     (SHARDED + ";\n-- @cluster on every node\nINSERT INTO tallies SELECT 'a', 1",
-     "`-- @cluster` places a CREATE TABLE or CREATE VIEW, nothing else"),
+     "`-- @cluster` places a table or a view, nothing else"),
     (SHARDED + ";\nCREATE MATERIALIZED VIEW IF NOT EXISTS mv TO tallies AS SELECT 'a' AS key, 1 AS total FROM t",
      "only a materialized view `TO <table> AS` from sharded tables into a sharded table"),
     (SHARDED + ";\nDROP TABLE tallies", "DROP TABLE tallies: no cluster form for this statement"),
