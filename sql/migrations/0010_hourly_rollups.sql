@@ -2,7 +2,8 @@
 -- 24 h of 100 nodes is ~8,640 windows per node and hundreds of rows per window in cpu_samples: the flame-graph
 -- queries read whole UTC hours of a range from here and only the ragged edges (before the first and after the last
 -- whole hour) from the window tables, which gives exactly the window tables' sums (bench/fleet_query.py measures it,
--- tests/test_rollup.py proves it).
+-- tests/test_rollup.py proves it). They do it in one place each, the named queries cpu_samples_by_stack and
+-- gpu_kernel_samples_by_stack, which they include.
 --
 -- Rows: the window tables' rows with ts truncated to its UTC hour (toStartOfHour(ts, 'UTC'): the server's time zone,
 -- which may be a half-hour zone, never moves the buckets), every other key column kept, so every filter the queries
