@@ -212,8 +212,8 @@ def localized(statement: str, names: set[str]) -> str:
 
 
 def test_views_are_the_single_node_views_over_the_local_tables():
-    # a view per shard reads the local tables and views of its shard; a view on every node (frame_names, the
-    # flame graphs' sample views) is the single node's, reading what it reads there
+    # a view per shard reads the local tables and views of its shard; a view on every node (frame_names) is the
+    # single node's, reading what it reads there
     per_shard = {table for table, (local, _) in sharding().items() if local == f"{table}_local"}
     single = [localized(s, per_shard) if CREATE_RE.match(s).group(2) in per_shard else s
               for s in single_node_creates("VIEW")]
