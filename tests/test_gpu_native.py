@@ -19,9 +19,10 @@ from typing import Any
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from fleetprof.native import NativeBuildError, NativeLibrary, build
 from producers.cpu_sampler import BpfUnavailable, check_bpf
-from producers.gpu_native import CUDA_INCLUDE_ENV, CUPTI_SHIM, GpuSim, build_gpusim, build_shim, cuda_include_dirs
+from producers.cupti_shim import CUDA_INCLUDE_ENV, CUPTI_SHIM, build_shim, cuda_include_dirs
+from producers.native_build import NativeBuildError, NativeLibrary, build
+from simulate.gpu import GpuSim, build_gpusim
 from tests.elf_helpers import gcc_build, need, unavailable
 from tests.gpu.validate import gcc_command, read_records
 
@@ -29,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # The ABI of native/include/fleetprof_probes.h as sdt argument sizes (negative: signed).
 PROBE_ARGS = {"kernel_launch": [4, -4, 8], "kernel_executed": [8, 8, 4, 4, 4, 8], "launch_weight": [4, 4]}
 SIMULATED_CUPTI = NativeLibrary(
-    name="simulated_cupti", sources=("cupti_shim/simulated_cupti.c",), output="libcupti_simulated.so",
+    name="simulated_cupti", sources=("sim/cupti/simulated_cupti.c",), output="libcupti_simulated.so",
     cflags=("-fvisibility=hidden", "-pthread"), ldflags=("-pthread",), soname="libcupti_simulated.so",
     include_dirs=cuda_include_dirs)
 
@@ -167,7 +168,7 @@ PATHS = {
 
 
 def _workload(seconds: float, rate: float, env: dict[str, str] | None = None) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-m", "producers.simulated_gpu_workload", "--seconds", str(seconds),
+    out = subprocess.run([sys.executable, "-m", "simulate.gpu_workload", "--seconds", str(seconds),
                           "--launches-per-s", str(rate)], capture_output=True, text=True, cwd=ROOT, timeout=120,
                          env={**os.environ, **(env or {})})
     assert out.returncode == 0, out.stderr
@@ -192,7 +193,7 @@ def test_workload_reports_exactly_what_it_launched() -> None:
 
 
 def test_workload_rejects_bad_arguments() -> None:
-    out = subprocess.run([sys.executable, "-m", "producers.simulated_gpu_workload", "--seconds", "0"],
+    out = subprocess.run([sys.executable, "-m", "simulate.gpu_workload", "--seconds", "0"],
                          capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1].endswith("--seconds and --launches-per-s must be positive")
@@ -587,8 +588,8 @@ def _observed(bpf: Any) -> dict[str, Any]:
 WORKLOAD_CHILD = r"""
 import json, sys
 from pathlib import Path
-from producers.gpu_native import GpuSim
-from producers import simulated_gpu_workload as workload
+from simulate.gpu import GpuSim
+from simulate import gpu_workload as workload
 sim = GpuSim(Path(sys.argv[3]))
 print("ready", flush=True)
 sys.stdin.readline()
