@@ -30,7 +30,7 @@ from bench.local_ports import free_ports  # noqa: E402
 from fleetprof.broker import LocalBroker, create_topics  # noqa: E402
 from fleetprof.store import open_store  # noqa: E402
 from processors.store_writer import StoreRunner  # noqa: E402
-from producers.loadgen import run_loadgen  # noqa: E402
+from simulate.loadgen import run_loadgen  # noqa: E402
 
 
 def raw_consume(bootstrap: str, topic: str, messages: int) -> tuple[float, list[bytes]]:

@@ -103,8 +103,8 @@ class LocalPipeline:
         return child
 
     def start_simulated_gpu(self) -> None:
-        """The simulated GPU workload and a real agent reading the simulated NVML library (see simulated_gpu_demo)."""
-        from fleetprof import simulated_gpu_demo as demo
+        """The simulated GPU workload and a real agent reading the simulated NVML library (see simulate/gpu_demo.py)."""
+        from simulate import gpu_demo as demo
 
         logs_dir = self.settings.data_dir / "logs"
         workload = self._start(Child("simulated-gpu-workload", 0, logs_dir / "simulated-gpu-workload.log",

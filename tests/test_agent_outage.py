@@ -23,13 +23,13 @@ import pytest
 from fleetprof.broker import BrokerError, LocalBroker, create_topics, ensure_jars, find_java
 from producers.cpu_sampler import BpfUnavailable, check_bpf
 from producers.kafka_link import READY, KafkaLink
-from producers.nvml_sim import Segment, SimDevice, sim_env, write_scenario
 from producers.outbox import Outbox
 from producers.outbox_encoder import OutboxEncoder
 from producers.outbox_units import Unit
 from producers.publisher import Publisher
 from schemas.codec import decode
 from schemas.topics import Topic
+from simulate.nvml import Segment, SimDevice, sim_env, write_scenario
 from tests.conftest import free_ports
 from tests.elf_helpers import unavailable
 from tests.pipeline_helpers import read_topic, sink, symbolizer, wait_for
@@ -115,7 +115,7 @@ def test_every_kind_of_record_is_held_through_a_60s_outage_within_the_bound(brok
     env = dict(os.environ, FLEETPROF_NATIVE_BUILD=str(tmp_path / "native"), FLEETPROF_DATA_DIR=str(tmp_path))
     scenario = write_scenario(tmp_path / "nvml.txt", [SimDevice("g0", "GPU-0a7a0000-0000-4000-8000-000000000000")],
                               [Segment(0.0, "g0", {"gpu_util": 90})])
-    work = subprocess.Popen([sys.executable, "-m", "producers.simulated_gpu_workload", "--seconds", "150",
+    work = subprocess.Popen([sys.executable, "-m", "simulate.gpu_workload", "--seconds", "150",
                              "--launches-per-s", str(LAUNCHES_PER_S)], env=env, stdout=subprocess.PIPE, text=True,
                             cwd=REPO)
     agent = Agent(broker.bootstrap, work.pid, node, sim_env(scenario, env), "--buffer-mb", str(BUFFER_MB))

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from producers.synthetic_binaries import KERNEL_BUILD_ID
-from producers.synthetic_fleet import FREQUENCY_HZ, SyntheticFleet
 from schemas import codec
 from schemas.columnar_decode import CPU_BATCH_V1_FINGERPRINT, _read_batch, decode_cpu_batch_columnar
 from schemas.fast_codec import PackedStacks, encode_cpu_batches, long_bytes
+from simulate.synthetic_binaries import KERNEL_BUILD_ID
+from simulate.synthetic_fleet import FREQUENCY_HZ, SyntheticFleet
 
 V2_DIR = Path(__file__).parent / "schemas"
 HEADER = codec.MARKER + CPU_BATCH_V1_FINGERPRINT

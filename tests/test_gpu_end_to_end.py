@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from fleetprof.simulated_gpu_demo import PERF_PYTHON
 from processors.correlate_stage import build_correlate
 from processors.demangle import demangle
 from processors.runner import TopicRunner
 from producers.cpu_sampler import BpfUnavailable, check_bpf
-from producers.nvml_sim import Segment, SimDevice, SimProcess, sim_env, write_scenario
+from simulate.gpu_demo import PERF_PYTHON
+from simulate.nvml import Segment, SimDevice, SimProcess, sim_env, write_scenario
 from tests.elf_helpers import unavailable
 from tests.pipeline_helpers import Running, sink, symbolizer, wait_for
 
@@ -60,7 +60,7 @@ def test_simulated_gpu_node_end_to_end(bpf, kafka_bootstrap, store, tmp_path: Pa
     node = f"gpu-e2e-{uuid.uuid4().hex[:8]}"
     # A simulator build of this test's own, so attaching to it turns on no probes in other tests' processes.
     env = dict(os.environ, FLEETPROF_NATIVE_BUILD=str(tmp_path / "native"), FLEETPROF_KAFKA=kafka_bootstrap)
-    built = subprocess.run([sys.executable, "-c", "from producers.gpu_native import build_gpusim; "
+    built = subprocess.run([sys.executable, "-c", "from simulate.gpu import build_gpusim; "
                             "print(build_gpusim())"], env=env, capture_output=True, text=True, check=True)
     lib = built.stdout.strip()
     scenario = write_scenario(tmp_path / "nvml.txt", [SimDevice("g0", "GPU-e2e00000-0000-4000-8000-000000000000")],
@@ -85,7 +85,7 @@ def test_simulated_gpu_node_end_to_end(bpf, kafka_bootstrap, store, tmp_path: Pa
                 break
             lines.append(line)
         assert any(line.startswith("collecting CPU at 99 Hz, CUDA kernels, NVML") for line in lines), "".join(lines)
-        work = subprocess.Popen([str(PERF_PYTHON), "-X", "perf", "-m", "producers.simulated_gpu_workload",
+        work = subprocess.Popen([str(PERF_PYTHON), "-X", "perf", "-m", "simulate.gpu_workload",
                                  "--seconds", str(WORKLOAD_S)], env=env, stdout=subprocess.PIPE, text=True,
                                 cwd=Path(__file__).resolve().parent.parent)
         report = json.loads(work.communicate(timeout=60)[0])

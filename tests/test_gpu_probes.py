@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from fleetprof.native import PROBES_INCLUDE
 from processors.symbol_tables import table_from_chunks
 from processors.symbolize import symbolize_batch
 from producers.agent import Records
@@ -33,6 +32,7 @@ from producers.gpu_probes import (
     GpuProbeCollector,
 )
 from producers.kafka_link import KafkaLink
+from producers.native_build import PROBES_INCLUDE
 from producers.outbox import Outbox
 from producers.outbox_encoder import OutboxEncoder
 from producers.probe_finder import ProbeFinder
@@ -628,13 +628,13 @@ def test_records_reach_the_broker_keyed_node_and_pid_after_their_symbols(
 
 def test_simulated_workload_every_sampled_launch_and_fired_kernel_once(procs: Procs, tmp_path: Path,
                                                                          bpf_ok: None) -> None:
-    """The GPU simulator and its workload (producers/simulated_gpu_workload.py): the records match the simulator's
+    """The GPU simulator and its workload (simulate/gpu_workload.py): the records match the simulator's
     own counts exactly, weights add up to the launches they stand for, and native launches symbolize to the C path
     the simulator names."""
     # A build of the simulator of this test's own (FLEETPROF_NATIVE_BUILD): another file than the one other tests
     # load, so attaching here turns on no probes in their processes.
     env = dict(os.environ, FLEETPROF_NATIVE_BUILD=str(tmp_path / "native"), FLEETPROF_LAUNCH_RATE="40")
-    built_lib = subprocess.run([sys.executable, "-c", "from producers.gpu_native import build_gpusim; "
+    built_lib = subprocess.run([sys.executable, "-c", "from simulate.gpu import build_gpusim; "
                                 "print(build_gpusim())"], env=env, capture_output=True, text=True)
     if built_lib.returncode != 0:
         unavailable(f"the GPU simulator does not build: {built_lib.stderr.strip().splitlines()[-1:]}")
@@ -648,7 +648,7 @@ def test_simulated_workload_every_sampled_launch_and_fired_kernel_once(procs: Pr
         procs.add(holder.pid)
         # attached before the workload starts: every launch it makes is decided with all three probes on
         assert c.rescan() == [str(lib)]
-        work = subprocess.Popen([sys.executable, "-m", "producers.simulated_gpu_workload", "--seconds", "3",
+        work = subprocess.Popen([sys.executable, "-m", "simulate.gpu_workload", "--seconds", "3",
                                  "--launches-per-s", "400"], stdout=subprocess.PIPE, text=True, env=env)
         launches, kernels = [], []
         while work.poll() is None:

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from fleetprof.native import NativeBuildError
 from fleetprof.settings import REPO_ROOT
+from producers.native_build import NativeBuildError
 from producers.nvml_collector import NvmlCollector, read_process
-from producers.nvml_sim import SCENARIO_ENV, Segment, SimDevice, SimProcess, library_dir, sim_env, write_scenario
+from simulate.nvml import SCENARIO_ENV, Segment, SimDevice, SimProcess, library_dir, sim_env, write_scenario
 from tests.elf_helpers import unavailable
 from tests.pipeline_helpers import sink, wait_for
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 from processors.stack_ids import frame_id
 from processors.symbol_tables import SymbolTables
 from processors.symbolize import FrameMemo, SymbolizeStats, symbolize_batch
-from producers.synthetic_binaries import KERNEL_BUILD_ID
-from producers.synthetic_fleet import FREQUENCY_HZ, SyntheticFleet
 from schemas import codec
 from schemas.codec import u64_to_long
 from schemas.fast_codec import PackedStacks
+from simulate.synthetic_binaries import KERNEL_BUILD_ID
+from simulate.synthetic_fleet import FREQUENCY_HZ, SyntheticFleet
 
 LIBC = "aa" * 20
 KERNEL = "kernel-test"

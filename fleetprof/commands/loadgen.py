@@ -33,9 +33,9 @@ def loadgen(settings: Settings, nodes: int, rate: float, duration: float, window
             no_gpu: bool, launch_rate: float, node_prefix: str, fmt: str) -> None:
     """Send simulated nodes' CPU stacks, CUDA launches/kernels, GPU metrics and symbol tables (all marked
     simulated) to Kafka, then print exact totals of what was sent."""
-    from producers.loadgen import run_loadgen
     from producers.publisher import PublishError, check_broker
     from schemas import topics
+    from simulate.loadgen import run_loadgen
 
     kafka = settings.kafka_config()
     wanted = [topics.SYMBOLS.name, topics.CPU_STACKS.name]

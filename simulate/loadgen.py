@@ -19,10 +19,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from producers.publisher import Publisher, PublishError
-from producers.synthetic_fleet import FREQUENCY_HZ, KERNEL_BUILD_ID, SimNode, SyntheticFleet
 from schemas import topics
 from schemas.codec import encode
 from schemas.fast_codec import DEFAULT_MAX_BYTES, LaunchEncoder, encode_cpu_batches, process_head
+from simulate.synthetic_fleet import FREQUENCY_HZ, KERNEL_BUILD_ID, SimNode, SyntheticFleet
 
 SECOND_NS = 1_000_000_000
 Progress = Callable[[int, int], None]  # (node-windows done, node-windows in all)
