@@ -176,6 +176,15 @@ def _wait(bootstrap: str, timeout: float, alive: Callable[[], str | None] | None
         time.sleep(0.2)
 
 
+def answers(bootstrap: str, timeout: float = 1.5) -> bool:
+    """Whether a Kafka broker (this data directory's, or anyone's) already serves this address."""
+    try:
+        _wait(bootstrap, timeout)
+        return True
+    except BrokerError:
+        return False
+
+
 def wait_for_broker(bootstrap: str, timeout: float = 30) -> None:
     """Return once the broker at `bootstrap` answers a metadata request; BrokerError after `timeout` s."""
     _wait(bootstrap, timeout)
@@ -224,6 +233,23 @@ def _wait_for_leaders(admin: AdminClient, names: list[str], deadline: float) -> 
 
 
 # --- the local broker ---------------------------------------------------------
+
+LOCAL_HOSTS = {"127.0.0.1", "localhost"}
+
+
+def local_broker(bootstrap: str, data_dir: Path) -> LocalBroker:
+    """The one local broker of `data_dir` (what `fleetprof kafka` and `fleetprof up` both mean): the ports it runs
+    on when it runs, else 127.0.0.1:<port of bootstrap> with its controller on port+1."""
+    host, _, port_text = bootstrap.rpartition(":")
+    if host not in LOCAL_HOSTS or not port_text.isdigit():
+        raise BrokerError(f"the local broker listens on 127.0.0.1:<port>, but the Kafka address is {bootstrap!r}; "
+                          "a remote cluster is managed outside fleetprof")
+    port = int(port_text)
+    if not 0 < port < 65535:
+        raise BrokerError(f"Kafka port {port} is out of range (the controller takes port+1)")
+    broker = LocalBroker(data_dir, port=port, controller_port=port + 1)
+    running = broker.recorded_ports() if broker.pid() is not None else None
+    return LocalBroker(data_dir, *running) if running else broker
 
 
 def _cluster_id() -> str:
@@ -293,6 +319,17 @@ class LocalBroker:
         if b"kafka.Kafka" in cmdline and os.fsencode(self.config_file) in cmdline:
             return pid
         return None
+
+    def recorded_ports(self) -> tuple[int, int] | None:
+        """(port, controller port) of the last start's server.properties, None without one."""
+        try:
+            props = dict(line.split("=", 1) for line in self.config_file.read_text().splitlines()
+                         if "=" in line and not line.startswith("#"))
+            ports = {name: int(addr.rsplit(":", 1)[1]) for name, addr in
+                     (item.split("://", 1) for item in props["listeners"].split(","))}
+            return ports["PLAINTEXT"], ports["CONTROLLER"]
+        except (OSError, KeyError, ValueError, IndexError):
+            return None
 
     def is_running(self) -> bool:
         """True when this data dir's broker process is alive and its port accepts connections."""

@@ -1,6 +1,7 @@
 """The node agent: its collectors on one thread and one schedule, their records into one outbox.
 
-`Agent(collectors, outbox).run(stop)` runs reporting windows until `stop` is set (or one window, `once`). The loop
+`Agent(collectors, outbox).run(stop)` runs reporting windows until `stop` is set (or one window, `once`); aligned,
+they end on multiples of the window length in Unix time (the first one, partial, within FIRST_WINDOW_S). The loop
 is the only place that decides when a collector is looked at and drained:
 - every `look_every_s` each collector looks around (the CPU sampler empties its kernel maps, so fewer stacks
   collide, and reads newly sampled processes; the GPU probes attach to new objects);
@@ -21,6 +22,9 @@ from threading import Event
 from typing import Protocol
 
 log = logging.getLogger("fleetprof.agent")
+
+FIRST_WINDOW_S = 2.0  # aligned windows: the first one ends this soon, so a new node shows up within seconds
+EXIT_NOTHING_TO_COLLECT = 3  # the agent's exit status when nothing can run on this node (a supervisor: do not restart)
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,8 @@ class Agent:
     """Runs windows over `collectors`, putting their records into `outbox` as they come."""
 
     def __init__(self, collectors: list[Collector], outbox: Outlet, window_s: float = 10.0, tick_s: float = 0.1,
-                 look_every_s: float = 1.0, on_window: Callable[[Window, AgentReport], None] | None = None) -> None:
+                 look_every_s: float = 1.0, on_window: Callable[[Window, AgentReport], None] | None = None,
+                 align: bool = False) -> None:
         if not collectors:
             raise ValueError("an agent needs at least one collector")
         self.collectors = collectors
@@ -96,6 +101,7 @@ class Agent:
         self.tick_s = tick_s
         self.look_every_s = look_every_s
         self.on_window = on_window
+        self.align = align
         self.report = AgentReport()
 
     def _put(self, found: list[Records]) -> None:
@@ -116,9 +122,20 @@ class Agent:
             if once or stop.is_set():
                 return self.report
 
+    def _length(self, start_ns: int) -> float:
+        """This window's length: up to the next multiple of window_s in Unix time when aligned (every node's windows
+        then cover the same 10 s), at least a second; the first one at most FIRST_WINDOW_S."""
+        if not self.align:
+            return self.window_s
+        window_ns = int(self.window_s * 1e9)
+        left = (window_ns - start_ns % window_ns) / 1e9
+        if self.report.windows == 0 and left > FIRST_WINDOW_S:  # a first look at the node soon after start
+            return FIRST_WINDOW_S
+        return left if left >= min(1.0, self.window_s / 2) else left + self.window_s
+
     def _window(self, stop: Event) -> Window:
         start_ns, now = time.time_ns(), time.monotonic()
-        deadline, next_look = now + self.window_s, now + self.look_every_s
+        deadline, next_look = now + self._length(start_ns), now + self.look_every_s
         while (left := deadline - time.monotonic()) > 0:
             due = [d for c in self.collectors if (d := c.due_in()) is not None]
             if self.outbox.pending:

@@ -180,8 +180,11 @@ class CpuSampler:
             whole = (int(key.pid), int(key.tid), addrs[0], addrs[1])
             self._pending[whole] = self._pending.get(whole, 0) + int(count)
         # Nothing writes to this pair until the next flip: clearing it loses nothing, and frees the stack slots.
+        # bcc's StackTrace.clear() does nothing, so the stack ids are deleted one by one: a stack map never emptied
+        # fills up within minutes, and then most new stacks collide (-EEXIST) and are lost.
         counts.clear()
-        stacks.clear()
+        for sid in list(stacks.keys()):
+            del stacks[sid]
         dropped_table = self._bpf[b"dropped"]
         dropped = int(dropped_table[done].value)
         if dropped:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 
+import numpy as np
+
 from producers.elf_symbols import ElfError, read_elf_symbols, symbol_chunks
 from producers.kallsyms import KernelSymbols, kernel_symbol_chunks
 from producers.outbox_units import Message, Unit
@@ -105,8 +107,12 @@ class OutboxEncoder:
     # records
 
     def cpu(self, batch: dict) -> list[Unit]:
-        """A CpuStackBatch: its new tables, then the batch split to fit cpu.stacks."""
-        units = self.tables_for(batch["processes"], batch.get("kernel_build_id", ""))
+        """A CpuStackBatch: the new tables of the files its samples hit (a process maps dozens, its samples land in
+        a few), then the batch split to fit cpu.stacks."""
+        hit = [{"pid": p["pid"], "mappings": _hit_mappings(p)} for p in batch["processes"]]
+        kid = batch.get("kernel_build_id", "") if any(s["kernel_addrs"] for p in batch["processes"]
+                                                      for s in p["stacks"]) else ""
+        units = self.tables_for(hit, kid)
         if not batch["processes"]:
             return units
         node, limit = batch["node"], self.max_bytes(topics.CPU_STACKS.name)
@@ -116,7 +122,7 @@ class OutboxEncoder:
         else:  # rare: a window larger than a message; each part's samples are counted on their own
             messages = [(topics.CPU_STACKS.name, node, encode_cpu_batch(part), _samples(part))
                         for part in split_cpu_batch(batch, limit)]
-        return [*units, Unit("cpu", messages, needs=_build_ids(batch["processes"], batch.get("kernel_build_id")))]
+        return [*units, Unit("cpu", messages, needs=_build_ids(hit, kid))]
 
     def gpu_launches(self, launches: list[dict]) -> list[Unit]:
         """GpuLaunch records keyed node/pid, after the tables of new build ids in their mappings."""
@@ -149,3 +155,17 @@ def _samples(batch: dict) -> int:
 def _build_ids(processes: list[dict], kernel_build_id: str | None = None) -> frozenset[str]:
     ids = {m["build_id"] for p in processes for m in p["mappings"] if m["build_id"]}
     return frozenset(ids | {kernel_build_id} if kernel_build_id else ids)
+
+
+def _hit_mappings(proc: dict) -> list[dict]:
+    """The mappings of a CpuStackBatch process that hold at least one of its sampled user addresses (a return
+    address may sit just past its mapping's last byte: limits count as inside)."""
+    mappings = proc["mappings"]
+    addrs = [a for s in proc["stacks"] for a in s["user_addrs"]]
+    if not mappings or not addrs:
+        return []
+    values = np.unique(np.array(addrs, dtype=np.int64).view(np.uint64))
+    starts = np.array([m["start"] for m in mappings], dtype=np.int64).view(np.uint64)
+    limits = np.array([m["limit"] for m in mappings], dtype=np.int64).view(np.uint64)
+    lo, hi = np.searchsorted(values, starts, "left"), np.searchsorted(values, limits, "right")
+    return [m for m, a, b in zip(mappings, lo.tolist(), hi.tolist(), strict=True) if b > a]

@@ -23,13 +23,15 @@ def _chunk(build_id: str, path: str) -> dict:
             "chunk_count": 1, "load_segments": [], "addrs": [0x1000], "sizes": [0x10], "names": ["f"]}
 
 
-def _batch(mappings: list[tuple[str, str]]) -> dict:
+def _batch(mappings: list[tuple[str, str]], hits: int = 2) -> dict:
+    """Mapping i spans [0x1000 (i+1), 0x1000 (i+2)); the samples hit the first `hits` of them."""
     return {"node": NODE, "window_start_ns": 1, "window_ns": 1, "frequency_hz": 19, "kernel_build_id": "kernel-x",
             "simulated": False, "processes": [{
                 "pid": 7, "comm": "a", "exe": "/a", "cgroup": "", "container_id": "",
-                "mappings": [{"start": 0x1000, "limit": 0x2000, "file_offset": 0, "path": p, "build_id": b}
-                             for p, b in mappings],
-                "stacks": [{"tid": 7, "user_addrs": [0x1010], "kernel_addrs": [], "count": 3}]}]}
+                "mappings": [{"start": 0x1000 * (i + 1), "limit": 0x1000 * (i + 2), "file_offset": 0, "path": p,
+                              "build_id": b} for i, (p, b) in enumerate(mappings)],
+                "stacks": [{"tid": 7, "user_addrs": [0x1000 * (i + 1) + 0x10 for i in range(hits)],
+                            "kernel_addrs": [-0x7E000000], "count": 3}]}]}
 
 
 def test_encoder_puts_each_table_once_before_the_batch_and_counts_unreadable_files() -> None:
@@ -44,8 +46,9 @@ def test_encoder_puts_each_table_once_before_the_batch_and_counts_unreadable_fil
     kernel = KernelSymbols("kernel-x", [0xFFFFFFFF81000000], ["_stext"])
     encoder = OutboxEncoder(kernel, max_bytes=lambda topic: 50_000 if topic == "symbols" else 900_000,
                             read_chunks=read)
-    first = encoder.cpu(_batch([("/a", "b1"), ("/gone", "b2"), ("[vdso]", "")]))
-    assert reads == [("/proc/7/root/a", 50_000), ("/proc/7/root/gone", 50_000)]  # the topic's limit, not a count
+    first = encoder.cpu(_batch([("/a", "b1"), ("/gone", "b2"), ("[vdso]", ""), ("/not-hit", "b3")], hits=3))
+    # the tables of the files the samples hit, chunked under the topic's limit (not a count)
+    assert reads == [("/proc/7/root/a", 50_000), ("/proc/7/root/gone", 50_000)]
     assert [u.kind for u in first] == ["symbols", "cpu"]
     assert [(t, k) for t, k, _, _ in first[0].messages] == [("symbols", "kernel-x/0"), ("symbols", "b1/0")]
     assert codec.decode(first[0].messages[0][2], "SymbolChunk")[1]["kind"] == "KERNEL"
@@ -62,8 +65,14 @@ def test_encoder_puts_each_table_once_before_the_batch_and_counts_unreadable_fil
 def test_unreachable_kafka_holds_the_window_then_exits_with_one_line(tmp_path) -> None:
     """The agent does not exit because Kafka is not there: it samples and holds; only at exit (here after its one
     window) is what it holds dropped, said in one line."""
-    out = subprocess.run([sys.executable, "-m", "fleetprof", "--kafka", "127.0.0.1:1", "--data-dir", str(tmp_path),
-                          "agent", "--once", "--window", "1s", "--no-gpu"], capture_output=True, text=True, timeout=120)
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # something to sample on an idle machine
+    try:
+        out = subprocess.run([sys.executable, "-m", "fleetprof", "--kafka", "127.0.0.1:1", "--data-dir", str(tmp_path),
+                              "agent", "--once", "--window", "2s", "--no-gpu", "--pid", str(busy.pid)],
+                             capture_output=True, text=True, timeout=120)
+    finally:
+        busy.kill()
+        busy.wait()
     assert out.returncode == 1, out.stderr
     lines = out.stderr.splitlines()
     assert any("Kafka at 127.0.0.1:1 not reachable" in ln and "holding records in the outbox" in ln for ln in lines)

@@ -215,3 +215,22 @@ def test_the_stack_map_is_sized_from_cpus_and_frequency() -> None:
     assert default_stack_entries(19, cpus=2) == 16384  # the floor
     assert default_stack_entries(99, cpus=16) == 131072  # 64 x 1,584 samples/s, to a power of two
     assert default_stack_entries(999, cpus=192) == 1 << 20  # the ceiling: ~1 GiB of kernel memory is enough
+
+
+def test_each_collect_empties_the_stack_map_it_read(workload: subprocess.Popen) -> None:
+    """A stack map never emptied fills within minutes, and then most new stacks collide and are lost (bcc's
+    StackTrace.clear() does nothing): after each collect the generation just read holds no stack."""
+    sampler = CpuSampler(frequency_hz=FREQUENCY)  # system-wide: many distinct stacks
+    sampler.start()
+    try:
+        sampler.drain()
+        left = []
+        for _ in range(6):
+            time.sleep(0.5)
+            sampler.collect()
+            read = 1 - (int(sampler._bpf[b"generation"][0].value) & 1)  # the pair collect() just read
+            left.append(len(list(sampler._bpf[f"stacks{read}".encode()].keys())))
+        samples = sampler.drain()
+    finally:
+        sampler.close()
+    assert samples and left == [0] * 6, left

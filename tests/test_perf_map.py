@@ -287,7 +287,7 @@ def test_encoder_queues_each_perf_map_version_once_without_reading_a_file(tmp_pa
     reads: list[str] = []
     encoder = OutboxEncoder(read_chunks=lambda p, limit: reads.append(p) or [], perf_maps=processes.perf_maps)
     pub = Queued(encoder)
-    samples = [(7, 7, [BASE + 0x50], [], 1)]
+    samples = [(7, 7, [BASE + 0x50, 0x400123], [], 1)]  # the JIT code, called from /srv/app
 
     def published() -> list[str]:
         return [k for t, k, _ in pub.messages if t == "symbols" and k.startswith("perfmap:")]

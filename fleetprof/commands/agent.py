@@ -14,7 +14,7 @@ import click
 
 from fleetprof.durations import Duration
 from fleetprof.settings import Settings
-from producers.agent import Agent, AgentReport, Records, Window
+from producers.agent import EXIT_NOTHING_TO_COLLECT, Agent, AgentReport, Records, Window
 from producers.agent_lock import AgentLock, AgentRunning
 from producers.collectors import CollectorOptions, OpenedCollectors, open_collectors
 from producers.cpu_sampler import DEFAULT_MAX_ENTRIES
@@ -84,10 +84,14 @@ def agent(settings: Settings, dry_run: bool, once: bool, window: float, frequenc
         _publish(settings, options, window, once, fmt or "text", int(buffer_mb * 2**20))
 
 
+class NothingToCollect(click.ClickException):
+    exit_code = EXIT_NOTHING_TO_COLLECT  # `fleetprof up` then leaves the agent off instead of restarting it
+
+
 def _open(options: CollectorOptions, processes: ProcessCache) -> OpenedCollectors:
     opened = open_collectors(options, processes)
     if not opened.collectors:
-        raise click.ClickException("nothing to collect on this node: " + "; ".join(opened.notes or ["no GPU"]))
+        raise NothingToCollect("nothing to collect on this node: " + "; ".join(opened.notes or ["no GPU"]))
     if options.pid is not None:
         processes.get(options.pid)  # mappings now, in case it exits within the window
     return opened
@@ -133,11 +137,11 @@ def _publish(settings: Settings, options: CollectorOptions, window_s: float, onc
     if "nvml" in opened.names():
         wanted.append(topics.GPU_METRICS.name)
     link = KafkaLink(config, wanted)
-    publisher = Publisher(config)
+    publisher = Publisher({**config, "log_level": 0})  # connection trouble: the link says it, once per change
     encoder = OutboxEncoder(kernel, max_bytes=link.max_bytes, perf_maps=processes.perf_maps)
     outbox = Outbox(publisher, link, encoder, buffer_bytes)
     lines = WindowLines(outbox, opened)
-    agent = Agent(opened.collectors, outbox, window_s, on_window=lines.print)
+    agent = Agent(opened.collectors, outbox, window_s, on_window=lines.print, align=not once)
     link.start()
     click.echo(f"collecting {_parts(opened, options)}; {window_s:g} s windows, sending to "
                f"{config['bootstrap.servers']}" + (" (one window)" if once else " (until SIGTERM/SIGINT)"), err=True)
@@ -159,14 +163,16 @@ def _publish(settings: Settings, options: CollectorOptions, window_s: float, onc
     summary = _summary(options, report, outbox, encoder, opened, counters)
     if fmt == "json":
         sys.stdout.write(json.dumps(summary) + "\n")
-    click.echo(f"stopped after {report.windows} windows: " + ", ".join(
-        f"{t.records} {RECORD_NAMES[k]}" for k, t in outbox.sent.items() if t.units) + " sent; " + (", ".join(
-            f"{t.records} {RECORD_NAMES[k]}" for k, t in outbox.dropped.items() if t.units) or "nothing") +
-        f" dropped; {publisher.bytes} bytes", err=True)
+    click.echo(f"stopped after {report.windows} windows: {_tally(outbox.sent)} sent, {_tally(outbox.dropped)} "
+               f"dropped; {publisher.bytes} bytes", err=True)
     if outbox.unconfirmed or held:
         why = f" ({link.reason})" if link.reason else ""
         raise click.ClickException(f"Kafka at {link.where} {link.state}{why} at exit: {held} records dropped, "
                                    f"{outbox.unconfirmed} messages not confirmed")
+
+
+def _tally(tallies: dict) -> str:
+    return ", ".join(f"{t.records} {RECORD_NAMES[k]}" for k, t in tallies.items() if t.units) or "nothing"
 
 
 class WindowLines:

@@ -3,33 +3,35 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 from rich.console import Console
 
 from fleetprof.broker import BrokerError, LocalBroker, create_topics
+from fleetprof.broker import local_broker as find_local_broker
 from fleetprof.settings import Settings
 
 EXIT_NOT_RUNNING = 3
-LOCAL_HOSTS = {"127.0.0.1", "localhost"}
 
 
 def local_broker(settings: Settings) -> LocalBroker:
-    """The LocalBroker that `settings.kafka` names: 127.0.0.1:<port>, controller on <port>+1."""
-    host, _, port_text = settings.kafka.rpartition(":")
-    if host not in LOCAL_HOSTS or not port_text.isdigit():
-        raise click.ClickException(
-            f"the local broker listens on 127.0.0.1:<port>, but --kafka is {settings.kafka!r}; "
-            "a remote cluster is managed outside fleetprof")
-    port = int(port_text)
-    if not 0 < port < 65535:
-        raise click.ClickException(f"--kafka port {port} is out of range (the controller takes port+1)")
-    return LocalBroker(settings.data_dir, port=port, controller_port=port + 1)
+    """The data directory's local broker (the one `fleetprof up` starts there too)."""
+    try:
+        return find_local_broker(settings.kafka, settings.data_dir)
+    except BrokerError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @click.group()
-def kafka() -> None:
-    """Run the local Kafka broker (KRaft, 127.0.0.1 only, data under --data-dir)."""
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None,
+              help="Whose local broker: the data directory's (the one `fleetprof up` starts there too). "
+                   "[env FLEETPROF_DATA_DIR; default ~/.local/share/fleetprof]")
+@click.pass_obj
+def kafka(settings: Settings, data_dir: Path | None) -> None:
+    """Run the local Kafka broker (KRaft, 127.0.0.1 only, data under the data directory)."""
+    if data_dir is not None:
+        settings.data_dir = data_dir
 
 
 @kafka.command()

@@ -55,5 +55,7 @@ def process(settings: Settings, stage: str, batch_size: int | None, metrics_port
     context = StageContext(settings, stop, options=alert_values)
     log.info("starting stage %s against %s", stage, settings.kafka)
     with context.resources:
-        make_runner(BY_NAME[stage], context, batch_size).run(stop)
+        runner = make_runner(BY_NAME[stage], context, batch_size)
+        log.info("stage %s running", stage)  # `fleetprof up` waits for this line
+        runner.run(stop)
     log.info("stage %s stopped", stage)
