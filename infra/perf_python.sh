@@ -2,7 +2,8 @@
 # Builds a CPython 3.13 that supports `-X perf` (the perf trampoline, which writes /tmp/perf-PID.map) with frame
 # pointers, so that the eBPF frame-pointer unwinder sees through the interpreter, and links .venv/bin/python-perf to
 # it. Debian 12 has only 3.11, so the source is trixie's python3.13 orig tarball, found through the signed InRelease
-# and Sources.xz of deb.debian.org and checked against their sha256s. The build goes to a cache outside the
+# and Sources.xz of the Debian mirror this machine's apt uses, and checked against their sha256s. The build goes to a
+# cache outside the
 # repository, shared by every clone; with a working build in place this only (re)creates the link.
 # Called by infra/setup.sh once the venv exists; installs missing Debian build packages as root.
 #   FLEETPROF_PERF_PYTHON_PREFIX=/opt/py313 bash infra/perf_python.sh   where the build goes (default below)
@@ -14,7 +15,8 @@ cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.."
 PREFIX=${FLEETPROF_PERF_PYTHON_PREFIX:-/var/cache/fleetprof/cpython-3.13}
 PREFIX=${PREFIX%/}
 LINK=$PWD/.venv/bin/python-perf
-MIRROR=http://deb.debian.org/debian  # plain http: trust comes from InRelease's signature, then sha256s
+MIRROR=""  # the machine's own Debian mirror (debian_mirror); plain http is fine: trust comes from InRelease's
+           # signature, then sha256s
 SUITE=trixie
 PACKAGE=python3.13
 KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
@@ -79,6 +81,28 @@ install_missing() {  # the Debian packages the download and a core-only build ne
     step "apt-get install ${need[*]}" apt-get install -y -q --no-install-recommends "${need[@]}"
 }
 
+# The Debian archive this machine's apt is configured with (a mirror, a proxy or a snapshot: whatever it uses), from
+# the repository whose Release file says Origin/Label Debian; failing that (no `apt-get update` yet), the first URI
+# of a deb source serving main in /etc/apt/sources.list, sources.list.d/*.list or *.sources (not -security).
+debian_mirror() {
+    local uri
+    uri=$(apt-get indextargets --format '$(REPO_URI)' 'Origin: Debian' 'Label: Debian' 2>/dev/null | head -n 1)
+    if [ -z "$uri" ]; then
+        uri=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null | awk '
+            $1 == "deb" && / main/ && !/-security/ {
+                for (i = 2; i <= NF; i++) if ($i ~ /^[a-z+]+:\/\//) { print $i; exit }
+            }')
+    fi
+    if [ -z "$uri" ]; then
+        uri=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk 'BEGIN { RS = ""; FS = "\n" }
+            /(^|\n)Types:[^\n]*deb/ && /(^|\n)Components:[^\n]*main/ && !/(^|\n)Suites:[^\n]*-security/ {
+                for (i = 1; i <= NF; i++) if ($i ~ /^URIs:/) { split($i, f, " "); print f[2]; exit }
+            }')
+    fi
+    [ -n "$uri" ] || fail "no Debian mirror in this machine's apt configuration (/etc/apt/sources.list*)"
+    echo "${uri%/}"
+}
+
 # Prints "VERSION DIRECTORY FILE SHA256" of the newest $PACKAGE orig tarball in a Sources file on stdin.
 parse_sources() {
     awk -v pkg="$PACKAGE" 'BEGIN { RS = ""; FS = "\n" }
@@ -103,6 +127,8 @@ parse_sources() {
 # Downloads the newest orig tarball of $PACKAGE in $SUITE to $1, verified; sets src_version, src_file, src_sha.
 fetch_source() {
     local dest=$1 sources_sha found version dir file sha
+    MIRROR=$(debian_mirror) || fail "$MIRROR"
+    say "Debian mirror from apt: $MIRROR"
     step "downloading $SUITE's InRelease" curl -fsS --retry 3 -o "$work/InRelease" "$MIRROR/dists/$SUITE/InRelease"
     step "checking the signature of $SUITE's InRelease" \
         gpgv --keyring "$KEYRING" --output "$work/Release" "$work/InRelease"

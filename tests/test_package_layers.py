@@ -8,8 +8,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# `fleetprof loadgen`, and `fleetprof up --simulate-gpu` (the local pipeline starts the simulated GPU node)
-RUNS_SIMULATORS = {"fleetprof/commands/loadgen.py", "fleetprof/local_pipeline.py"}
+# `fleetprof loadgen`, and `fleetprof up --simulate-gpu` (it starts the simulated GPU node)
+RUNS_SIMULATORS = {"fleetprof/commands/loadgen.py", "fleetprof/commands/up.py"}
 
 
 def imported_packages(path: Path) -> set[str]:
