@@ -128,3 +128,39 @@ def cpu_store(store: object) -> object:
     store.insert("stacks", stacks, ["stack_id", "frame_ids", "last_seen"])
     store.insert("cpu_samples", samples, ["ts", "node", "pid", "comm", "container_id", "stack_id", "count"])
     return SimpleNamespace(store=store, since=since, until=until)
+
+
+# --- USDT probe emitters (tests/probe_emitters.py; test_usdt_notes, test_gpu_probes) ---
+
+
+@pytest.fixture(scope="session")
+def emitters(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The C programs firing fleetprof probes, built once (see tests/probe_emitters.py)."""
+    from tests.probe_emitters import build_emitters
+
+    return build_emitters(tmp_path_factory.mktemp("gpu_emitters"))
+
+
+@pytest.fixture
+def procs(tmp_path) -> Iterator[object]:
+    """Emitters started by a test, closed after it, and a view of /proc holding only them."""
+    from tests.probe_emitters import Procs
+
+    view = tmp_path / "proc"
+    view.mkdir()
+    started = Procs(view)
+    yield started
+    for e in started.started:
+        e.close()
+
+
+@pytest.fixture
+def bpf_ok() -> None:
+    """Skips (fails on CI) unless BPF programs can load here."""
+    from producers.cpu_sampler import BpfUnavailable, check_bpf
+    from tests.elf_helpers import unavailable
+
+    try:
+        check_bpf()
+    except BpfUnavailable as exc:
+        unavailable(f"BPF unavailable: {exc}")
