@@ -9,6 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from producers.symbol_chunks import chunk_symbol_table
+from schemas.fast_codec import DEFAULT_MAX_BYTES
+
 PAGE = 0x1000
 KERNEL_BUILD_ID = "kernel-6.1.0-sim"
 KERNEL_BINARY = "[kernel.kallsyms]"
@@ -289,16 +292,11 @@ class Binary:
     span: int  # address space one mapping of the whole file takes
     index: dict[str, int]  # readable key (C++ qualified name, Rust path) -> symbol index
 
-    def symbol_chunks(self, max_symbols: int = 5000) -> list[dict]:
-        """SymbolChunk records, at most max_symbols symbols each."""
-        addrs = self.addrs.view(np.int64).tolist()
-        sizes = self.sizes.tolist()
-        count = max(1, -(-len(self.names) // max_symbols))
+    def symbol_chunks(self, max_bytes: int | None = DEFAULT_MAX_BYTES) -> list[dict]:
+        """SymbolChunk records, each encoding to at most `max_bytes`, as the agent chunks a real table."""
         segs = [{"file_offset": o, "vaddr": v, "memsz": m} for o, v, m in self.segments]
-        return [{"build_id": self.build_id, "binary": self.name, "kind": self.kind, "chunk_index": c,
-                 "chunk_count": count, "load_segments": segs, "addrs": addrs[c * max_symbols:(c + 1) * max_symbols],
-                 "sizes": sizes[c * max_symbols:(c + 1) * max_symbols],
-                 "names": self.names[c * max_symbols:(c + 1) * max_symbols]} for c in range(count)]
+        return chunk_symbol_table(self.build_id, self.name, self.kind, segs, self.addrs.view(np.int64).tolist(),
+                                  self.sizes.tolist(), self.names, max_bytes)
 
 
 def _page_up(n: int) -> int:
