@@ -21,7 +21,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from processors import metrics
 from processors.messages import Message, Produced, dead_letter, decode_message
-from schemas import codec, topics
+from schemas import single_object, topics
 
 log = logging.getLogger("fleetprof.runner")
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
@@ -37,7 +37,7 @@ EXIT_STUCK = 75  # the process's exit status then (EX_TEMPFAIL): its supervisor 
 
 class Stage(Protocol):
     """A topic-to-topic stage: pure over decoded records. A stage with `columnar_input = True` gets CPU stack
-    batches with each process's stacks as a PackedStacks (schemas/fast_codec.py) instead of a list of dicts."""
+    batches with each process's stacks as a PackedStacks (schemas/packed_stacks.py) instead of a list of dicts."""
 
     name: str
     inputs: tuple[str, ...]
@@ -107,7 +107,7 @@ def expected_schemas(inputs: Iterable[str]) -> dict[str, str]:
 
 def encode_produced(p: Produced) -> tuple[bytes | None, bytes]:
     key = p.key.encode() if isinstance(p.key, str) else p.key
-    return key, codec.encode(p.schema, p.record)
+    return key, single_object.encode(p.schema, p.record)
 
 
 class TopicRunner:

@@ -15,7 +15,7 @@ import numpy as np
 from processors.demangle import demangle
 from processors.stack_ids import frame_id, stack_id
 from processors.symbol_tables import SymbolTable, as_u64
-from schemas.fast_codec import PackedStacks
+from schemas.packed_stacks import PackedStacks
 
 KERNEL_BINARY = "[kernel.kallsyms]"
 _DELETED = " (deleted)"
@@ -190,7 +190,7 @@ def _leaves(lengths: np.ndarray) -> np.ndarray:
 def symbolize_batch(batch: dict, tables: TableLookup, memo: FrameMemo | None = None,
                     stats: SymbolizeStats | None = None) -> dict:
     """Resolve every stack of a CpuStackBatch and sum counts per (process, symbolized stack). A process's "stacks"
-    may be StackCount dicts or a PackedStacks (what `codec.decode(..., columnar=True)` gives)."""
+    may be StackCount dicts or a PackedStacks (what `cpu_batch_reader.decode_columnar` gives)."""
     memo = memo if memo is not None else FrameMemo()
     stats = stats if stats is not None else SymbolizeStats()
     kernel_table = tables(batch["kernel_build_id"]) if batch.get("kernel_build_id") else None

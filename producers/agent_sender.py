@@ -20,8 +20,8 @@ from producers.perf_map import DEFAULT_PERF_MAPS, PerfMapCache, is_perf_map_id
 from producers.process_info import mapped_file
 from producers.publisher import Publisher, PublishError
 from schemas import topics
-from schemas.codec import encode
-from schemas.fast_codec import DEFAULT_MAX_BYTES, encode_cpu_batches
+from schemas.cpu_batch_writer import DEFAULT_MAX_BYTES, encode_cpu_batches
+from schemas.single_object import encode
 
 log = logging.getLogger("fleetprof.agent")
 

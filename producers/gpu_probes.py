@@ -42,7 +42,7 @@ from producers.perf_map import is_anonymous
 from producers.process_info import DELETED, mapped_file
 from producers.publisher import Publisher
 from schemas import topics
-from schemas.codec import encode
+from schemas.single_object import encode
 
 log = logging.getLogger("fleetprof.gpu_probes")
 

@@ -12,7 +12,7 @@ import hashlib
 import platform
 from dataclasses import dataclass
 
-from schemas.codec import u64_to_long
+from schemas.single_object import u64_to_long
 
 KALLSYMS = "/proc/kallsyms"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"

@@ -34,7 +34,7 @@ import pynvml
 
 from producers.process_info import container_id, parse_cgroup
 from producers.publisher import Publisher
-from schemas import codec, topics
+from schemas import single_object, topics
 
 log = logging.getLogger("fleetprof.nvml")
 
@@ -440,7 +440,7 @@ class NvmlCollector:
 
 def publish_metrics(publisher: Publisher, record: dict) -> None:
     """Queue one GpuMetrics record on gpu.metrics, keyed by node (the agent's Publisher flushes)."""
-    publisher.publish(topics.GPU_METRICS.name, record["node"], codec.encode("GpuMetrics", record))
+    publisher.publish(topics.GPU_METRICS.name, record["node"], single_object.encode("GpuMetrics", record))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,7 @@ import numpy as np
 
 from producers.synthetic_binaries import KERNEL_BINARY, KERNEL_BUILD_ID, PAGE, Binary, catalogue
 from producers.synthetic_workload import KIND_BINARIES, build_paths, gpu_window, metrics
-from schemas.fast_codec import PackedStacks, concat_ranges
+from schemas.packed_stacks import PackedStacks, concat_ranges
 
 FREQUENCY_HZ = 19
 ZIPF_S = 1.1

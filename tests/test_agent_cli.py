@@ -9,7 +9,7 @@ import time
 from producers.agent_sender import AgentSender
 from producers.elf_symbols import ElfError
 from producers.kallsyms import KernelSymbols
-from schemas import codec
+from schemas import single_object
 
 NODE = "n1"
 
@@ -58,7 +58,7 @@ def test_sender_publishes_each_table_once_before_the_batch_and_counts_unreadable
     assert reads == ["/proc/7/root/a", "/proc/7/root/gone"]
     assert [(t, k) for t, k, _ in pub.messages] == [("symbols", "kernel-x/0"), ("symbols", "b1/0"),
                                                     ("cpu.stacks", NODE)]
-    assert codec.decode(pub.messages[0][2], "SymbolChunk")[1]["kind"] == "KERNEL"
+    assert single_object.decode(pub.messages[0][2], "SymbolChunk")[1]["kind"] == "KERNEL"
     assert (first.samples, first.symbol_chunks, first.new_build_ids, first.batches) == (3, 2, 2, 1)
     assert sender.unreadable == 1 and pub.flushes == 2  # tables flushed before the batch, then the batch
 

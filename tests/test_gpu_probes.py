@@ -44,7 +44,7 @@ from producers.gpu_probes import (
     read_probe_sites,
 )
 from producers.publisher import Publisher
-from schemas.codec import decode
+from schemas.single_object import decode
 from tests.elf_helpers import libc_path, need, readelf_loads, run, unavailable
 from tests.pipeline_helpers import read_topic
 

@@ -6,7 +6,7 @@ import numpy as np
 
 from processors.symbol_tables import table_from_chunks
 from producers.kallsyms import KERNEL_BINARY, kernel_build_id, kernel_symbol_chunks, parse_kallsyms, read_kallsyms
-from schemas.codec import encode
+from schemas.single_object import encode
 from tests.elf_helpers import unavailable
 
 SAMPLE = """\

@@ -19,8 +19,8 @@ from producers.loadgen import LoadgenReport, run_loadgen
 from producers.publisher import PublishError, check_broker
 from producers.synthetic_fleet import SyntheticFleet
 from schemas import topics
-from schemas.codec import decode, encode
-from schemas.fast_codec import LaunchEncoder
+from schemas.gpu_launch_writer import LaunchEncoder
+from schemas.single_object import decode, encode
 from tests.test_synthetic_fleet import reference_symbolize, reference_symbolize_kernel, tables_from_chunks
 
 TOPICS = [topics.SYMBOLS, topics.CPU_STACKS, topics.GPU_LAUNCHES, topics.GPU_KERNELS, topics.GPU_METRICS]

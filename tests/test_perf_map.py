@@ -30,7 +30,7 @@ from producers.perf_map import (
     read_perf_map,
 )
 from producers.process_info import Mapping, ProcessInfo
-from schemas import codec
+from schemas import single_object
 from tests.elf_helpers import unavailable
 
 BASE = 0x7F0000000000
@@ -52,8 +52,8 @@ def _symbolized(pub: FakePublisher) -> dict:
     tables = SymbolTables()
     for topic, _, value in pub.messages:
         if topic == "symbols":
-            tables.add_chunk(codec.decode(value, "SymbolChunk")[1])
-    batches = [codec.decode(v, "CpuStackBatch")[1] for t, _, v in pub.messages if t == "cpu.stacks"]
+            tables.add_chunk(single_object.decode(value, "SymbolChunk")[1])
+    batches = [single_object.decode(v, "CpuStackBatch")[1] for t, _, v in pub.messages if t == "cpu.stacks"]
     assert len(batches) == 1
     return symbolize_batch(batches[0], tables.get)
 
@@ -135,7 +135,7 @@ def test_chunks_round_trip_to_an_identity_lookup_table() -> None:
     chunks = perf_map_chunks(pm, max_symbols=2)
     assert [c["chunk_index"] for c in chunks] == [0, 1, 2] and {c["chunk_count"] for c in chunks} == {3}
     assert {(c["kind"], c["binary"], c["build_id"]) for c in chunks} == {("PERFMAP", JIT_BINARY, pm.build_id)}
-    decoded = [codec.decode(codec.encode("SymbolChunk", c), "SymbolChunk")[1] for c in reversed(chunks)]
+    decoded = [single_object.decode(single_object.encode("SymbolChunk", c), "SymbolChunk")[1] for c in reversed(chunks)]
     table = table_from_chunks(decoded)
     assert table.kind == "PERFMAP" and len(table.seg_offsets) == 0
     addrs = np.array([BASE, BASE + 0xFF, BASE + 0x13F, BASE + 0x140, BASE + 0x2FF, high + 4], dtype=np.uint64)

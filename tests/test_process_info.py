@@ -17,8 +17,8 @@ from producers.process_info import (
     parse_maps,
     process_info,
 )
-from schemas.codec import decode
-from schemas.fast_codec import encode_cpu_batch
+from schemas.cpu_batch_writer import encode_cpu_batch
+from schemas.single_object import decode
 
 DOCKER_ID = "3f2b" + "a" * 60
 

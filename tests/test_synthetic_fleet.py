@@ -16,16 +16,16 @@ import pytest
 from producers.synthetic_binaries import KERNEL_BINARY, KERNEL_BUILD_ID, PAGE, mangle
 from producers.synthetic_fleet import FREQUENCY_HZ, SyntheticFleet
 from producers.synthetic_workload import GPU_KERNELS, GPU_NAME
-from schemas.codec import decode, encode, long_to_u64
-from schemas.fast_codec import (
+from schemas.cpu_batch_writer import (
     DEFAULT_MAX_BYTES,
-    PackedStacks,
     encode_cpu_batch,
     encode_cpu_batches,
     long_bytes,
     split_cpu_batch,
     varints,
 )
+from schemas.packed_stacks import PackedStacks
+from schemas.single_object import decode, encode, long_to_u64
 
 
 def reference_symbolize(addr: int, mappings: list[dict], tables: dict[str, dict]) -> tuple[str, str] | None:

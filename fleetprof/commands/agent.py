@@ -24,7 +24,7 @@ from producers.memory import trim_heap
 from producers.outage_buffer import OutageBuffer
 from producers.publisher import Publisher, PublishError, check_broker
 from schemas import topics
-from schemas.codec import encode
+from schemas.single_object import encode
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m)?\s*$")
 
