@@ -1,10 +1,10 @@
 """The project's import graph, read from the source with ast: no import circle, and no arrow up the layers.
 
 Layers, bottom up: schemas (the contract and its codec) imports nothing of the project; producers and processors
-import schemas, not each other; simulate (the simulators and load generators) may import those three; fleetprof
-(the CLI and what only it needs) may import everything. Imports inside functions count like those at the top of a
-module. Imports under `if TYPE_CHECKING:` count for the layers but not for circles: they never run, so they cannot
-make one at import time.
+import schemas, not each other; simulate (the simulators and load generators) may import schemas and producers;
+fleetprof (the CLI and what only it needs) may import everything. Imports inside functions count like those at the
+top of a module. Imports under `if TYPE_CHECKING:` count for the layers but not for circles: they never run, so they
+cannot make one at import time.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ LAYERS = {  # package -> the packages it may import besides itself
     "schemas": set(),
     "producers": {"schemas"},
     "processors": {"schemas"},
-    "simulate": {"schemas", "producers", "processors"},
+    "simulate": {"schemas", "producers"},
     "fleetprof": {"schemas", "producers", "processors", "simulate"},
 }
 # Arrows that exist only because fleetprof/native.py (building the native test doubles and the CUPTI shim) sits above
