@@ -24,6 +24,8 @@ COPY schemas /src/schemas
 COPY fleetprof /src/fleetprof
 COPY processors /src/processors
 COPY producers /src/producers
+# the simulated fleet of `fleetprof loadgen`, for load tests against a deployment
+COPY simulate /src/simulate
 RUN /opt/fleetprof/bin/pip install --no-cache-dir /src \
  && rm -rf /src
 

@@ -42,8 +42,8 @@ from fleetprof.broker import LocalBroker, create_topics  # noqa: E402
 from processors.correlate_stage import build_correlate  # noqa: E402
 from processors.messages import Message  # noqa: E402
 from processors.runner import TopicRunner  # noqa: E402
-from producers.loadgen import run_loadgen  # noqa: E402
 from schemas import single_object, topics  # noqa: E402
+from simulate.loadgen import run_loadgen  # noqa: E402
 
 INPUTS = [topics.GPU_LAUNCHES.name, topics.GPU_KERNELS.name]
 

@@ -136,7 +136,7 @@ def run_pipeline(tmp: Path, nodes: int, windows: int, rate: float) -> tuple[Stor
     """loadgen → broker → symbolize + correlate (processes) → sink (this process) → chDB, as bench/pipeline.py."""
     from fleetprof.broker import LocalBroker, create_topics
     from processors.store_writer import StoreRunner
-    from producers.loadgen import run_loadgen
+    from simulate.loadgen import run_loadgen
 
     port, cport = free_ports(2)
     broker = LocalBroker(tmp / "kafka", port=port, controller_port=cport)

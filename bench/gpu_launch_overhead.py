@@ -36,9 +36,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fleetprof.native import NATIVE, PROBES_INCLUDE  # noqa: E402
 from producers.cpu import ProcessCache  # noqa: E402
 from producers.gpu_probes import GpuProbeCollector, ProbeFinder  # noqa: E402
+from producers.native_build import NATIVE, PROBES_INCLUDE  # noqa: E402
 
 # Every launcher answers "run N" with: wall ns and CPU ns (the whole process: the simulator's device thread too)
 # per launch, launches sampled, weight sum (of this round).
@@ -191,14 +191,14 @@ def build(tmp: Path, rate: int) -> list[Launcher]:
     # a build of the simulator of the bench's own (FLEETPROF_NATIVE_BUILD): attaching to it turns on no probes in
     # other processes that load the simulator meanwhile
     env = dict(os.environ, FLEETPROF_NATIVE_BUILD=str(tmp / "native"))
-    code = "from producers.gpu_native import build_gpusim; print(build_gpusim())"
+    code = "from simulate.gpu import build_gpusim; print(build_gpusim())"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         print(f"simulator skipped: {done.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
         return launchers
     lib = Path(done.stdout.strip())
     (tmp / "sim_driver.c").write_text(SIM_DRIVER_C)
-    gcc(f"-I{NATIVE / 'gpu_sim'}", str(tmp / "sim_driver.c"), f"-L{lib.parent}", "-lfleetprof_gpusim",
+    gcc(f"-I{NATIVE / 'sim' / 'gpu'}", str(tmp / "sim_driver.c"), f"-L{lib.parent}", "-lfleetprof_gpusim",
         f"-Wl,-rpath,{lib.parent}", "-o", str(tmp / "sim_driver"))
     driver = [str(tmp / "sim_driver")]
     launchers += [Launcher("simulator, every launch sampled", driver, {"FLEETPROF_LAUNCH_RATE": "0"}),

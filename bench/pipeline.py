@@ -30,7 +30,7 @@ from bench.local_ports import free_ports  # noqa: E402
 from fleetprof.broker import LocalBroker, create_topics  # noqa: E402
 from fleetprof.store import open_store  # noqa: E402
 from processors.store_writer import StoreRunner  # noqa: E402
-from producers.loadgen import run_loadgen  # noqa: E402
+from simulate.loadgen import run_loadgen  # noqa: E402
 
 
 def raw_consume(bootstrap: str, topic: str, messages: int) -> tuple[float, list[bytes]]:
@@ -56,8 +56,8 @@ def raw_consume(bootstrap: str, topic: str, messages: int) -> tuple[float, list[
 def symbolize_only(bootstrap: str, values: list[bytes]) -> float:
     """Seconds for the pure symbolize function alone (columnar decode included, as the stage runs it) over the same
     messages, one core."""
-    from processors.stages import build_symbolize
     from processors.symbolize import symbolize_batch
+    from processors.symbolize_stage import build_symbolize
     from schemas.cpu_batch_reader import decode_columnar
 
     stage = build_symbolize({"bootstrap.servers": bootstrap})

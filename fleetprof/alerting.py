@@ -5,16 +5,21 @@ a flag: flags show in `ps`)."""
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from fleetprof.commands.agent import parse_duration
+from fleetprof.durations import parse_duration
 from fleetprof.query_client import query_target
 from fleetprof.settings import Settings
 from processors.alerts import SECOND_NS, AlertConfig
+
+if TYPE_CHECKING:
+    from fleetprof.stage_registry import StageContext
+    from processors.alerts_stage import AlertsStage
 
 WEBHOOK_ENV = "FLEETPROF_ALERT_WEBHOOK_URL"
 WEBHOOK_FILE_ENV = "FLEETPROF_ALERT_WEBHOOK_URL_FILE"
@@ -91,3 +96,29 @@ def evidence_query(settings: Settings) -> Callable[[str, dict[str, Any]], tuple[
             return target.named(name, params)
 
     return query
+
+
+def build_alerts_stage(context: StageContext) -> AlertsStage:
+    """The alerts stage from the --alert-* options, with evidence through the store's query path; the webhook
+    delivery runs beside it when a URL is configured, until the process stops."""
+    from processors.alert_evidence import AlertEvidence
+    from processors.alert_webhook import AlertWebhook, webhook_thread
+    from processors.alerts_stage import build_alerts
+
+    values = context.options
+    config = alert_config(values)
+    url = webhook_url(values)
+    if url is not None:
+        try:
+            webhook = AlertWebhook(context.kafka, url)
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from None
+        thread = webhook_thread(webhook, context.stop)
+        context.resources.callback(_stop_webhook, thread, context.stop)
+    evidence = AlertEvidence(evidence_query(context.settings), limit=int(values["alert_evidence_stacks"]))
+    return build_alerts(context.kafka, config, evidence)
+
+
+def _stop_webhook(thread: threading.Thread, stop: threading.Event) -> None:
+    stop.set()
+    thread.join(timeout=15)

@@ -82,18 +82,20 @@ class LocalPipeline:
         return self.store.migrate()
 
     def start_processors(self) -> None:
-        from processors.store_writer import StoreRunner
+        from fleetprof.stage_registry import STAGES, StageContext, UpMode, make_runner
 
         logs_dir = self.settings.data_dir / "logs"
         logs_dir.mkdir(parents=True, exist_ok=True)
-        for i in range(self.symbolizers):
-            self._start(Child("symbolize", i, logs_dir / f"symbolize-{i}.log"))
-        self._start(Child("correlate", 0, logs_dir / "correlate-0.log"))
-        # evidence comes through this process's query API (it owns the store), so the alerter reads FLEETPROF_API
-        self._start(Child("alerts", 0, logs_dir / "alerts-0.log", env={**os.environ, **self.alert_env}))
-        self.sink = StoreRunner(self.store, self.settings.kafka_config(), stop=self.stop_event)
-        self.sink_thread = threading.Thread(target=self._run_sink, name="sink", daemon=True)
-        self.sink_thread.start()
+        for entry in STAGES:
+            if entry.up is UpMode.IN_PROCESS:  # the sink: it writes the store this process owns
+                self.sink = make_runner(entry, StageContext(self.settings, self.stop_event, store=self.store))
+                self.sink_thread = threading.Thread(target=self._run_sink, name=entry.name, daemon=True)
+                self.sink_thread.start()
+                continue
+            # evidence comes through this process's query API (it owns the store), so the alerter reads FLEETPROF_API
+            env = {**os.environ, **self.alert_env} if entry.alert_options else None
+            for i in range(self.symbolizers if entry.up is UpMode.SCALED_CHILDREN else 1):
+                self._start(Child(entry.name, i, logs_dir / f"{entry.name}-{i}.log", env=env))
 
     def _start(self, child: Child) -> Child:
         self._spawn(child)
@@ -101,8 +103,8 @@ class LocalPipeline:
         return child
 
     def start_simulated_gpu(self) -> None:
-        """The simulated GPU workload and a real agent reading the simulated NVML library (see simulated_gpu_demo)."""
-        from fleetprof import simulated_gpu_demo as demo
+        """The simulated GPU workload and a real agent reading the simulated NVML library (see simulate/gpu_demo.py)."""
+        from simulate import gpu_demo as demo
 
         logs_dir = self.settings.data_dir / "logs"
         workload = self._start(Child("simulated-gpu-workload", 0, logs_dir / "simulated-gpu-workload.log",

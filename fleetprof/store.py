@@ -15,6 +15,7 @@ import fcntl
 import logging
 import os
 import re
+import textwrap
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -48,6 +49,8 @@ _TABLE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DATABASE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
 _PLACEHOLDER_RE = re.compile(r"\{(\w+):([^{}]+)\}")
 _DEFAULT_RE = re.compile(r"^--\s*@default\s+(\w+)\s*=[ \t]*(.*?)\s*$", re.MULTILINE)
+_INCLUDE_RE = re.compile(r"^([ \t]*)--\s*@include\s+(\S+)\s*$", re.MULTILINE)
+_HEADER_RE = re.compile(r"\A(?:[ \t]*(?:--.*)?\n)*")
 _STATEMENT_END_RE = re.compile(r";[ \t]*$", re.MULTILINE)
 _MIGRATION_RE = re.compile(r"^(\d{4})_\w+\.sql$")
 _RELATIVE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d|w)$")
@@ -100,15 +103,20 @@ def named_query(name: str) -> NamedQuery:
     # The name comes from URLs and command lines: never let it walk out of sql/queries/
     if not _NAME_RE.match(name) or not path.is_file():
         raise UnknownQuery(f"no named query {name!r} (known: {', '.join(named_queries())})")
-    return _load_named(path, path.stat().st_mtime_ns)
+    # keyed by the newest query file's time, so that an edit to a query this one includes shows at once
+    return _load_named(path, max(p.stat().st_mtime_ns for p in QUERIES_DIR.glob("*.sql")))
 
 
 def parse_query(name: str, sql: str) -> NamedQuery:
-    """Any statement read the way named queries are: its `{name:Type}` placeholders and `-- @default` lines."""
+    """Any statement read the way named queries are: each `-- @include <name>` line replaced by that named query's
+    statement (without its comment header, indented like the line), then its `{name:Type}` placeholders, its own and
+    the included ones, and its own `-- @default` lines."""
+    expanded = _INCLUDE_RE.sub(
+        lambda line: textwrap.indent(_HEADER_RE.sub("", named_query(line.group(2)).sql).rstrip(), line.group(1)), sql)
     params: dict[str, str] = {}
-    for pname, ptype in _PLACEHOLDER_RE.findall(sql):
+    for pname, ptype in _PLACEHOLDER_RE.findall(expanded):
         params.setdefault(pname, ptype.strip())
-    return NamedQuery(name, sql, params, dict(_DEFAULT_RE.findall(sql)))
+    return NamedQuery(name, expanded, params, dict(_DEFAULT_RE.findall(sql)))
 
 
 def query_file(path: Path) -> NamedQuery:

@@ -19,6 +19,7 @@ from processors import metrics
 from processors.alert_evidence import AlertEvidence
 from processors.alerts import KIND, AlertConfig, DropDetector, GpuDrop, Transition, invalid_metrics
 from processors.messages import Message, Produced, dead_letter
+from processors.runner import TopicStage
 from processors.state_changelog import StateChangelog
 from schemas import topics
 
@@ -44,7 +45,7 @@ def alert_record(t: Transition, evidence: list[dict], note: str) -> dict:
             "evidence": evidence}
 
 
-class AlertsStage:
+class AlertsStage(TopicStage):
     """gpu.metrics → alerts (and the detector state → alerts.state)."""
 
     name = "alerts"

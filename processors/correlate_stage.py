@@ -35,6 +35,7 @@ from processors.correlate_changelog import changelog, restore, state_key
 from processors.correlate_samples import LaunchStacks, build_gpu_samples, split_gpu_samples
 from processors.known_ids import SentDefinitions
 from processors.messages import Message, Produced, dead_letter
+from processors.runner import TopicStage
 from processors.state_changelog import StateChangelog
 from processors.symbol_feed import SymbolFeed
 from processors.symbol_tables import SymbolTables
@@ -47,7 +48,7 @@ MAX_OUTPUT_BYTES = 600 * 1024
 DEFAULT_GROUP = "fleetprof-correlate"  # the runner's default group for a stage named "correlate"
 
 
-class CorrelateStage:
+class CorrelateStage(TopicStage):
     """gpu.launches + gpu.kernels → gpu.samples (and the join state → correlate.state), symbol tables from the
     symbols topic."""
 

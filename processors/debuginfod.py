@@ -215,7 +215,7 @@ class DebuginfodClient:
                                    reason=f"{url}: no /executable to learn the load segments from")
             syms.path = binary
             syms.seg_offsets, syms.seg_vaddrs, syms.seg_memsz = segments
-            table = table_from_chunks(symbol_chunks(syms, max_symbols=max(1, len(syms))))
+            table = table_from_chunks(symbol_chunks(syms, max_bytes=None))
             return Fetched(build_id, table=table, outcome="ok", url=url)
         finally:
             try:

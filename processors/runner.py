@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
@@ -35,27 +35,30 @@ STUCK_GRACE_S = 10.0
 EXIT_STUCK = 75  # the process's exit status then (EX_TEMPFAIL): its supervisor starts a new one, which fences it
 
 
-class Stage(Protocol):
-    """A topic-to-topic stage: pure over decoded records. A stage with `columnar_input = True` gets CPU stack
-    batches with each process's stacks as a PackedStacks (schemas/packed_stacks.py) instead of a list of dicts."""
+class TopicStage:
+    """A topic-to-topic stage: `process` is pure over decoded records; the hooks, which do nothing unless a stage
+    overrides them, are where it fetches side inputs (symbol tables, its state) and learns the fate of its output.
+    A stage with `columnar_input = True` gets CPU stack batches with each process's stacks as a PackedStacks
+    (schemas/packed_stacks.py) instead of a list of dicts."""
 
     name: str
     inputs: tuple[str, ...]
+    columnar_input: bool = False
 
-    def process(self, messages: list[Message]) -> list[Produced]: ...
+    def process(self, messages: list[Message]) -> list[Produced]:
+        raise NotImplementedError(f"{type(self).__name__} has no process()")
 
+    def before_batch(self, messages: list[Message]) -> None:
+        """Called with each batch's decoded messages before `process`."""
 
-class StageHooks(Protocol):
-    """Optional hooks a stage may have: fetch side inputs (e.g. symbol tables) before a batch, learn whether the
-    batch's output was committed or aborted, release resources."""
+    def after_commit(self) -> None:
+        """The output of the `process` calls since the last commit or abort is committed."""
 
-    def before_batch(self, messages: list[Message]) -> None: ...
+    def after_abort(self) -> None:
+        """That output was aborted (or `process` failed on the batch): it never happened."""
 
-    def after_commit(self) -> None: ...
-
-    def after_abort(self) -> None: ...
-
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """The runner stops: release what the stage holds."""
 
 
 CONSUMER_ONLY = ("session.timeout.ms",)  # settings a producer would warn about (CONFWARN) and ignore
@@ -113,7 +116,7 @@ def encode_produced(p: Produced) -> tuple[bytes | None, bytes]:
 class TopicRunner:
     """Runs one topic-to-topic stage in a consumer group, exactly once per input message."""
 
-    def __init__(self, stage: Stage, kafka: dict, *, batch_size: int = 200, poll_timeout: float = 0.5,
+    def __init__(self, stage: TopicStage, kafka: dict, *, batch_size: int = 200, poll_timeout: float = 0.5,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, group: str | None = None,
                  txn_timeout: float = 30.0, slot: int | None = None) -> None:
         self.stage = stage
@@ -123,7 +126,7 @@ class TopicRunner:
         self.txn_timeout = txn_timeout
         self.call_timeout = min(txn_timeout, CALL_TIMEOUT_S)
         self.expect = expected_schemas(stage.inputs)
-        self.columnar = bool(getattr(stage, "columnar_input", False))
+        self.columnar = stage.columnar_input
         self.consumer = Consumer(consumer_config(kafka, group or f"fleetprof-{stage.name}"))
         pcfg = client_config(kafka)
         pcfg.update({"transactional.id": instance_id(stage.name, slot), "enable.idempotence": True,
@@ -168,9 +171,7 @@ class TopicRunner:
                             item.record["reason"])
                 out.append(item)
         if decoded:
-            hook = getattr(self.stage, "before_batch", None)
-            if hook is not None:
-                hook(decoded)
+            self.stage.before_batch(decoded)
             out.extend(self._process(decoded))
         self._commit(out)
         metrics.BATCH_SECONDS.labels(self.stage.name).observe(time.monotonic() - started)
@@ -181,7 +182,7 @@ class TopicRunner:
             return self.stage.process(decoded)
         except Exception:  # isolate the message that breaks the stage; the rest still goes through
             log.exception("stage %s failed on a batch of %d; retrying one by one", self.stage.name, len(decoded))
-            self._hook("after_abort")  # forget what the failed attempt half-did
+            self.stage.after_abort()  # forget what the failed attempt half-did
         out: list[Produced] = []
         for m in decoded:
             try:
@@ -218,11 +219,11 @@ class TopicRunner:
                 raise
             log.warning("transaction aborted (%s); re-reading the batch", err)
             self._txn_call("abort_transaction", lambda: self.producer.abort_transaction(self.call_timeout))
-            self._hook("after_abort")
+            self.stage.after_abort()
             metrics.ABORTS.labels(self.stage.name).inc()
             self._rewind()
             return
-        self._hook("after_commit")
+        self.stage.after_commit()
         self.batches += 1
         metrics.COMMITS.labels(self.stage.name).inc()
 
@@ -284,11 +285,6 @@ class TopicRunner:
         key = p.key.encode() if isinstance(p.key, str) else p.key
         return dead_letter(self.stage.name, p.topic, -1, -1, key, None, f"{reason}; dropped (an output, not an input)")
 
-    def _hook(self, name: str) -> None:
-        hook = getattr(self.stage, name, None)
-        if hook is not None:
-            hook()
-
     def _produce(self, topic: str, key: bytes | None, value: bytes) -> None:
         while True:
             try:
@@ -312,9 +308,7 @@ class TopicRunner:
             self.consumer.close()
         finally:
             self.producer.flush(10)
-            closer = getattr(self.stage, "close", None)
-            if closer is not None:
-                closer()
+            self.stage.close()
 
 
 def skip_consumer_error(raw) -> bool:

@@ -6,6 +6,7 @@ everything else in fleetprof imports on machines without it.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import os
@@ -23,7 +24,11 @@ BPF_SOURCE = Path(__file__).resolve().parent / "bpf" / "cpu_sampler.bpf.c"
 # Field names of `struct key_t` in BPF_SOURCE, in order (tests check the compiled struct against this).
 KEY_FIELDS = ("pid", "tid", "user_stack_id", "kernel_stack_id")
 DEFAULT_MAX_ENTRIES = 10240
-DEFAULT_STACK_ENTRIES = 16384
+MIN_STACK_ENTRIES, MAX_STACK_ENTRIES = 16384, 1 << 20
+# A stack map is a hash table without chaining: a stack whose bucket holds another stack is lost (-EEXIST). With
+# D distinct stacks in E buckets about D/(2E) of the samples collide, and D is at most the samples of one look (the
+# maps are emptied every second): E = 64 x samples per second keeps collisions under ~1%.
+STACK_ENTRIES_PER_SAMPLE = 64
 
 # (pid, tid, user addresses leaf first, kernel addresses leaf first, count)
 Sample = tuple[int, int, list[int], list[int], int]
@@ -70,17 +75,26 @@ def check_bpf() -> Any:
     return bcc
 
 
+def default_stack_entries(frequency_hz: int, cpus: int | None = None) -> int:
+    """Stack map entries for this many CPUs sampled at `frequency_hz`: a power of two from 16,384 to 1,048,576
+    (each entry holds 127 frames: ~1 KiB of kernel memory, twice for the double buffer)."""
+    want = STACK_ENTRIES_PER_SAMPLE * frequency_hz * (cpus or os.cpu_count() or 1)
+    return min(MAX_STACK_ENTRIES, max(MIN_STACK_ENTRIES, 1 << (want - 1).bit_length()))
+
+
 class CpuSampler:
-    """Samples every CPU at `frequency_hz`; drain() returns the stacks counted since the last drain."""
+    """Samples every CPU at `frequency_hz`; drain() returns the stacks counted since the last drain, new_pids() the
+    processes sampled for the first time since the last call."""
 
     def __init__(self, frequency_hz: int = 19, pid_filter: int | None = None,
-                 max_entries: int = DEFAULT_MAX_ENTRIES, stack_entries: int = DEFAULT_STACK_ENTRIES) -> None:
+                 max_entries: int = DEFAULT_MAX_ENTRIES, stack_entries: int | None = None) -> None:
         if not 1 <= frequency_hz <= 10_000:
             raise ValueError(f"frequency must be 1..10000 Hz, got {frequency_hz}")
         self.frequency_hz = frequency_hz
         self.pid_filter = pid_filter
         self.max_entries = max_entries
-        self.stack_entries = stack_entries
+        self.stack_entries = stack_entries or default_stack_entries(frequency_hz)
+        self._announced: list[int] = []
         self.lost_samples = 0  # last drain: samples whose stack did not fit the stack map (collision)
         self.dropped_samples = 0  # last drain: samples not counted because the counts map was full
         self._bpf: Any = None
@@ -106,6 +120,7 @@ class CpuSampler:
         except Exception as exc:
             bpf.cleanup()
             raise BpfUnavailable(f"attaching the CPU clock perf_event failed: {exc}") from None
+        bpf[b"new_pids"].open_ring_buffer(self._on_new_pid)
         self._bcc, self._bpf = bcc, bpf
         release_after_compile()  # LLVM's pages and heap are not needed again: the agent's RSS drops by ~130 MB
 
@@ -118,6 +133,19 @@ class CpuSampler:
         # perf_event BPF programs run for microseconds, so a millisecond is ample before reading its maps.
         time.sleep(0.001)
         return old & 1
+
+    def _on_new_pid(self, _ctx: Any, data: Any, size: int) -> int:
+        if size >= 4:
+            self._announced.append(ctypes.c_uint32.from_address(data).value)
+        return 0
+
+    def new_pids(self) -> list[int]:
+        """Processes whose first sample (or first after exec) came since the last call, in order."""
+        if self._bpf is None:
+            raise RuntimeError("CpuSampler.new_pids() before start()")
+        self._bpf.ring_buffer_consume()
+        found, self._announced = self._announced, []
+        return found
 
     def pids(self) -> set[int]:
         """Processes sampled since the last drain, as of the last collect()."""
@@ -168,11 +196,11 @@ class CpuSampler:
         self._pending = {}
         self.lost_samples, self.dropped_samples, self._lost, self._dropped = self._lost, self._dropped, 0, 0
         if self.dropped_samples:
-            log.warning("%d samples dropped: the counts map is full; raise max_entries (now %d)",
-                        self.dropped_samples, self.max_entries)
+            log.warning("%d samples dropped: the counts map is full; raise --count-entries "
+                        "(FLEETPROF_AGENT_COUNT_ENTRIES, now %d)", self.dropped_samples, self.max_entries)
         if self.lost_samples:
-            log.warning("%d samples lost their stack (stack map collisions); raise stack_entries (now %d)",
-                        self.lost_samples, self.stack_entries)
+            log.warning("%d samples lost their stack (stack map collisions); raise --stack-entries "
+                        "(FLEETPROF_AGENT_STACK_ENTRIES, now %d)", self.lost_samples, self.stack_entries)
         return out
 
     def close(self) -> None:

@@ -18,6 +18,9 @@ from typing import BinaryIO, TypeVar
 import numpy as np
 from elftools.elf.elffile import ELFFile
 
+from producers.symbol_chunks import chunk_symbol_table
+from schemas.cpu_batch_writer import DEFAULT_MAX_BYTES
+
 FALLBACK_PREFIX = "sha256:"  # marks a build id made from the file's bytes (the file has no GNU build id)
 NT_GNU_BUILD_ID = 3
 STT_FUNC, STT_GNU_IFUNC = 2, 10
@@ -100,23 +103,23 @@ def _file_hash_id(f: BinaryIO) -> str:
     return FALLBACK_PREFIX + digest[: 64 - len(FALLBACK_PREFIX)]  # build_id fits in 64 characters
 
 
-def _build_id(elf: ELFFile, f: BinaryIO, file_size: int, sections: list) -> str:
-    """From the note sections (.note.gnu.build-id first), else from PT_NOTE segments (files without sections)."""
+def _build_id(elf: ELFFile, f: BinaryIO, file_size: int, sections: list | None = None) -> str:
+    """From the PT_NOTE segments first (a few program headers: cheap, and where the loader sees it), else from the
+    note sections (.note.gnu.build-id first; files whose notes are in no segment). `sections` are read only then."""
     little = elf.little_endian
-    notes = [s for s in sections if s["sh_type"] == "SHT_NOTE"]
+    for seg in elf.iter_segments():
+        if seg["p_type"] == "PT_NOTE":
+            data = _read_at(f, file_size, seg["p_offset"], seg["p_filesz"], "PT_NOTE segment")
+            found = _note_build_id(data, little, 8 if seg["p_align"] == 8 else 4)
+            if found:
+                return found
+    notes = [s for s in (sections if sections is not None else elf.iter_sections()) if s["sh_type"] == "SHT_NOTE"]
     notes.sort(key=lambda s: s.name != ".note.gnu.build-id")
     for sec in notes:
         data = _read_at(f, file_size, sec["sh_offset"], sec["sh_size"], f"note section {sec.name}")
         found = _note_build_id(data, little, 8 if sec["sh_addralign"] == 8 else 4)
         if found:
             return found
-    if not notes:
-        for seg in elf.iter_segments():
-            if seg["p_type"] == "PT_NOTE":
-                data = _read_at(f, file_size, seg["p_offset"], seg["p_filesz"], "PT_NOTE segment")
-                found = _note_build_id(data, little, 8 if seg["p_align"] == 8 else 4)
-                if found:
-                    return found
     return ""
 
 
@@ -224,7 +227,7 @@ def _read_build_id(path: str) -> str:
             raise ElfError("not an ELF file")
         f.seek(0)
         elf = ELFFile(f)
-        return _build_id(elf, f, os.fstat(f.fileno()).st_size, list(elf.iter_sections())) or _file_hash_id(f)
+        return _build_id(elf, f, os.fstat(f.fileno()).st_size) or _file_hash_id(f)
 
 
 def read_elf_symbols(path: str | os.PathLike) -> ElfSymbols:
@@ -242,17 +245,11 @@ def _longs(values: np.ndarray) -> list[int]:
     return values.astype(np.uint64).view(np.int64).tolist()
 
 
-def symbol_chunks(path_or_tables: str | os.PathLike | ElfSymbols, max_symbols: int = 5000) -> list[dict]:
-    """SymbolChunk records (kind ELF) of one file, at most max_symbols symbols each; always at least one chunk,
-    so a file without symbols still publishes its build id and segments."""
-    if max_symbols < 1:
-        raise ValueError("max_symbols must be at least 1")
+def symbol_chunks(path_or_tables: str | os.PathLike | ElfSymbols,
+                  max_bytes: int | None = DEFAULT_MAX_BYTES) -> list[dict]:
+    """SymbolChunk records (kind ELF) of one file, each encoding to at most `max_bytes` (None: one chunk)."""
     syms = path_or_tables if isinstance(path_or_tables, ElfSymbols) else read_elf_symbols(path_or_tables)
     segs = [{"file_offset": o, "vaddr": v, "memsz": m} for o, v, m in
             zip(_longs(syms.seg_offsets), _longs(syms.seg_vaddrs), _longs(syms.seg_memsz), strict=True)]
-    addrs, sizes = _longs(syms.addrs), _longs(syms.sizes)
-    count = max(1, -(-len(syms.names) // max_symbols))
-    return [{"build_id": syms.build_id, "binary": syms.binary, "kind": "ELF", "chunk_index": c, "chunk_count": count,
-             "load_segments": segs, "addrs": addrs[c * max_symbols:(c + 1) * max_symbols],
-             "sizes": sizes[c * max_symbols:(c + 1) * max_symbols],
-             "names": syms.names[c * max_symbols:(c + 1) * max_symbols]} for c in range(count)]
+    return chunk_symbol_table(syms.build_id, syms.binary, "ELF", segs, _longs(syms.addrs), _longs(syms.sizes),
+                              syms.names, max_bytes)

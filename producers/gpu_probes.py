@@ -1,10 +1,9 @@
 """GPU launches and kernels from the fleetprof USDT probes (native/include/fleetprof_probes.h), as GpuLaunch and
 GpuKernel records (schemas/gpu_launch.v1.avsc, gpu_kernel.v1.avsc).
 
-The kernel side is producers/bpf/gpu_probes.bpf.c (bcc C, compiled once at start()). Here: finding the ELF objects
-that carry the probes (every executable file mapping of every process; each file's .note.stapsdt read once per
-(device, inode, mtime)), decoding where each probe site keeps its arguments, attaching, and turning ring-buffer
-records into schema records.
+The kernel side is producers/bpf/gpu_probes.bpf.c (bcc C, compiled once at start()). Which objects carry the probes
+is producers/probe_finder.py's concern, where each probe keeps its arguments producers/usdt_notes.py's; here:
+attaching, and turning ring-buffer records into schema records.
 
 Attaching is per ELF object by path: a uprobe is bound to the file's inode, so every process that maps the object,
 now or later, in any mount namespace, is covered without a rescan. The probes' semaphores are counted by the
@@ -29,28 +28,22 @@ import struct
 import time
 from array import array
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from elftools.elf.elffile import ELFFile
-
-from producers.cpu import ProcessCache, as_long, batch_mappings
+from producers.agent import Records, Window
 from producers.cpu_sampler import BpfUnavailable, check_bpf
 from producers.memory import release_after_compile
 from producers.perf_map import is_anonymous
-from producers.process_info import DELETED, mapped_file
-from producers.publisher import Publisher
-from schemas import topics
-from schemas.single_object import encode
+from producers.probe_finder import ProbeFinder, ProbeObject
+from producers.process_info import KEEP_ALL, ProcessCache, ProcessFilter, batch_mappings, process_start_ns
+from producers.usdt_notes import MAX_REG, PROBES, PROVIDER
+from schemas.single_object import u64_to_long
 
 log = logging.getLogger("fleetprof.gpu_probes")
 
 BPF_SOURCE = Path(__file__).resolve().parent / "bpf" / "gpu_probes.bpf.c"
-PROVIDER = "fleetprof"
-# probe name -> (wrapper name prefix in BPF_SOURCE, argument count)
-PROBES = {"kernel_launch": ("launch", 3), "kernel_executed": ("executed", 6), "launch_weight": ("weight", 2)}
-SIMULATOR_PREFIX = "libfleetprof_gpusim"  # records from the GPU simulator's library are labelled simulated
 KERNEL_NAME_MAX = 4096  # characters of a kernel name kept (KERNEL_NAME_MAX in BPF_SOURCE)
 MAX_STACK = 127  # user frames of a launch at most (MAX_STACK in BPF_SOURCE)
 MAX_SITES_LIMIT = 64  # wrappers written out in BPF_SOURCE
@@ -66,284 +59,7 @@ LAUNCH_FIELDS = ("time_ns", "pid", "tid", "site", "correlation_id", "callback_id
 KERNEL_HEADER = struct.Struct("<QQIIIIIi")  # start, end, pid, site, correlation, device, stream, name bytes
 KERNEL_FIELDS = ("start_ns", "end_ns", "pid", "site", "correlation_id", "device_id", "stream_id", "name_bytes")
 
-ARG_REG, ARG_MEM, ARG_CONST = 1, 2, 3
-NO_REG = 0xFF
 _S32 = 1 << 32
-
-
-# --- the probes of one ELF file ---------------------------------------------------------------------------------
-
-
-class NoteError(ValueError):
-    """A file or probe note that cannot be used; the message is one line."""
-
-
-@dataclass(frozen=True)
-class ArgSpec:
-    kind: int  # ARG_REG, ARG_MEM, ARG_CONST (as in struct arg_spec)
-    size: int = 8
-    base: int = NO_REG  # pt_regs word index
-    index: int = NO_REG
-    scale: int = 1
-    disp: int = 0
-
-
-@dataclass(frozen=True)
-class ProbeSite:
-    probe: str  # kernel_launch, kernel_executed or launch_weight
-    offset: int  # file offset of the probe's instruction: where the uprobe goes
-    ref_ctr_offset: int  # file offset of its semaphore (0: none)
-    args: tuple[ArgSpec, ...]
-
-
-@dataclass
-class ProbeObject:
-    """An ELF file with fleetprof probes, as one process mapped it."""
-
-    key: tuple[int, int, int]  # (device, inode, mtime ns): the file's identity
-    path: str  # as the mapping names it
-    open_path: str  # where the agent opens it: the path itself if it names the same file here, else via /proc/PID
-    sites: list[ProbeSite]
-    unsupported: int = 0  # fleetprof probe sites whose arguments this reader cannot decode
-    simulated: bool = False
-
-
-# x86_64: register names -> struct pt_regs word index (r15 r14 r13 r12 bp bx r11 r10 r9 r8 ax cx dx si di orig_ax
-# ip cs flags sp ss). The high-byte registers (ah...) are left out on purpose: the value is not in the low bits.
-_X86_REGS = {name: i for i, names in (
-    (0, "r15 r15d r15w r15b"), (1, "r14 r14d r14w r14b"), (2, "r13 r13d r13w r13b"), (3, "r12 r12d r12w r12b"),
-    (4, "rbp ebp bp bpl"), (5, "rbx ebx bx bl"), (6, "r11 r11d r11w r11b"), (7, "r10 r10d r10w r10b"),
-    (8, "r9 r9d r9w r9b"), (9, "r8 r8d r8w r8b"), (10, "rax eax ax al"), (11, "rcx ecx cx cl"),
-    (12, "rdx edx dx dl"), (13, "rsi esi si sil"), (14, "rdi edi di dil"), (16, "rip"), (19, "rsp esp sp spl"),
-) for name in names.split()}
-_X86_RIP = 16
-_X86_MEM = re.compile(r"(?:(?P<disp>[-+]?(?:0x[0-9a-fA-F]+|\d+))|(?P<sym>[A-Za-z_.$][\w.$@]*)(?P<add>[-+]\d+)?)?"
-                      r"\((?:%(?P<base>\w+))?(?:,%(?P<index>\w+)(?:,(?P<scale>\d+))?)?\)")
-# aarch64: x0..x30 and sp, then pc (struct pt_regs starts with user_pt_regs: regs[31], sp, pc).
-_ARM_REGS = {**{f"x{i}": i for i in range(31)}, **{f"w{i}": i for i in range(31)}, "sp": 31, "wsp": 31}
-_ARM_MEM = re.compile(r"\[(?P<base>\w+)(?:,\s*#?(?P<disp>[-+]?(?:0x[0-9a-fA-F]+|\d+)))?\]")
-MAX_REG = {"x86_64": 20, "aarch64": 32}
-
-
-def _int(text: str) -> int:
-    return int(text, 0)
-
-
-def parse_arg(text: str, arch: str = "x86_64", pc: int = 0, symbols: dict[str, int] | None = None) -> ArgSpec:
-    """One `size@operand` of a stapsdt note; `pc` is the probe's address and `symbols` the file's, for operands
-    relative to the instruction pointer. NoteError when the operand is not one this reader handles."""
-    size_text, at, operand = text.rpartition("@")
-    size = abs(_int(size_text)) if at and size_text.lstrip("-+").isdigit() else 8
-    if size not in (1, 2, 4, 8):
-        raise NoteError(f"argument size {size} in {text!r}")
-    if arch == "x86_64":
-        if operand.startswith("%"):
-            if operand[1:] not in _X86_REGS:
-                raise NoteError(f"register {operand!r}")
-            return ArgSpec(ARG_REG, size, _X86_REGS[operand[1:]])
-        if operand.startswith("$") and re.fullmatch(r"[-+]?(0x[0-9a-fA-F]+|\d+)", operand[1:]):
-            return ArgSpec(ARG_CONST, size, disp=_int(operand[1:]))
-        m = _X86_MEM.fullmatch(operand)
-        if m is None or (m["base"] and m["base"] not in _X86_REGS) or (m["index"] and m["index"] not in _X86_REGS):
-            raise NoteError(f"operand {operand!r}")
-        base = _X86_REGS[m["base"]] if m["base"] else NO_REG
-        disp = _int(m["disp"]) if m["disp"] else 0
-        if m["sym"]:  # sym(%rip): the symbol's own address, found from the probe's (the uprobe sees ip == pc)
-            if base != _X86_RIP or not symbols or m["sym"] not in symbols:
-                raise NoteError(f"symbol operand {operand!r}")
-            disp = symbols[m["sym"]] + (int(m["add"]) if m["add"] else 0) - pc
-        elif base == _X86_RIP:
-            raise NoteError(f"numeric %rip operand {operand!r}")
-        index = _X86_REGS[m["index"]] if m["index"] else NO_REG
-        return ArgSpec(ARG_MEM, size, base, index, int(m["scale"] or 1), disp)
-    if arch == "aarch64":
-        if operand in _ARM_REGS:
-            return ArgSpec(ARG_REG, size, _ARM_REGS[operand])
-        if re.fullmatch(r"#?[-+]?(0x[0-9a-fA-F]+|\d+)", operand):
-            return ArgSpec(ARG_CONST, size, disp=_int(operand.lstrip("#")))
-        m = _ARM_MEM.fullmatch(operand)
-        if m is None or m["base"] not in _ARM_REGS:
-            raise NoteError(f"operand {operand!r}")
-        return ArgSpec(ARG_MEM, size, _ARM_REGS[m["base"]], disp=_int(m["disp"]) if m["disp"] else 0)
-    raise NoteError(f"no argument decoding for {arch}")
-
-
-def _file_offset(vaddr: int, loads: list[tuple[int, int, int]]) -> int:
-    """The file offset of an address inside a PT_LOAD's file-backed part."""
-    for offset, start, filesz in loads:
-        if start <= vaddr < start + filesz:
-            return vaddr - start + offset
-    raise NoteError(f"address 0x{vaddr:x} is in no loaded part of the file")
-
-
-def _symbols(elf: ELFFile) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for name in (".dynsym", ".symtab"):
-        sec = elf.get_section_by_name(name)
-        if sec is not None and hasattr(sec, "iter_symbols"):
-            out.update((s.name, int(s["st_value"])) for s in sec.iter_symbols() if s.name and s["st_value"])
-    return out
-
-
-def read_probe_sites(path: str, arch: str | None = None) -> tuple[list[ProbeSite], int]:
-    """The fleetprof probe sites of an ELF file and how many of them cannot be decoded; ([], 0) for a file without
-    them. NoteError (one line) when the file is malformed; OSError when it cannot be read."""
-    arch = arch or platform.machine()
-    try:
-        with open(path, "rb") as f:
-            if f.read(4) != b"\x7fELF":
-                return [], 0
-            f.seek(0)
-            elf = ELFFile(f)
-            notes = elf.get_section_by_name(".note.stapsdt")
-            if notes is None:
-                return [], 0
-            data = notes.data()
-            base_sec = elf.get_section_by_name(".stapsdt.base")
-            loads = [(int(s["p_offset"]), int(s["p_vaddr"]), int(s["p_filesz"]))
-                     for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
-            end = "<" if elf.little_endian else ">"
-            word = "Q" if elf.elfclass == 64 else "I"
-            align = 8 if notes["sh_addralign"] == 8 else 4
-            sites, unsupported, symbols = [], 0, None
-            for desc in _stapsdt_notes(data, end, align):
-                pc, note_base, sem = struct.unpack_from(end + word * 3, desc)
-                fields = desc[struct.calcsize(word * 3):].split(b"\0")
-                if len(fields) < 3 or fields[0] != PROVIDER.encode():
-                    continue
-                probe, arg_text = fields[1].decode(errors="replace"), fields[2].decode(errors="replace")
-                if probe not in PROBES:
-                    continue
-                if base_sec is not None and note_base:  # prelinked: the note's addresses moved with the file
-                    delta = int(base_sec["sh_addr"]) - note_base
-                    pc, sem = pc + delta, (sem + delta if sem else 0)
-                try:
-                    if "(%rip)" in arg_text and symbols is None:
-                        symbols = _symbols(elf)
-                    args = tuple(parse_arg(a, arch, pc, symbols) for a in arg_text.split())
-                    if len(args) != PROBES[probe][1]:
-                        raise NoteError(f"{probe} has {len(args)} arguments, not {PROBES[probe][1]}")
-                    sites.append(ProbeSite(probe, _file_offset(pc, loads), _file_offset(sem, loads) if sem else 0,
-                                           args))
-                except NoteError as exc:
-                    log.info("%s: probe %s:%s skipped: %s", path, PROVIDER, probe, exc)
-                    unsupported += 1
-            return sites, unsupported
-    except OSError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - pyelftools raises many kinds on malformed input
-        raise NoteError(f"{path}: malformed ELF: {type(exc).__name__}: {' '.join(str(exc).split())}") from None
-
-
-def _stapsdt_notes(data: bytes, end: str, align: int) -> list[bytes]:
-    """The descriptors of the NT_STAPSDT (3) notes named "stapsdt" in a note section."""
-    out, pos = [], 0
-    while pos + 12 <= len(data):
-        namesz, descsz, ntype = struct.unpack_from(end + "III", data, pos)
-        name_at = pos + 12
-        desc_at = name_at + (namesz + align - 1) // align * align
-        if desc_at + descsz > len(data):
-            break
-        if ntype == 3 and data[name_at:name_at + namesz].rstrip(b"\0") == b"stapsdt":
-            out.append(data[desc_at:desc_at + descsz])
-        pos = desc_at + (descsz + align - 1) // align * align
-    return out
-
-
-# --- finding the objects ------------------------------------------------------------------------------------------
-
-# start-end perms offset dev inode path, for executable file mappings
-_EXEC_MAPPING = re.compile(rb"^([0-9a-f]+)-([0-9a-f]+) ..x. [0-9a-f]+ ([0-9a-f]+:[0-9a-f]+) ([1-9]\d*) +(/.*)$",
-                           re.MULTILINE)
-
-
-def _identity(path: str) -> tuple[int, int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino, st.st_mtime_ns
-
-
-class ProbeFinder:
-    """Which files mapped executable by running processes carry fleetprof probes. Each file, by (device, inode,
-    mtime), is parsed once; the cache holds at most `max_files` (least recently seen go first). `proc` is the
-    /proc to scan: a folder of links to some of its entries limits a scan to those processes."""
-
-    def __init__(self, proc: str = "/proc", max_files: int = 20_000, arch: str | None = None) -> None:
-        self.proc = proc
-        self.max_files = max_files
-        self.arch = arch or platform.machine()
-        self._files: OrderedDict[tuple[int, int, int], ProbeObject | None] = OrderedDict()
-        self.parsed = 0  # files whose notes were read
-        self.unreadable = 0  # files that are not well-formed ELF
-        self.unsupported = 0  # fleetprof probe sites whose arguments cannot be decoded
-        self.pids = 0  # processes read by the last scan
-
-    def process_names(self) -> list[str]:
-        """The pids under the proc folder now, as names."""
-        return [name for name in os.listdir(self.proc) if name.isdigit()]
-
-    def scan(self, pids: list[str] | None = None) -> dict[tuple[int, int, int], ProbeObject]:
-        """The objects with fleetprof probes mapped now by the processes `pids` (default: all), by file identity."""
-        # per mapped file, a few processes that map it: the first may exit before its file is opened
-        where: dict[tuple[bytes, bytes], list[tuple[int, int, int, str]]] = {}
-        self.pids = 0
-        for name in self.process_names() if pids is None else pids:
-            try:
-                with open(f"{self.proc}/{name}/maps", "rb") as f:
-                    text = f.read()
-            except OSError:  # gone, or a kernel thread's empty maps
-                continue
-            self.pids += 1
-            for lo, hi, dev, inode, path in _EXEC_MAPPING.findall(text):
-                mappers = where.setdefault((dev, inode), [])
-                if len(mappers) < 4:
-                    mappers.append((int(name), int(lo, 16), int(hi, 16), os.fsdecode(path.rstrip())))
-        found = {}
-        for mappers in where.values():
-            for pid, lo, hi, path in mappers:
-                open_path = mapped_file(pid, lo, hi, path)
-                if self.proc != "/proc":
-                    open_path = open_path.replace("/proc/", f"{self.proc}/", 1)
-                try:
-                    st = os.stat(open_path)
-                except OSError:  # that process is gone (or its root is not ours to see): try another
-                    continue
-                key = (st.st_dev, st.st_ino, st.st_mtime_ns)
-                if _identity(path) == key:  # the same file here: attach by a path that outlives the process
-                    open_path = path
-                obj = self._object(key, open_path, path)
-                if obj is not None:
-                    found[obj.key] = obj
-                break
-        return found
-
-    def _object(self, key: tuple[int, int, int], open_path: str, path: str) -> ProbeObject | None:
-        if key in self._files:
-            self._files.move_to_end(key)
-            known = self._files[key]
-            # opened through this process: the one that mapped it first may be gone
-            return replace(known, path=path.removesuffix(DELETED), open_path=open_path) if known else None
-        obj = None
-        try:
-            sites, unsupported = read_probe_sites(open_path, self.arch)
-            self.parsed += 1
-            self.unsupported += unsupported
-        except OSError:  # the process went away mid-read: not remembered, the next scan tries again
-            return None
-        except NoteError as exc:
-            log.debug("%s", exc)
-            self.unreadable += 1
-            sites, unsupported = [], 0
-        if sites or unsupported:
-            shown = path.removesuffix(DELETED)
-            obj = ProbeObject(key, shown, open_path, sites, unsupported,
-                              os.path.basename(shown).startswith(SIMULATOR_PREFIX))
-        self._files[key] = obj
-        if len(self._files) > self.max_files:
-            self._files.popitem(last=False)
-        return obj
 
 
 # --- the collector ------------------------------------------------------------------------------------------------
@@ -367,16 +83,6 @@ def unix_offset_ns() -> int:
         if best is None or b - a < best[0]:
             best = (b - a, wall - (a + b) // 2)
     return best[1]
-
-
-def process_start_ns(pid: int) -> int:
-    """Boot-relative start time of `pid` in ns (/proc/PID/stat starttime), 0 when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rpartition(b")")[2].split()
-        return int(fields[19]) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0
 
 
 UPROBE_EVENTS = (Path("/sys/kernel/tracing/uprobe_events"), Path("/sys/kernel/debug/tracing/uprobe_events"))
@@ -418,15 +124,22 @@ class GpuProbeCollector:
     end_window() when the agent's window ends, close() at the end; all from one thread (the ProcessCache is
     shared with the CPU collector and is not locked)."""
 
+    name = "gpu"
+
     def __init__(self, node: str, processes: ProcessCache, max_sites: int = 32, ring_pages: int = 512,
                  idle_scans: int = 6, finder: ProbeFinder | None = None, max_pending: int = 200_000,
-                 full_scan_every: int = 10) -> None:
+                 full_scan_every: int = 10, keep: ProcessFilter = KEEP_ALL, pid: int | None = None,
+                 tick_s: float = 0.1) -> None:
         if not 1 <= max_sites <= MAX_SITES_LIMIT:
             raise ValueError(f"max_sites must be 1..{MAX_SITES_LIMIT}, got {max_sites}")
         if ring_pages < 1 or ring_pages & (ring_pages - 1):
             raise ValueError(f"ring_pages must be a power of two, got {ring_pages}")
         self.node = node
         self.processes = processes
+        self.keep = keep
+        self.pid = pid  # only this process's records (None: all the filter keeps)
+        self.tick_s = tick_s  # how often the rings are drained while something is attached (they are bounded)
+        self._next_tick = 0.0
         self.max_sites = max_sites
         self.ring_pages = ring_pages
         self.idle_scans = idle_scans  # full rescans an object may go unmapped everywhere before it is detached
@@ -693,13 +406,39 @@ class GpuProbeCollector:
             self.stats["names_truncated"] += 1
             name = name[:KERNEL_NAME_MAX]
         return {"node": self.node, "pid": pid, "process_start_ns": self._start_ns(pid, starts), "correlation_id": corr,
-                "start_ns": as_long(start), "end_ns": as_long(end), "device_id": _s32(device),
+                "start_ns": u64_to_long(start), "end_ns": u64_to_long(end), "device_id": _s32(device),
                 "stream_id": _s32(stream), "kernel_name": name.decode(errors="replace"),
                 "simulated": self._simulated(site)}
 
-    def end_window(self) -> None:
+    def end_window(self, window: Window | None = None) -> list[Records]:
         """The next launch of each process carries its mappings again."""
         self._mapped.clear()
+        self.processes.end_window(window.index if window is not None else None)
+        return []
+
+    # the agent's Collector protocol (producers/agent.py)
+
+    def begin(self) -> None:
+        self.rescan()
+
+    def look(self) -> None:
+        self.rescan()
+
+    def due_in(self) -> float | None:
+        """While something is attached its rings need draining every tick; otherwise only at the window's end."""
+        return self._next_tick - time.monotonic() if self._objects else None
+
+    def drain(self) -> list[Records]:
+        self._next_tick = time.monotonic() + self.tick_s
+        launches, kernels = self.poll(0)
+        return [Records("gpu_launches", self._kept(launches)), Records("gpu_kernels", self._kept(kernels))]
+
+    def _kept(self, records: list[dict]) -> list[dict]:
+        """The records of the processes the filters keep."""
+        if self.pid is None and self.keep == KEEP_ALL:
+            return records
+        return [r for r in records if (self.pid is None or r["pid"] == self.pid)
+                and self.keep.accepts(self.processes.get(r["pid"]))]
 
     def program_stats(self) -> dict[str, tuple[int, int]]:
         """(run time ns, runs) of the loaded programs by kind (launch, executed, weight), from /proc/self/fdinfo;
@@ -724,17 +463,3 @@ class GpuProbeCollector:
             table = self._bpf[b"counters"]
             out.update((name, int(table[ct.c_int(i)].value)) for i, name in enumerate(COUNTERS))
         return out
-
-
-def publish(publisher: Publisher, launches: list[dict], kernels: list[dict], sender: Any = None) -> int:
-    """Queue the records on gpu.launches / gpu.kernels keyed node/pid, after the symbol tables of new build ids in
-    the launches' mappings (through `sender`, an AgentSender, flushed first so no record names a table not yet
-    delivered). Returns the messages queued; the caller flushes."""
-    with_maps = [{"pid": r["pid"], "mappings": r["mappings"]} for r in launches if r["mappings"]]
-    if sender is not None and with_maps:
-        sender.send_symbols({"processes": with_maps, "kernel_build_id": ""})
-    for rec in launches:
-        publisher.publish(topics.GPU_LAUNCHES.name, f"{rec['node']}/{rec['pid']}", encode("GpuLaunch", rec))
-    for rec in kernels:
-        publisher.publish(topics.GPU_KERNELS.name, f"{rec['node']}/{rec['pid']}", encode("GpuKernel", rec))
-    return len(launches) + len(kernels)

@@ -12,6 +12,8 @@ import hashlib
 import platform
 from dataclasses import dataclass
 
+from producers.symbol_chunks import chunk_symbol_table
+from schemas.cpu_batch_writer import DEFAULT_MAX_BYTES
 from schemas.single_object import u64_to_long
 
 KALLSYMS = "/proc/kallsyms"
@@ -73,13 +75,8 @@ def read_kallsyms(path: str = KALLSYMS, build_id: str | None = None) -> KernelSy
     return KernelSymbols(build_id or kernel_build_id(), addrs, names, hidden)
 
 
-def kernel_symbol_chunks(syms: KernelSymbols, max_symbols: int = 5000) -> list[dict]:
-    """SymbolChunk records (kind KERNEL), at most max_symbols each; always at least one chunk."""
-    if max_symbols < 1:
-        raise ValueError("max_symbols must be at least 1")
+def kernel_symbol_chunks(syms: KernelSymbols, max_bytes: int | None = DEFAULT_MAX_BYTES) -> list[dict]:
+    """SymbolChunk records (kind KERNEL), each encoding to at most `max_bytes` (None: one chunk)."""
     addrs = [u64_to_long(a) for a in syms.addrs]
-    count = max(1, -(-len(syms.names) // max_symbols))
-    return [{"build_id": syms.build_id, "binary": KERNEL_BINARY, "kind": "KERNEL", "chunk_index": c,
-             "chunk_count": count, "load_segments": [], "addrs": addrs[c * max_symbols:(c + 1) * max_symbols],
-             "sizes": [0] * len(addrs[c * max_symbols:(c + 1) * max_symbols]),
-             "names": syms.names[c * max_symbols:(c + 1) * max_symbols]} for c in range(count)]
+    return chunk_symbol_table(syms.build_id, KERNEL_BINARY, "KERNEL", [], addrs, [0] * len(addrs), syms.names,
+                              max_bytes)

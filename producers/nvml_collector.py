@@ -32,9 +32,8 @@ from typing import Any
 
 import pynvml
 
+from producers.agent import Records, Window
 from producers.process_info import container_id, parse_cgroup
-from producers.publisher import Publisher
-from schemas import single_object, topics
 
 log = logging.getLogger("fleetprof.nvml")
 
@@ -284,6 +283,29 @@ class NvmlCollector:
         """The earliest `now_ns` at which `poll` reads again (None: at the next call)."""
         return self._next_ns
 
+    # the agent's Collector protocol (producers/agent.py)
+
+    name = "nvml"
+
+    def begin(self) -> None:
+        """Nothing to start: open() did."""
+
+    def look(self) -> None:
+        """Nothing to find: the devices are known from open()."""
+
+    def due_in(self) -> float:
+        return ((self._next_ns or 0) - time.time_ns()) / 1e9
+
+    def drain(self) -> list[Records]:
+        record = self.poll(time.time_ns())
+        return [Records("gpu_metrics", [record])] if record is not None else []
+
+    def end_window(self, window: Window) -> list[Records]:
+        return []
+
+    def counters(self) -> dict[str, int]:
+        return {"polls": self.polls, "overruns": self.overruns, "skipped": self.skipped, "errors": self.errors}
+
     def poll(self, now_ns: int) -> dict | None:
         """A GpuMetrics record stamped `now_ns`, or None: off, not due yet (period), or the poll was cut short."""
         if not self._on:
@@ -436,11 +458,6 @@ class NvmlCollector:
                            and d.gpu_instance_id == event.gpuInstanceId), gpu)
             with self._xid_lock:
                 self._xids.setdefault(target.uuid, []).append(int(event.eventData))
-
-
-def publish_metrics(publisher: Publisher, record: dict) -> None:
-    """Queue one GpuMetrics record on gpu.metrics, keyed by node (the agent's Publisher flushes)."""
-    publisher.publish(topics.GPU_METRICS.name, record["node"], single_object.encode("GpuMetrics", record))
 
 
 def main(argv: list[str] | None = None) -> int:

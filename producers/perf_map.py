@@ -19,6 +19,9 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from producers.symbol_chunks import chunk_symbol_table
+from schemas.cpu_batch_writer import DEFAULT_MAX_BYTES as DEFAULT_CHUNK_BYTES
+
 log = logging.getLogger("fleetprof.perf_map")
 
 BUILD_ID_PREFIX = "perfmap:"
@@ -130,17 +133,11 @@ def _longs(values: list[int]) -> list[int]:
     return [v - _U64 if v >= 1 << 63 else v for v in values]
 
 
-def perf_map_chunks(perf_map: PerfMap, max_symbols: int = 5000) -> list[dict]:
-    """SymbolChunk records (kind PERFMAP, no load segments: lookup is by absolute address), at most max_symbols
-    symbols each; always at least one chunk."""
-    if max_symbols < 1:
-        raise ValueError("max_symbols must be at least 1")
-    addrs, sizes = _longs(perf_map.addrs), _longs(perf_map.sizes)
-    count = max(1, -(-len(perf_map) // max_symbols))
-    return [{"build_id": perf_map.build_id, "binary": JIT_BINARY, "kind": "PERFMAP", "chunk_index": c,
-             "chunk_count": count, "load_segments": [], "addrs": addrs[c * max_symbols:(c + 1) * max_symbols],
-             "sizes": sizes[c * max_symbols:(c + 1) * max_symbols],
-             "names": perf_map.names[c * max_symbols:(c + 1) * max_symbols]} for c in range(count)]
+def perf_map_chunks(perf_map: PerfMap, max_bytes: int | None = DEFAULT_CHUNK_BYTES) -> list[dict]:
+    """SymbolChunk records (kind PERFMAP, no load segments: lookup is by absolute address), each encoding to at most
+    `max_bytes` (None: one chunk)."""
+    return chunk_symbol_table(perf_map.build_id, JIT_BINARY, "PERFMAP", [], _longs(perf_map.addrs),
+                              _longs(perf_map.sizes), perf_map.names, max_bytes)
 
 
 @dataclass
@@ -215,10 +212,10 @@ class PerfMapCache:
             del self._by_id[old.build_id]
             self._symbols -= len(old)
 
-    def chunks(self, build_id: str, max_symbols: int = 5000) -> list[dict] | None:
+    def chunks(self, build_id: str, max_bytes: int | None = DEFAULT_CHUNK_BYTES) -> list[dict] | None:
         """SymbolChunk records of a map held now, by its id; None when none is held under that id."""
         found = self._by_id.get(build_id)
-        return perf_map_chunks(found, max_symbols) if found is not None else None
+        return perf_map_chunks(found, max_bytes) if found is not None else None
 
     def ids(self) -> set[str]:
         """The ids of the maps held now."""

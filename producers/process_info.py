@@ -8,9 +8,14 @@ from __future__ import annotations
 import os
 import re
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
 
 from producers.elf_symbols import ElfError, read_build_id
+from producers.perf_map import DEFAULT_PERF_MAPS, JIT_BINARY, PerfMap, PerfMapCache, is_anonymous
+from schemas.single_object import u64_to_long
 
 _CONTAINER_ID = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
 
@@ -148,3 +153,145 @@ def process_info(pid: int, cache: BuildIdCache | None = None) -> ProcessInfo | N
     if mappings is None:
         return None
     return ProcessInfo(pid, comm, exe, cgroup, container_id(cgroup), mappings)
+
+
+def process_start_ns(pid: int) -> int:
+    """Boot-relative start time of `pid` in ns (/proc/PID/stat starttime), 0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()
+        return int(fields[19]) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+class ProcessCache:
+    """Process metadata captured when a pid is first seen, so a process that exits later still symbolizes.
+
+    A pid not sampled for `idle_windows` windows is forgotten (it has likely exited, and its number may be reused),
+    which also bounds the cache by the processes active recently. Mappings of a live process are read again when
+    its samples land outside all of them (code it mapped later: a JIT), at most once per window.
+    """
+
+    def __init__(self, lookup: Callable[[int], ProcessInfo | None] = process_info, idle_windows: int = 6,
+                 perf_maps: PerfMapCache | None = None, max_unmapped: int = 4096) -> None:
+        self._lookup = lookup
+        self._infos: dict[int, ProcessInfo] = {}
+        self._last_window: dict[int, int] = {}
+        self._reread_window: dict[int, int] = {}
+        # Addresses still outside every mapping after a re-read (a broken frame-pointer chain gives junk): they do
+        # not cause another re-read. At most max_unmapped per process.
+        self._unmapped: dict[int, set[int]] = {}
+        self.max_unmapped = max_unmapped
+        self.perf_maps = perf_maps if perf_maps is not None else DEFAULT_PERF_MAPS
+        self.idle_windows = idle_windows
+        self.window = 0
+        self._ended: int | None = None
+        self.rereads = 0
+        self.reads = 0  # processes read from /proc
+
+    def get(self, pid: int) -> ProcessInfo:
+        """The cached info, else read now; a pid already gone gets a placeholder without mappings."""
+        info = self._infos.get(pid)
+        if info is None:
+            info = self._read(pid) or ProcessInfo(pid, comm="", exe="", cgroup="", container_id="")
+        self._last_window[pid] = self.window
+        return info
+
+    def has(self, pid: int) -> bool:
+        return pid in self._infos
+
+    def refresh(self, pid: int) -> ProcessInfo | None:
+        """Read `pid` now (a new process, or one that ran exec), keeping what was read before if it is gone."""
+        info = self._read(pid)
+        if info is not None:
+            self._last_window[pid] = self.window
+            self._unmapped.pop(pid, None)
+        return info or self._infos.get(pid)
+
+    def _read(self, pid: int) -> ProcessInfo | None:
+        info = self._lookup(pid)
+        if info is not None:
+            self._infos[pid] = info
+            self.reads += 1
+            if any(is_anonymous(m.path) for m in info.mappings):
+                self.perf_maps.get(pid)  # now, in case the process exits before its window ends
+        return info
+
+    def covering(self, pid: int, addrs: list[int]) -> ProcessInfo:
+        """The info of `pid`, its mappings read again first when some of `addrs` lie outside all of them and were
+        not outside after an earlier re-read; a process that is gone keeps what was read before."""
+        info = self.get(pid)
+        outside = _outside(info.mappings, addrs) - self._unmapped.get(pid, set())
+        if not outside or self._reread_window.get(pid) == self.window:
+            return info
+        self._reread_window[pid] = self.window
+        self.rereads += 1
+        fresh = self._lookup(pid)
+        if fresh is not None:
+            self._infos[pid] = info = fresh
+        known = self._unmapped.setdefault(pid, set())
+        if len(known) > self.max_unmapped:
+            known.clear()
+        known |= _outside(info.mappings, list(outside))
+        return info
+
+    def end_window(self, index: int | None = None) -> None:
+        """Close a window (once per `index`, however many collectors close it): forget pids idle for too long."""
+        if index is not None:
+            if index == self._ended:
+                return
+            self._ended = index
+        self.window += 1
+        for pid in [p for p, w in self._last_window.items() if self.window - w > self.idle_windows]:
+            del self._last_window[pid]
+            self._infos.pop(pid, None)
+            self._reread_window.pop(pid, None)
+            self._unmapped.pop(pid, None)
+            self.perf_maps.forget(pid)
+
+    def __len__(self) -> int:
+        return len(self._infos)
+
+
+def _outside(mappings: list[Mapping], addrs: list[int]) -> set[int]:
+    """The addresses in none of the mappings."""
+    if not addrs:
+        return set()
+    if not mappings:
+        return set(addrs)
+    spans = sorted((m.start, m.limit) for m in mappings)
+    starts = np.array([s for s, _ in spans], dtype=np.uint64)
+    limits = np.array([lim for _, lim in spans], dtype=np.uint64)
+    values = np.array(addrs, dtype=np.uint64)
+    i = np.searchsorted(starts, values, side="right").astype(np.int64) - 1
+    inside = (i >= 0) & (values < limits[np.maximum(i, 0)])
+    return set(values[~inside].tolist())
+
+
+def batch_mappings(info: ProcessInfo, perf_map: PerfMap | None) -> list[dict]:
+    """The Mapping records of a process. An anonymous mapping that holds perf-map symbols points at the perf map's
+    table with file_offset = start, so the symbolizer's file offset is the absolute address the map names."""
+    out = []
+    for m in info.mappings:
+        rec = {**asdict(m), "start": u64_to_long(m.start), "limit": u64_to_long(m.limit)}
+        if perf_map is not None and is_anonymous(m.path) and perf_map.covers(m.start, m.limit):
+            rec.update(path=JIT_BINARY, build_id=perf_map.build_id, file_offset=u64_to_long(m.start))
+        out.append(rec)
+    return out
+
+
+@dataclass(frozen=True)
+class ProcessFilter:
+    """Which processes a window keeps: by command name and by cgroup path prefix (None: all)."""
+
+    comm: str | None = None
+    cgroup: str | None = None
+
+    def accepts(self, info: ProcessInfo) -> bool:
+        if self.comm is not None and info.comm != self.comm:
+            return False
+        return self.cgroup is None or info.cgroup.startswith(self.cgroup)
+
+
+KEEP_ALL = ProcessFilter()

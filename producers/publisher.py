@@ -1,6 +1,6 @@
 """The node's one Kafka producer: idempotent, acks=all, lz4, a bounded local queue, nothing dropped silently.
 
-Used by loadgen now and by the agent later. Back-pressure (a full local queue) blocks the caller while delivery
+Used by the agent's outbox and by loadgen. Back-pressure (a full local queue) blocks the caller while delivery
 reports drain the queue; a message that fails for good is counted and `flush` raises with the first reason.
 """
 
@@ -22,7 +22,7 @@ PRODUCER_DEFAULTS: dict[str, object] = {
     "queue.buffering.max.messages": 100_000,
     "queue.buffering.max.kbytes": 64 * 1024,  # the bounded local queue: 64 MiB
     # never expire a queued message: during a Kafka outage the caller decides what to keep and what to drop
-    # (producers/outage_buffer.py); a message librdkafka holds is delivered once, whenever the broker is back
+    # (producers/outbox.py); a message librdkafka holds is delivered once, whenever the broker is back
     "message.timeout.ms": 0,
     "log_level": 3,  # librdkafka errors only: retried warnings (coordinator loading, reconnects) are noise here
 }
@@ -46,15 +46,17 @@ class Publisher:
         self.first_error = ""
         self.broker_error = ""
 
-    def _on_delivery(self, err: KafkaError | None, msg: Message, done: Callable[[bool], None] | None = None) -> None:
+    def _on_delivery(self, err: KafkaError | None, msg: Message,
+                     done: Callable[[bool, str], None] | None = None) -> None:
+        reason = "" if err is None else f"{msg.topic()}: {err.str()}"
         if done is not None:
-            done(err is None)
+            done(err is None, reason)
         if err is None:
             self.delivered += 1
             return
         self.failed += 1
         if not self.first_error:
-            self.first_error = f"{msg.topic()}: {err.str()}"
+            self.first_error = reason
 
     def _on_error(self, err: KafkaError) -> None:
         # Transient broker errors (a broker restarting) are retried by librdkafka; fatal ones end every send.
@@ -63,9 +65,10 @@ class Publisher:
             self.first_error = self.first_error or f"fatal producer error: {err.str()}"
         log.debug("kafka producer error: %s", err.str())
 
-    def publish(self, topic: str, key: bytes | str, value: bytes, done: Callable[[bool], None] | None = None) -> None:
-        """Queue one message, waiting (never dropping) while the local queue is full; `done(delivered)` is called
-        from a later poll or flush once its fate is known."""
+    def publish(self, topic: str, key: bytes | str, value: bytes,
+                done: Callable[[bool, str], None] | None = None) -> None:
+        """Queue one message, waiting (never dropping) while the local queue is full; `done(delivered, reason)` is
+        called from a later poll or flush once its fate is known."""
         deadline = None
         report = self._on_delivery if done is None else lambda err, msg: self._on_delivery(err, msg, done)
         while True:

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from confluent_kafka import Consumer, Producer
 
 from processors.runner import TopicRunner
-from processors.stages import build_symbolize
 from processors.store_writer import StoreRunner
+from processors.symbolize_stage import build_symbolize
 from schemas import single_object
 
 APP_BASE = 0x5600_0000_0000

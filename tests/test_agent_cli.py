@@ -1,31 +1,21 @@
-"""`fleetprof agent` without BPF or a broker: its arguments, its one-line errors, and what it sends per window."""
+"""`fleetprof agent` without a broker: its arguments, its one-line errors, one agent per node, and what it queues per
+window."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
-import time
 
-from producers.agent_sender import AgentSender
+import pytest
+
+from producers.agent_lock import AgentLock, AgentRunning
 from producers.elf_symbols import ElfError
 from producers.kallsyms import KernelSymbols
+from producers.outbox_encoder import OutboxEncoder
 from schemas import single_object
 
 NODE = "n1"
-
-
-class FakePublisher:
-    def __init__(self) -> None:
-        self.messages: list[tuple[str, str, bytes]] = []
-        self.flushes = 0
-        self.failed = 0
-
-    def publish(self, topic: str, key: str, value: bytes) -> None:
-        self.messages.append((topic, key, value))
-
-    def flush(self, timeout: float = 60.0) -> int:
-        self.flushes += 1
-        return 0
 
 
 def _chunk(build_id: str, path: str) -> dict:
@@ -42,39 +32,57 @@ def _batch(mappings: list[tuple[str, str]]) -> dict:
                 "stacks": [{"tid": 7, "user_addrs": [0x1010], "kernel_addrs": [], "count": 3}]}]}
 
 
-def test_sender_publishes_each_table_once_before_the_batch_and_counts_unreadable_files() -> None:
-    reads: list[str] = []
+def test_encoder_puts_each_table_once_before_the_batch_and_counts_unreadable_files() -> None:
+    reads: list[tuple[str, int]] = []
 
-    def read(path: str) -> list[dict]:
-        reads.append(path)
+    def read(path: str, limit: int) -> list[dict]:
+        reads.append((path, limit))
         if path.endswith("/gone"):
             raise ElfError(f"{path}: cannot read: No such file or directory")
         return [_chunk("b1", path)]
 
-    pub = FakePublisher()
     kernel = KernelSymbols("kernel-x", [0xFFFFFFFF81000000], ["_stext"])
-    sender = AgentSender(pub, kernel, read_chunks=read)
-    first = sender.send_window(_batch([("/a", "b1"), ("/gone", "b2"), ("[vdso]", "")]))
-    assert reads == ["/proc/7/root/a", "/proc/7/root/gone"]
-    assert [(t, k) for t, k, _ in pub.messages] == [("symbols", "kernel-x/0"), ("symbols", "b1/0"),
-                                                    ("cpu.stacks", NODE)]
-    assert single_object.decode(pub.messages[0][2], "SymbolChunk")[1]["kind"] == "KERNEL"
-    assert (first.samples, first.symbol_chunks, first.new_build_ids, first.batches) == (3, 2, 2, 1)
-    assert sender.unreadable == 1 and pub.flushes == 2  # tables flushed before the batch, then the batch
+    encoder = OutboxEncoder(kernel, max_bytes=lambda topic: 50_000 if topic == "symbols" else 900_000,
+                            read_chunks=read)
+    first = encoder.cpu(_batch([("/a", "b1"), ("/gone", "b2"), ("[vdso]", "")]))
+    assert reads == [("/proc/7/root/a", 50_000), ("/proc/7/root/gone", 50_000)]  # the topic's limit, not a count
+    assert [u.kind for u in first] == ["symbols", "cpu"]
+    assert [(t, k) for t, k, _, _ in first[0].messages] == [("symbols", "kernel-x/0"), ("symbols", "b1/0")]
+    assert single_object.decode(first[0].messages[0][2], "SymbolChunk")[1]["kind"] == "KERNEL"
+    assert first[0].tables == {"kernel-x", "b1"} and first[1].needs == {"kernel-x", "b1", "b2"}
+    assert (first[1].records, len(first[1].messages)) == (3, 1) and encoder.unreadable == 1
 
-    second = sender.send_window(_batch([("/a", "b1"), ("/gone", "b2")]))
-    assert reads == ["/proc/7/root/a", "/proc/7/root/gone"]  # nothing read again, nothing retried
-    assert (second.symbol_chunks, second.batches) == (0, 1) and pub.messages[-1][0] == "cpu.stacks"
-    assert sender.samples == 6
+    second = encoder.cpu(_batch([("/a", "b1"), ("/gone", "b2")]))
+    assert len(reads) == 2 and [u.kind for u in second] == ["cpu"]  # nothing read again, nothing retried
+    encoder.forget({"b1"})  # its table was dropped before it reached Kafka: it goes again with the next batch
+    third = encoder.cpu(_batch([("/a", "b1")]))
+    assert [u.kind for u in third] == ["symbols", "cpu"] and third[0].tables == {"b1"}
 
 
-def test_unreachable_broker_is_one_line_within_ten_seconds() -> None:
-    t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "fleetprof", "--kafka", "127.0.0.1:1", "agent", "--once"],
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 1
-    assert out.stderr.startswith("Error: Kafka at 127.0.0.1:1 not reachable") and out.stderr.count("\n") == 1
-    assert time.monotonic() - t0 < 12
+def test_unreachable_kafka_holds_the_window_then_exits_with_one_line(tmp_path) -> None:
+    """The agent does not exit because Kafka is not there: it samples and holds; only at exit (here after its one
+    window) is what it holds dropped, said in one line."""
+    out = subprocess.run([sys.executable, "-m", "fleetprof", "--kafka", "127.0.0.1:1", "--data-dir", str(tmp_path),
+                          "agent", "--once", "--window", "1s", "--no-gpu"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stderr
+    lines = out.stderr.splitlines()
+    assert any("Kafka at 127.0.0.1:1 not reachable" in ln and "holding records in the outbox" in ln for ln in lines)
+    assert any(ln.startswith("window 1: ") for ln in lines)
+    assert lines[-1].startswith("Error: Kafka at 127.0.0.1:1 unreachable") and "records dropped" in lines[-1]
+
+
+def test_a_second_agent_for_the_same_node_and_data_directory_refuses(tmp_path) -> None:
+    with AgentLock(tmp_path, "node-a"):
+        out = subprocess.run([sys.executable, "-m", "fleetprof", "--kafka", "127.0.0.1:1", "--data-dir",
+                              str(tmp_path), "agent", "--node", "node-a"], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 1 and out.stderr.count("\n") == 1
+        assert out.stderr.startswith(f"Error: another fleetprof agent (pid {os.getpid()}) already runs for node "
+                                     f"'node-a' with data directory {tmp_path}")
+        with AgentLock(tmp_path, "node-b"):  # told it is a different node: its own lock
+            pass
+        with pytest.raises(AgentRunning):
+            AgentLock(tmp_path, "node-a").acquire()
+    AgentLock(tmp_path, "node-a").acquire()  # released with its holder
 
 
 def test_dry_run_needs_once() -> None:

@@ -1,14 +1,14 @@
-"""The agent through a Kafka outage, for real: `fleetprof agent` samples a C workload with BPF while the test stops
-its own broker and starts it again. The windows wait in the agent's outage buffer and drain in order once Kafka is
-back; with a tiny buffer the oldest windows are dropped and counted. Either way the store then holds exactly what
-the agent reports it sent: nothing lost beyond what it counted, nothing twice (needs root, bcc, kernel headers and
-Java: skipped with the reason without them, a failure on CI)."""
+"""The agent through a Kafka outage, for real: `fleetprof agent` samples the simulated GPU workload (CPU stacks, CUDA
+launches and kernels through the simulator's USDT probes) and reads the simulated NVML library while the test stops
+its own broker for 60 s and starts it again. Every kind of record waits in the one outbox, within its bound: the
+oldest are dropped and counted, per kind, the rest drain in order once Kafka is back. Then Kafka and the store hold
+exactly what the agent says it sent: nothing lost beyond what it counted, nothing twice (needs root, bcc, kernel
+headers and Java: skipped with the reason without them, a failure on CI)."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -16,18 +16,28 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from fleetprof.broker import BrokerError, LocalBroker, create_topics, ensure_jars, find_java
-from producers.outage_buffer import HeldWindow, OutageBuffer
+from producers.cpu_sampler import BpfUnavailable, check_bpf
+from producers.kafka_link import READY, KafkaLink
+from producers.outbox import Outbox
+from producers.outbox_encoder import OutboxEncoder
+from producers.outbox_units import Unit
 from producers.publisher import Publisher
+from schemas.single_object import decode
 from schemas.topics import Topic
+from simulate.nvml import Segment, SimDevice, sim_env, write_scenario
 from tests.conftest import free_ports
 from tests.elf_helpers import unavailable
 from tests.pipeline_helpers import read_topic, sink, symbolizer, wait_for
 from tests.test_agent_pipeline import _stored
-from tests.test_cpu_sampler import workload, workload_binary  # noqa: F401 - fixtures
+
+REPO = Path(__file__).resolve().parent.parent
+BUFFER_MB = 1.0  # 60 s of the workload's records do not fit
+LAUNCHES_PER_S = 400
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +46,9 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
     try:
         find_java()
         ensure_jars()
-    except BrokerError as exc:
-        unavailable(f"local Kafka broker unavailable: {exc}")
+        check_bpf()
+    except (BrokerError, BpfUnavailable) as exc:
+        unavailable(f"needs a local Kafka broker and BPF: {exc}")
     port, controller_port = free_ports(2)
     b = LocalBroker(tmp_path_factory.mktemp("outage-kafka"), port=port, controller_port=controller_port)
     try:
@@ -49,28 +60,28 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
 
 
 class Agent:
-    """`fleetprof agent` in a subprocess, its stderr lines collected as they come."""
+    """`fleetprof agent` in a subprocess, its stderr lines collected as they come, its RSS sampled."""
 
-    def __init__(self, bootstrap: str, pid: int, node: str, *extra: str) -> None:
+    def __init__(self, bootstrap: str, pid: int, node: str, env: dict, *extra: str) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "fleetprof", "agent", "--window", "1s", "--frequency",
                                       "99", "--pid", str(pid), "--node", node, "--format", "json", *extra],
-                                     env=dict(os.environ, FLEETPROF_KAFKA=bootstrap), stdout=subprocess.PIPE,
+                                     env=dict(env, FLEETPROF_KAFKA=bootstrap), stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
         for line in self.proc.stderr:
             self.lines.append(line)
 
-    def saw(self, text: str) -> bool:
-        return any(text in line for line in list(self.lines))
+    def rss_bytes(self) -> int:
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
 
     def wait_for(self, text: str, timeout: float) -> float:
         """Seconds until a stderr line contains `text`."""
         t0 = time.monotonic()
-        while not self.saw(text):
+        while not any(text in line for line in list(self.lines)):
             assert self.proc.poll() is None, "the agent exited:\n" + "".join(self.lines)
             assert time.monotonic() - t0 < timeout, f"no {text!r} from the agent:\n" + "".join(self.lines)
             time.sleep(0.1)
@@ -81,98 +92,122 @@ class Agent:
         self.proc.send_signal(signal.SIGTERM)
         try:
             out = self.proc.stdout.read()
-            self.proc.wait(timeout=90)
+            self.proc.wait(timeout=120)
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()
                 self.proc.wait()
-        self._reader.join(10)
         assert self.proc.returncode == 0, "".join(self.lines)
         return json.loads(out.splitlines()[-1])
 
 
-def _outage(broker: LocalBroker, agent: Agent, seconds: float) -> float:
-    """Stop the broker for `seconds` while the agent samples; seconds from Kafka back to the buffer drained."""
-    agent.wait_for("window 2:", 60)  # Kafka up: the workload's and the kernel's tables are delivered
-    broker.stop()
-    down = time.monotonic()
-    agent.wait_for("holding windows in the outage buffer", 30)
-    time.sleep(max(0.0, seconds - (time.monotonic() - down)))
-    broker.start()
-    return agent.wait_for("outage buffer drained", 60)
+def _records(bootstrap: str, topic: str, schema: str, node: str, want: int) -> list[dict]:
+    """The records of `node` on `topic`, once `want` are there (and a moment more, for any duplicate)."""
+    prefix = f"{node}/".encode()
+    found = read_topic(bootstrap, topic, lambda m: m.key().startswith(prefix), want, timeout=60)
+    time.sleep(1.0)
+    more = read_topic(bootstrap, topic, lambda m: m.key().startswith(prefix), want + 1, timeout=3)
+    return [decode(m.value(), schema)[1] for m in (more if len(more) > len(found) else found)]
 
 
-def _store_equals(store, bootstrap: str, node: str, pid: int, want: int) -> None:
-    run = uuid.uuid4().hex[:8]
-    with symbolizer(bootstrap, f"sym-{run}") as sym, sink(store, bootstrap, f"sink-{run}") as snk:
-        wait_for(lambda: _stored(store, node, pid) >= want, timeout=60, what="the agent's samples in the store",
-                 running=[sym, snk])
-        time.sleep(1.0)  # nothing more may arrive
-    assert _stored(store, node, pid) == want
-
-
-def test_agent_holds_windows_through_a_60s_outage_and_stores_exactly_what_it_sent(
-        broker, store, workload) -> None:  # noqa: F811
+def test_every_kind_of_record_is_held_through_a_60s_outage_within_the_bound(broker, store, tmp_path) -> None:
     node = f"outage-{uuid.uuid4().hex[:8]}"
-    agent = Agent(broker.bootstrap, workload.pid, node)
-    drain_s = _outage(broker, agent, 60)
-    summary = agent.stop()
+    env = dict(os.environ, FLEETPROF_NATIVE_BUILD=str(tmp_path / "native"), FLEETPROF_DATA_DIR=str(tmp_path))
+    scenario = write_scenario(tmp_path / "nvml.txt", [SimDevice("g0", "GPU-0a7a0000-0000-4000-8000-000000000000")],
+                              [Segment(0.0, "g0", {"gpu_util": 90})])
+    work = subprocess.Popen([sys.executable, "-m", "simulate.gpu_workload", "--seconds", "150",
+                             "--launches-per-s", str(LAUNCHES_PER_S)], env=env, stdout=subprocess.PIPE, text=True,
+                            cwd=REPO)
+    agent = Agent(broker.bootstrap, work.pid, node, sim_env(scenario, env), "--buffer-mb", str(BUFFER_MB))
+    try:
+        agent.wait_for("window 3:", 120)  # Kafka up: the tables of the workload's binaries and the kernel are out
+        before = agent.rss_bytes()
+        broker.stop()
+        down = time.monotonic()
+        agent.wait_for("not reachable", 30)
+        peak = before
+        while time.monotonic() - down < 60:
+            peak = max(peak, agent.rss_bytes())
+            time.sleep(0.5)
+        broker.start()
+        drain_s = agent.wait_for("outbox drained", 90)
+        summary = agent.stop()
+    finally:
+        work.kill()
+        work.wait()
+        if agent.proc.poll() is None:
+            agent.proc.kill()
 
-    held = [int(m.group(1)) for line in agent.lines if (m := re.search(r"; (\d+) bytes waiting for Kafka", line))]
-    print(f"\n60 s outage: peak {summary['buffer_peak_bytes']} bytes buffered (max per window line {max(held)}), "
-          f"drained {drain_s:.1f} s after Kafka was back; {summary['windows']} windows, {summary['samples']} samples")
-    assert summary["dropped_windows"] == summary["dropped_samples"] == 0
-    assert summary["samples"] == summary["produced_samples"] > 0
-    assert max(held) > 0 and summary["buffer_peak_bytes"] >= max(held)
+    sent, dropped = summary["sent"], summary["dropped"]
+    put = {"cpu": summary["produced_samples"], "gpu_launches": summary["gpu_launches"],
+           "gpu_kernels": summary["gpu_kernels"], "gpu_metrics": summary["gpu_metric_polls"]}
+    print(f"\n60 s outage, {BUFFER_MB} MiB outbox: put {put}, sent {sent}, dropped {dropped} "
+          f"({summary['dropped_bytes']} bytes); outbox peak "
+          f"{summary['buffer_peak_bytes']} bytes, agent RSS {before >> 20} -> {peak >> 20} MiB; drained "
+          f"{drain_s:.1f} s after Kafka was back; {summary['windows']} windows")
+    for kind, n in put.items():
+        assert n > 0 and sent[kind] + dropped[kind] == n, kind  # each record sent or counted as dropped
+    assert dropped["gpu_launches"] > 0 and dropped["gpu_kernels"] > 0  # the outage outgrew the bound
+    assert summary["unsendable"] == {k: 0 for k in summary["unsendable"]}
     assert summary["windows"] >= 55  # sampling went on: the outage did not stretch the 1 s windows
-    _store_equals(store, broker.bootstrap, node, workload.pid, summary["samples"])
+    bound = BUFFER_MB * 2**20
+    assert summary["buffer_peak_bytes"] <= bound + 256 * 1024  # the bound, but for the newest unit
+    assert peak - before < bound + (24 << 20), f"RSS grew {(peak - before) >> 20} MiB"
+
+    # Kafka holds each sent launch and kernel exactly once
+    launches = _records(broker.bootstrap, "gpu.launches", "GpuLaunch", node, sent["gpu_launches"])
+    kernels = _records(broker.bootstrap, "gpu.kernels", "GpuKernel", node, sent["gpu_kernels"])
+    for records, kind in ((launches, "gpu_launches"), (kernels, "gpu_kernels")):
+        ids = [(r["pid"], r["correlation_id"]) for r in records]
+        assert len(ids) == sent[kind] and len(set(ids)) == len(ids), kind
+    # the store holds each sent CPU sample and NVML poll exactly once
+    run = uuid.uuid4().hex[:8]
+    with symbolizer(broker.bootstrap, f"sym-{run}") as sym, sink(store, broker.bootstrap, f"sink-{run}") as snk:
+        polls = lambda: store.query_sql("SELECT count() FROM gpu_device_metrics WHERE node = {n:String}",  # noqa: E731
+                                        {"n": node})[1][0][0]
+        wait_for(lambda: _stored(store, node, work.pid) >= sent["cpu"] and polls() >= sent["gpu_metrics"],
+                 timeout=90, what="the agent's samples and polls in the store", running=[sym, snk])
+        time.sleep(1.0)  # nothing more may arrive
+    assert _stored(store, node, work.pid) == sent["cpu"] and polls() == sent["gpu_metrics"]
 
 
-def test_agent_drops_oldest_windows_beyond_a_tiny_buffer_and_counts_them(broker, store, workload) -> None:  # noqa: F811
-    node = f"outage-{uuid.uuid4().hex[:8]}"
-    agent = Agent(broker.bootstrap, workload.pid, node, "--buffer-mb", "0.004")  # a few windows' batches
-    _outage(broker, agent, 12)
-    summary = agent.stop()
-
-    print(f"\n12 s outage, 4 KiB buffer: {summary['dropped_windows']} windows ({summary['dropped_samples']} of "
-          f"{summary['produced_samples']} samples) dropped, peak {summary['buffer_peak_bytes']} bytes buffered")
-    assert agent.saw("outage buffer full")
-    assert summary["dropped_windows"] > 0 and summary["dropped_samples"] > 0
-    assert summary["dropped_messages"] >= summary["dropped_windows"] and summary["dropped_bytes"] > 0
-    # the bound holds (checked after each drop), but for the newest window, which always stays
-    window_bytes = [int(m.group(1)) for line in agent.lines
-                    if (m := re.search(r"batches, 0 symbol chunks \(0 new build ids\), (\d+) bytes", line))]
-    assert 0 < summary["buffer_peak_bytes"] <= 0.004 * 2**20 + max(window_bytes)
-    assert summary["samples"] == summary["produced_samples"] - summary["dropped_samples"]
-    _store_equals(store, broker.bootstrap, node, workload.pid, summary["produced_samples"] - summary["dropped_samples"])
-
-
-def test_a_dropped_windows_tables_go_out_before_the_later_batches_that_need_them(broker) -> None:
-    """OutageBuffer on its own, through a real producer and the broker stopped: window 1 carries new tables and is
-    dropped; its tables must then go out with window 2, before window 2's batch; nothing else twice or lost."""
+def test_tables_reach_kafka_before_the_records_that_need_them_through_an_outage(broker) -> None:
+    """The outbox on its own, through a real producer and link with the broker stopped: window 1 carries new tables
+    and its records are dropped while Kafka is away; the tables stay, and reach Kafka before any later record."""
     run = uuid.uuid4().hex[:8]
     tables, stacks = Topic(f"t-{run}", "SymbolChunk", 1, -1), Topic(f"s-{run}", "CpuStackBatch", 1, -1)
     create_topics(broker.bootstrap, [tables, stacks])
-    publisher = Publisher({"bootstrap.servers": broker.bootstrap})
-    buffer = OutageBuffer(publisher, max_bytes=250)
-    batch = lambda n: (stacks.name, "n", bytes([n]) * 100)  # noqa: E731
-    buffer.add(HeldWindow([], [batch(0)], 10))
-    assert buffer.drain(idle_s=10) and buffer.sent_samples == 10  # Kafka up: delivered
+    config = {"bootstrap.servers": broker.bootstrap}
+    link = KafkaLink(config, [tables.name, stacks.name], min_backoff_s=0.2, max_backoff_s=1.0)
+    link.start()
+    box = Outbox(Publisher(config), link, OutboxEncoder(), max_bytes=500)
+    batch = lambda n, needs=frozenset(): Unit("cpu", [(stacks.name, "n", bytes([n]) * 100, 10 + n)],  # noqa: E731
+                                              needs=needs)
+    try:
+        assert link.wait_ready(30)
+        box.add([batch(0)])
+        assert box.drain(10) and box.sent["cpu"].records == 10  # Kafka up: delivered
 
-    broker.stop()
-    buffer.add(HeldWindow([], [batch(1)], 11))
-    assert not buffer.drain(idle_s=0.5)  # window 1 is with librdkafka now: never dropped, delivered later
-    buffer.add(HeldWindow([(tables.name, "bid/0", b"T" * 50)], [batch(2)], 12))
-    buffer.add(HeldWindow([], [batch(3)], 13))  # over 250 bytes: window 2 goes, its table moves to window 3
-    assert (buffer.dropped_windows, buffer.dropped_samples, buffer.dropped_messages, buffer.dropped_bytes) == \
-        (1, 12, 1, 100)
-    assert buffer.held[0].symbols == [(tables.name, "bid/0", b"T" * 50)]
-    broker.start()
-    assert buffer.drain(idle_s=30)
-    assert (buffer.sent_windows, buffer.sent_samples) == (3, 10 + 11 + 13)
-
-    got = read_topic(broker.bootstrap, stacks.name, lambda m: True, want=3, timeout=30)
-    assert [m.value()[0] for m in got] == [0, 1, 3]
-    table = read_topic(broker.bootstrap, tables.name, lambda m: True, want=1, timeout=30)
-    assert [m.value() for m in table] == [b"T" * 50]
-    assert table[0].timestamp()[1] <= got[2].timestamp()[1]  # the table was in Kafka before the batch needing it
+        broker.stop()
+        link.suspect()
+        deadline = time.monotonic() + 30
+        while link.state == READY and time.monotonic() < deadline:
+            link.suspect()
+            time.sleep(0.2)
+        assert link.state != READY
+        box.add([Unit("symbols", [(tables.name, "bid/0", b"T" * 150, 1)], tables=frozenset({"bid"})),
+                 batch(1, {"bid"})])
+        box.add([batch(2, {"bid"})])
+        box.add([batch(3, {"bid"})])
+        box.add([batch(4, {"bid"})])  # 550 bytes: window 1's record goes; its table stays
+        assert box.dropped["cpu"].records == 11 and box.dropped["symbols"].units == 0
+        assert [u.kind for u in box.held] == ["symbols", "cpu", "cpu", "cpu"]
+        broker.start()
+        assert box.drain(60), (link.state, link.reason)
+    finally:
+        link.stop()
+    assert box.sent["cpu"].records == 10 + 12 + 13 + 14 and box.sent["symbols"].records == 1
+    got = read_topic(broker.bootstrap, stacks.name, lambda m: True, want=4, timeout=30)
+    assert [m.value()[0] for m in got] == [0, 2, 3, 4]
+    (table,) = read_topic(broker.bootstrap, tables.name, lambda m: True, want=1, timeout=30)
+    assert table.timestamp()[1] <= got[1].timestamp()[1]  # the table was in Kafka before the records needing it

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from fleetprof.simulated_gpu_demo import PERF_PYTHON
 from processors.alert_evidence import AlertEvidence
 from processors.alert_webhook import AlertWebhook, webhook_thread
 from processors.alerts import SECOND_NS, AlertConfig
 from processors.alerts_stage import build_alerts
 from processors.runner import TopicRunner
 from producers.cpu_sampler import BpfUnavailable, check_bpf
-from producers.nvml_sim import Segment, SimDevice, SimProcess, sim_env, write_scenario
+from simulate.gpu_demo import PERF_PYTHON
+from simulate.nvml import Segment, SimDevice, SimProcess, sim_env, write_scenario
 from tests.elf_helpers import unavailable
 from tests.pipeline_helpers import Running, sink, symbolizer, wait_for
 from tests.test_alerts_pipeline import Webhook

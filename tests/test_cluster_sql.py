@@ -1,6 +1,6 @@
-"""sql/cluster/, the ClickHouse cluster schema: every statement parses, every single-node table and view has a cluster
-counterpart with the same columns, codecs, engine, keys and TTL, and every named query gives the same answer on a
-two-shard layout as on one node.
+"""sql/cluster/, the ClickHouse cluster schema, built as a two-shard layout: every single-node table and view has a
+cluster counterpart with the same columns, codecs, engine, keys and TTL, and every named query gives the same answer
+on it as on one node. tests/test_cluster_sql_files.py checks the files themselves, with the helpers defined here.
 
 Replicated tables need Keeper and ON CLUSTER needs a server's DDL worker, neither of which chDB runs, so the layout is
 built in one chDB process (a child, since chDB reads its configuration once per process) as follows:
@@ -31,9 +31,9 @@ from xml.sax.saxutils import escape
 
 import pytest
 
-from fleetprof.store import MIGRATIONS_DIR, migration_files, split_statements
+from fleetprof.cluster_sql import CLUSTER_DIR
+from fleetprof.store import migration_files, split_statements
 
-CLUSTER_DIR = MIGRATIONS_DIR.parent / "cluster"
 PROFILES = CLUSTER_DIR / "fleetprof-profiles.xml"
 CLUSTER = "fleet"
 SINGLE_DB = "single"
@@ -82,107 +82,6 @@ def stored() -> dict[str, tuple[str, str]]:
 def single_node_form(statement: str) -> str:
     """A cluster statement as chDB can run it in one process: no ON CLUSTER, and no replication in the engines."""
     return REPLICATED_RE.sub(lambda m: f"{m.group(1)}(", ON_CLUSTER_RE.sub("", statement))
-
-
-# --- static checks -------------------------------------------------------------------------------------------------
-
-
-def test_every_migration_has_a_cluster_variant_of_the_same_name():
-    assert [p.name for p in cluster_files()] == [path.name for _, _, path in migration_files()]
-
-
-def test_every_statement_parses(store):
-    statements = cluster_statements()
-    assert len(statements) >= 30
-    for name, statement in statements:
-        try:
-            store.query_sql("SELECT formatQuery({sql:String})", {"sql": statement})
-        except Exception as exc:  # the message names the file and the statement that does not parse
-            pytest.fail(f"{name}: {statement[:80]!r} does not parse: {exc}")
-
-
-def test_a_statement_that_does_not_parse_is_caught(store):
-    broken = "CREATE TABLE IF NOT EXISTS x ON CLUSTER '{cluster}' (a UInt64 ENGINE = Distributed('{cluster}')"
-    with pytest.raises(Exception, match="Syntax error"):
-        store.query_sql("SELECT formatQuery({sql:String})", {"sql": broken})
-
-
-def test_creates_run_on_the_cluster_and_each_replicated_table_has_its_own_keeper_path(store):
-    paths = {}
-    for name, statement in cluster_statements():
-        if statement.startswith("CREATE"):
-            _, rows = store.query_sql("SELECT formatQuery({sql:String})", {"sql": statement})
-            assert " ON CLUSTER `{cluster}`" in rows[0][0].splitlines()[0], f"{name}: {statement[:60]!r}"
-        for table, (_, path, replica) in _replicated(statement).items():
-            whole = path == f"/clickhouse/tables/all/{{database}}/{table}"
-            # a table on every node is one replica set: its replicas need names unique across the cluster
-            assert whole or path == f"/clickhouse/tables/{{shard}}/{{database}}/{table}", (table, path)
-            assert replica == ("{shard}-{replica}" if whole else "{replica}"), (table, replica)
-            assert whole == (table in ("frames", "schema_migrations", "sink_state")), table
-            assert path not in paths, f"{table} and {paths.get(path)} share {path}"
-            paths[path] = table
-    assert len(paths) == 12
-
-
-def _replicated(statement: str) -> dict[str, tuple[str, str, str]]:
-    create = CREATE_RE.match(statement)
-    engine = REPLICATED_RE.search(statement)
-    return {create.group(2): engine.groups()} if create and engine else {}
-
-
-def test_distributed_tables_front_their_local_tables_with_the_documented_keys():
-    # stacks and their samples share a key, so a stack's definition and its samples share a shard; alerts must keep
-    # every row of one alert on one shard for FINAL; the NVML tables keep a node together
-    assert sharding() == {
-        "stacks": ("stacks_local", "stack_id"),
-        "cpu_samples": ("cpu_samples_local", "stack_id"),
-        "gpu_kernel_samples": ("gpu_kernel_samples_local", "stack_id"),
-        "gpu_device_metrics": ("gpu_device_metrics_local", "cityHash64(node)"),
-        "gpu_process_metrics": ("gpu_process_metrics_local", "cityHash64(node)"),
-        "alerts": ("alerts_local", "cityHash64(alert_id)"),
-        "gpu_unmatched": ("gpu_unmatched_local", "cityHash64(node)"),
-        # the hourly rollups sit with the window rows they sum
-        "cpu_samples_1h": ("cpu_samples_1h_local", "stack_id"),
-        "gpu_kernel_samples_1h": ("gpu_kernel_samples_1h_local", "stack_id"),
-        # the stack views run on the shards, each over its own stacks, behind Distributed tables of the same names
-        "stack_frames": ("stack_frames_local", "stack_id"),
-        "stack_frame_names": ("stack_frame_names_local", "stack_id"),
-        "stack_names": ("stack_names_local", "stack_id"),
-    }
-
-
-def test_views_are_the_single_node_views_over_the_local_tables():
-    local = {name: f"{name}_local" for name in ("stacks", "stack_frames", "stack_frame_names", "stack_names")}
-
-    def localized(statement: str) -> str:
-        return re.sub(r"\b(" + "|".join(local) + r")\b", lambda m: local[m.group(1)], statement)
-
-    single = [localized(code(s)) for s in split_statements((MIGRATIONS_DIR / "0009_stack_names.sql").read_text())]
-    cluster = [ON_CLUSTER_RE.sub("", s) for _, s in cluster_statements() if s.startswith("CREATE VIEW")]
-    assert cluster == single
-
-
-def test_materialized_views_are_the_single_node_ones_over_the_local_tables():
-    # each shard sums the blocks it receives into its own rollup: the view reads and writes the _local tables
-    local = {name: f"{name}_local" for name in ("cpu_samples", "gpu_kernel_samples", "cpu_samples_1h",
-                                                "gpu_kernel_samples_1h")}
-
-    def localized(statement: str) -> str:
-        return re.sub(r"\b(" + "|".join(local) + r")\b", lambda m: local[m.group(1)], statement)
-
-    single = [localized(code(s)) for s in split_statements((MIGRATIONS_DIR / "0010_hourly_rollups.sql").read_text())
-              if code(s).startswith("CREATE MATERIALIZED VIEW")]
-    cluster = [ON_CLUSTER_RE.sub("", s) for _, s in cluster_statements() if s.startswith("CREATE MATERIALIZED VIEW")]
-    assert len(cluster) == 2
-    assert cluster == single
-
-
-def test_every_cluster_file_records_its_own_version():
-    for path in cluster_files():
-        last = code(split_statements(path.read_text())[-1])
-        version = int(path.name[:4])
-        assert last == (f"INSERT INTO schema_migrations (version, name, applied_at) "
-                        f"VALUES ({version}, '{path.stem}', now())"), path.name
 
 
 # --- the two-shard layout, built in a child process -----------------------------------------------------------------

@@ -12,13 +12,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from producers.synthetic_binaries import KERNEL_BUILD_ID
-from producers.synthetic_fleet import FREQUENCY_HZ, SyntheticFleet
 from schemas import single_object
 from schemas.cpu_batch_layout import LAYOUT
 from schemas.cpu_batch_reader import CpuBatchReader, decode_columnar, decode_cpu_batch_columnar
 from schemas.cpu_batch_writer import encode_cpu_batches, long_bytes
 from schemas.packed_stacks import PackedStacks
+from simulate.synthetic_binaries import KERNEL_BUILD_ID
+from simulate.synthetic_fleet import FREQUENCY_HZ, SyntheticFleet
 
 V2_DIR = Path(__file__).parent / "schemas"
 READER = CpuBatchReader(LAYOUT)

@@ -18,9 +18,9 @@ from processors.correlate_stage import CorrelateStage, config_from_env
 from processors.demangle import demangle
 from processors.messages import Message, Produced
 from processors.symbol_tables import SymbolTables
-from producers.synthetic_binaries import mangle
-from producers.synthetic_fleet import SyntheticFleet
 from schemas import single_object
+from simulate.synthetic_binaries import mangle
+from simulate.synthetic_fleet import SyntheticFleet
 from tests.pipeline_helpers import APP_BASE, addr, build_id_for, symbol_chunks
 
 BUILD_ID = build_id_for("correlate")

@@ -8,16 +8,18 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from processors.symbol_tables import table_from_chunks
-from producers.cpu_sampler import KEY_FIELDS, BpfUnavailable, CpuSampler, check_bpf
+from producers.agent import Agent, Records
+from producers.cpu import CpuCollector
+from producers.cpu_sampler import KEY_FIELDS, BpfUnavailable, CpuSampler, check_bpf, default_stack_entries
 from producers.elf_symbols import read_build_id, symbol_chunks
-from producers.process_info import process_info
+from producers.process_info import ProcessCache, process_info
 from tests.elf_helpers import need, unavailable
 
 FREQUENCY = 99
@@ -26,6 +28,7 @@ SECONDS = 2.0
 # gcc gives a function that calls nothing no frame, and the frame-pointer unwinder then skips its caller: leaf()
 # calls tick() first so it gets one. `extra++` after leaf() keeps -O1 from making outer's call a tail call.
 WORKLOAD_C = r"""
+#include <time.h>
 #include <unistd.h>
 volatile unsigned long sink, extra;
 __attribute__((noinline)) void tick(void) { extra++; }
@@ -36,6 +39,13 @@ int main(void) {
     for (;;) outer();
 }
 """
+
+
+SHORT_LOOP = """struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do { outer(); clock_gettime(CLOCK_MONOTONIC, &t); }
+    while ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < 300000000L);
+    return 0;"""
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +60,16 @@ def workload_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run(["gcc", "-O1", "-fno-omit-frame-pointer", "-o", str(folder / "busy"), str(folder / "busy.c")],
                    check=True)
     return folder / "busy"
+
+
+@pytest.fixture(scope="module")
+def short_binary(workload_binary: Path) -> Path:
+    """Busy in leaf() for 0.3 s, then gone."""
+    source = workload_binary.parent / "short.c"
+    source.write_text(WORKLOAD_C.replace("for (;;) outer();", SHORT_LOOP))
+    subprocess.run(["gcc", "-O1", "-fno-omit-frame-pointer", "-o", str(workload_binary.parent / "short"),
+                    str(source)], check=True)
+    return workload_binary.parent / "short"
 
 
 @pytest.fixture
@@ -115,33 +135,83 @@ def test_agent_dry_run_once_prints_the_pid(workload: subprocess.Popen, workload_
     assert lines[0]["frequency_hz"] == FREQUENCY
 
 
-def test_a_process_that_exits_mid_window_keeps_its_metadata(workload_binary: Path) -> None:
-    from producers.agent_loop import AgentCollectors, AgentLoop
-    from producers.cpu import ProcessCache, ProcessFilter, build_cpu_batch
+class Kept:
+    """An outlet that keeps what the agent puts."""
 
-    sampler = CpuSampler(frequency_hz=FREQUENCY)  # system-wide: the process does not exist yet
+    pending = False
+
+    def __init__(self) -> None:
+        self.records: list[Records] = []
+
+    def put(self, records: Records) -> None:
+        self.records.append(records)
+
+    def pump(self) -> None:
+        pass
+
+    def batches(self) -> list[dict]:
+        return [b for r in self.records if r.kind == "cpu" for b in r.records]
+
+
+def _agent_window(seconds: float, during: Callable[[], None]) -> dict:
+    """One window of the real agent with only the CPU collector, system-wide; `during` runs in a thread once the
+    window has begun. Returns the window's batch."""
+    sampler = CpuSampler(frequency_hz=FREQUENCY)  # system-wide: the processes do not exist yet
     sampler.start()
-    proc = None
+    kept = Kept()
+    agent = Agent([CpuCollector(sampler, ProcessCache(), "n")], kept, window_s=seconds)
+    thread = threading.Thread(target=during)
     try:
-        sampler.drain()
-        proc = subprocess.Popen([str(workload_binary)])
-        killer = threading.Timer(1.8, proc.kill)  # gone well before the 3.5 s window ends
-        killer.start()
-        processes = ProcessCache()
-        loop = AgentLoop(AgentCollectors(sampler=sampler), processes, on_gpu=lambda *_: None,
-                         on_metrics=lambda _: None)
-        start_ns = time.time_ns()
-        samples = loop.window(3.5)  # the agent's own window: new processes read within a second
-        batch = build_cpu_batch(samples, processes, "n", start_ns, time.time_ns() - start_ns, FREQUENCY,
-                                keep=ProcessFilter(comm="busy"))
+        threading.Timer(0.2, thread.start).start()
+        agent.run(threading.Event(), once=True)
     finally:
         sampler.close()
-        if proc is not None:
-            proc.kill()
+        time.sleep(0.3)
+        thread.join(30)
+    (batch,) = kept.batches()
+    return batch
+
+
+def _has_its_binary(proc: dict, binary: Path) -> bool:
+    return proc["comm"] == binary.name and proc["exe"] == str(binary) and \
+        any(m["path"] == str(binary) and m["build_id"] == read_build_id(binary) for m in proc["mappings"])
+
+
+def test_a_process_that_exits_mid_window_keeps_its_metadata(workload_binary: Path) -> None:
+    procs: list[subprocess.Popen] = []
+
+    def run_and_kill() -> None:
+        procs.append(subprocess.Popen([str(workload_binary)]))
+        time.sleep(1.6)  # gone well before the 3.5 s window ends
+        procs[0].kill()
+        procs[0].wait()
+
+    batch = _agent_window(3.5, run_and_kill)
+    mine = [p for p in batch["processes"] if p["pid"] == procs[0].pid]
+    assert mine, f"no samples of pid {procs[0].pid}: {[p['pid'] for p in batch['processes']]}"
+    assert _has_its_binary(mine[0], workload_binary)
+
+
+def test_processes_that_live_a_third_of_a_second_are_read_while_they_run(short_binary: Path) -> None:
+    """Like a compiler or a test runner: each lives 0.3 s, so the once-a-second look would miss most of them; the
+    first sample announces each, and it is read within ~100 ms."""
+    pids: list[int] = []
+
+    def short_lived() -> None:
+        for _ in range(4):
+            proc = subprocess.Popen([str(short_binary)])
+            pids.append(proc.pid)
             proc.wait()
-    assert proc.returncode is not None
-    mine = [p for p in batch["processes"] if p["pid"] == proc.pid]
-    assert mine, f"no samples of pid {proc.pid}: {[p['pid'] for p in batch['processes']]}"
-    assert mine[0]["comm"] == "busy" and mine[0]["exe"] == str(workload_binary)
-    assert any(m["path"] == str(workload_binary) and m["build_id"] == read_build_id(workload_binary)
-               for m in mine[0]["mappings"])
+            time.sleep(0.15)
+
+    batch = _agent_window(4.0, short_lived)
+    seen = {p["pid"]: p for p in batch["processes"] if p["pid"] in pids}
+    assert len(seen) >= 3, f"only {len(seen)} of the 4 short processes were sampled"
+    unread = [pid for pid, p in seen.items() if not _has_its_binary(p, short_binary)]
+    assert not unread, f"sampled but not read while they ran: {unread} of {sorted(seen)}"
+
+
+def test_the_stack_map_is_sized_from_cpus_and_frequency() -> None:
+    assert default_stack_entries(19, cpus=2) == 16384  # the floor
+    assert default_stack_entries(99, cpus=16) == 131072  # 64 x 1,584 samples/s, to a power of two
+    assert default_stack_entries(999, cpus=192) == 1 << 20  # the ceiling: ~1 GiB of kernel memory is enough

@@ -23,8 +23,8 @@ from fleetprof.cli import cli
 from fleetprof.commands import COMMANDS
 from processors.debuginfod import DebuginfodClient, DebuginfodSource, elf_load_segments, valid_build_id
 from processors.messages import Message
-from processors.stages import SymbolizeStage
 from processors.symbol_tables import SymbolTables, table_from_chunks
+from processors.symbolize_stage import SymbolizeStage
 from producers.elf_symbols import read_elf_symbols, symbol_chunks
 from tests.conftest import free_ports
 from tests.elf_helpers import NmTable, gcc_build, need, readelf_build_id, readelf_loads, unavailable
@@ -250,7 +250,7 @@ def test_stage_names_a_stripped_binary_from_debuginfod(built: Built, server: str
 def test_a_replaced_table_does_not_reuse_names_by_old_symbol_index(built: Built, server: str) -> None:
     """A .dynsym-like table without middle_step: the functions after it sit one index lower than in the full table,
     so frame names remembered by (build id, symbol index) must be forgotten when debuginfod replaces it."""
-    (chunk,) = symbol_chunks(built.full, max_symbols=10_000)
+    (chunk,) = symbol_chunks(built.full, max_bytes=None)
     keep = [i for i, n in enumerate(chunk["names"]) if n != "middle_step"]
     partial = {**chunk, **{k: [chunk[k][i] for i in keep] for k in ("addrs", "sizes", "names")}}
     tables = SymbolTables()

@@ -14,6 +14,7 @@ import pytest
 
 from processors.symbol_tables import table_from_chunks
 from producers.elf_symbols import FALLBACK_PREFIX, ElfError, ElfSymbols, read_build_id, read_elf_symbols, symbol_chunks
+from schemas.single_object import encode
 from tests.elf_helpers import (
     NmTable,
     libc_path,
@@ -88,8 +89,9 @@ def test_symtab_library_with_aliases_matches_nm(tmp_path: Path) -> None:
 
 def test_chunks_round_trip_through_symbol_tables() -> None:
     syms = read_elf_symbols(libc_path())
-    chunks = symbol_chunks(syms, max_symbols=500)
-    assert len(chunks) == -(-len(syms) // 500) and all(c["kind"] == "ELF" for c in chunks)
+    chunks = symbol_chunks(syms, max_bytes=16 * 1024)
+    assert len(chunks) > 1 and all(c["kind"] == "ELF" for c in chunks)
+    assert all(len(encode("SymbolChunk", c)) <= 16 * 1024 for c in chunks)
     assert {c["binary"] for c in chunks} == {"libc.so.6"} and {c["build_id"] for c in chunks} == {syms.build_id}
     table = table_from_chunks(list(reversed(chunks)))
     assert table.names == syms.names

@@ -7,8 +7,8 @@ import time
 import uuid
 
 from processors.runner import TopicRunner
-from processors.stages import build_symbolize
 from processors.store_writer import StoreRunner
+from processors.symbolize_stage import build_symbolize
 from tests.pipeline_helpers import (
     Running,
     build_id_for,

@@ -18,14 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from fleetprof.simulated_gpu_demo import PERF_PYTHON
+from processors.correlate_stage import build_correlate
 from processors.demangle import demangle
 from processors.runner import TopicRunner
-from processors.stages import TOPIC_STAGES
 from producers.cpu_sampler import BpfUnavailable, check_bpf
-from producers.nvml_sim import Segment, SimDevice, SimProcess, sim_env, write_scenario
+from simulate.gpu_demo import PERF_PYTHON
+from simulate.nvml import Segment, SimDevice, SimProcess, sim_env, write_scenario
 from tests.elf_helpers import unavailable
-from tests.pipeline_helpers import Running, sink, wait_for
+from tests.pipeline_helpers import Running, sink, symbolizer, wait_for
 
 WORKLOAD_S = 4
 BUSY = {"gpu_util": 87, "mem_util": 55, "mem_used": 40 * 1024**3, "sm_clock": 1755, "mem_clock": 2619,
@@ -42,13 +42,7 @@ NATIVE_PATHS = {"_Z11native_gemmPKfS0_Pfi": ["gpusim_native_train_step", "native
 def _correlator(bootstrap: str, group: str) -> Running:
     kafka = {"bootstrap.servers": bootstrap}
     stop = threading.Event()
-    return Running(TopicRunner(TOPIC_STAGES["correlate"](kafka), kafka, group=group, poll_timeout=0.2), stop)
-
-
-def _symbolizer(bootstrap: str, group: str) -> Running:
-    kafka = {"bootstrap.servers": bootstrap}
-    return Running(TopicRunner(TOPIC_STAGES["symbolize"](kafka), kafka, group=group, poll_timeout=0.2),
-                   threading.Event())
+    return Running(TopicRunner(build_correlate(kafka), kafka, group=group, poll_timeout=0.2), stop)
 
 
 @pytest.fixture
@@ -66,7 +60,7 @@ def test_simulated_gpu_node_end_to_end(bpf, kafka_bootstrap, store, tmp_path: Pa
     node = f"gpu-e2e-{uuid.uuid4().hex[:8]}"
     # A simulator build of this test's own, so attaching to it turns on no probes in other tests' processes.
     env = dict(os.environ, FLEETPROF_NATIVE_BUILD=str(tmp_path / "native"), FLEETPROF_KAFKA=kafka_bootstrap)
-    built = subprocess.run([sys.executable, "-c", "from producers.gpu_native import build_gpusim; "
+    built = subprocess.run([sys.executable, "-c", "from simulate.gpu import build_gpusim; "
                             "print(build_gpusim())"], env=env, capture_output=True, text=True, check=True)
     lib = built.stdout.strip()
     scenario = write_scenario(tmp_path / "nvml.txt", [SimDevice("g0", "GPU-e2e00000-0000-4000-8000-000000000000")],
@@ -91,7 +85,7 @@ def test_simulated_gpu_node_end_to_end(bpf, kafka_bootstrap, store, tmp_path: Pa
                 break
             lines.append(line)
         assert any(line.startswith("collecting CPU at 99 Hz, CUDA kernels, NVML") for line in lines), "".join(lines)
-        work = subprocess.Popen([str(PERF_PYTHON), "-X", "perf", "-m", "producers.simulated_gpu_workload",
+        work = subprocess.Popen([str(PERF_PYTHON), "-X", "perf", "-m", "simulate.gpu_workload",
                                  "--seconds", str(WORKLOAD_S)], env=env, stdout=subprocess.PIPE, text=True,
                                 cwd=Path(__file__).resolve().parent.parent)
         report = json.loads(work.communicate(timeout=60)[0])
@@ -110,7 +104,7 @@ def test_simulated_gpu_node_end_to_end(bpf, kafka_bootstrap, store, tmp_path: Pa
     assert summary["gpu_launches"] == sim["launches_sampled"] and summary["gpu_kernels"] == sim["kernels_fired"]
 
     run = uuid.uuid4().hex[:8]
-    with _symbolizer(kafka_bootstrap, f"sym-{run}") as sym, _correlator(kafka_bootstrap, f"cor-{run}") as cor, \
+    with symbolizer(kafka_bootstrap, f"sym-{run}") as sym, _correlator(kafka_bootstrap, f"cor-{run}") as cor, \
             sink(store, kafka_bootstrap, f"sink-{run}") as snk:
         def stored_launches() -> int:
             _, rows = store.query_sql("SELECT sum(launches) FROM gpu_kernel_samples WHERE node = {n:String}",

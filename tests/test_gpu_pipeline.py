@@ -21,8 +21,8 @@ from fleetprof.pprof import Profile
 from processors.correlate_stage import build_correlate
 from processors.demangle import demangle
 from processors.runner import TopicRunner
-from producers.loadgen import run_loadgen
 from schemas import topics
+from simulate.loadgen import run_loadgen
 from tests.pipeline_helpers import Running, build_id_for, encode, produce, sink, symbol_chunks, wait_for
 from tests.test_correlate import GEMM, MAPPINGS, SGEMM, kernel, launch
 from tests.test_query_cli import run_here, silent_address

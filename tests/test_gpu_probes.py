@@ -16,17 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from fleetprof.native import PROBES_INCLUDE
 from processors.symbol_tables import table_from_chunks
 from processors.symbolize import symbolize_batch
-from producers.agent_sender import AgentSender
-from producers.cpu import ProcessCache
+from producers.agent import Records
 from producers.cpu_sampler import BpfUnavailable, check_bpf
 from producers.elf_symbols import read_build_id, symbol_chunks
 from producers.gpu_probes import (
-    ARG_CONST,
-    ARG_MEM,
-    ARG_REG,
     COUNTERS,
     KERNEL_FIELDS,
     KERNEL_HEADER,
@@ -34,16 +29,16 @@ from producers.gpu_probes import (
     LAUNCH_FIELDS,
     LAUNCH_HEADER,
     MAX_STACK,
-    NO_REG,
-    ArgSpec,
     GpuProbeCollector,
-    NoteError,
-    ProbeFinder,
-    parse_arg,
-    publish,
-    read_probe_sites,
 )
+from producers.kafka_link import KafkaLink
+from producers.native_build import PROBES_INCLUDE
+from producers.outbox import Outbox
+from producers.outbox_encoder import OutboxEncoder
+from producers.probe_finder import ProbeFinder
+from producers.process_info import ProcessCache
 from producers.publisher import Publisher
+from producers.usdt_notes import ARG_CONST, ARG_MEM, ARG_REG, NO_REG, ArgSpec, NoteError, parse_arg, read_probe_sites
 from schemas.single_object import decode
 from tests.elf_helpers import libc_path, need, readelf_loads, run, unavailable
 from tests.pipeline_helpers import read_topic
@@ -432,7 +427,7 @@ def test_launches_and_kernels_are_seen_once_with_exact_values(built: dict[str, P
         e.cmd("launch 2 200")  # same window: no mappings again
         more, _ = _drain(c, {e.pid}, 2, 0)
         assert [r["mappings"] for r in more] == [[], []]
-        c.end_window()
+        c.end_window(None)
         e.cmd("launch 2 300")
         more, _ = _drain(c, {e.pid}, 2, 0)
         assert [r["mappings"] != [] for r in sorted(more, key=lambda r: r["correlation_id"])] == [True, False]
@@ -597,10 +592,18 @@ def test_records_reach_the_broker_keyed_node_and_pid_after_their_symbols(
     finally:
         c.close()
     assert len(launches) == 6 and len(kernels) == 4
-    with Publisher({"bootstrap.servers": kafka_bootstrap}) as pub:
-        sender = AgentSender(pub)
-        assert publish(pub, launches, kernels, sender) == 10
-        assert pub.flush(30) == 0
+    config = {"bootstrap.servers": kafka_bootstrap}
+    link = KafkaLink(config, ["symbols", "gpu.launches", "gpu.kernels"])
+    link.start()
+    try:
+        assert link.wait_ready(30), link.reason
+        box = Outbox(Publisher(config), link, OutboxEncoder(), 64 << 20)
+        box.put(Records("gpu_launches", launches))
+        box.put(Records("gpu_kernels", kernels))
+        assert [u.kind for u in box.held] == ["symbols", "gpu_launches", "gpu_kernels"]  # tables first
+        assert box.drain(30) and box.sent["gpu_launches"].records == 6 and box.sent["gpu_kernels"].records == 4
+    finally:
+        link.stop()
     key = f"{node}/{e.pid}".encode()
     got_l = read_topic(kafka_bootstrap, "gpu.launches", lambda m: m.key() == key, 6)
     got_k = read_topic(kafka_bootstrap, "gpu.kernels", lambda m: m.key() == key, 4)
@@ -625,13 +628,13 @@ def test_records_reach_the_broker_keyed_node_and_pid_after_their_symbols(
 
 def test_simulated_workload_every_sampled_launch_and_fired_kernel_once(procs: Procs, tmp_path: Path,
                                                                          bpf_ok: None) -> None:
-    """The GPU simulator and its workload (producers/simulated_gpu_workload.py): the records match the simulator's
+    """The GPU simulator and its workload (simulate/gpu_workload.py): the records match the simulator's
     own counts exactly, weights add up to the launches they stand for, and native launches symbolize to the C path
     the simulator names."""
     # A build of the simulator of this test's own (FLEETPROF_NATIVE_BUILD): another file than the one other tests
     # load, so attaching here turns on no probes in their processes.
     env = dict(os.environ, FLEETPROF_NATIVE_BUILD=str(tmp_path / "native"), FLEETPROF_LAUNCH_RATE="40")
-    built_lib = subprocess.run([sys.executable, "-c", "from producers.gpu_native import build_gpusim; "
+    built_lib = subprocess.run([sys.executable, "-c", "from simulate.gpu import build_gpusim; "
                                 "print(build_gpusim())"], env=env, capture_output=True, text=True)
     if built_lib.returncode != 0:
         unavailable(f"the GPU simulator does not build: {built_lib.stderr.strip().splitlines()[-1:]}")
@@ -645,7 +648,7 @@ def test_simulated_workload_every_sampled_launch_and_fired_kernel_once(procs: Pr
         procs.add(holder.pid)
         # attached before the workload starts: every launch it makes is decided with all three probes on
         assert c.rescan() == [str(lib)]
-        work = subprocess.Popen([sys.executable, "-m", "producers.simulated_gpu_workload", "--seconds", "3",
+        work = subprocess.Popen([sys.executable, "-m", "simulate.gpu_workload", "--seconds", "3",
                                  "--launches-per-s", "400"], stdout=subprocess.PIPE, text=True, env=env)
         launches, kernels = [], []
         while work.poll() is None:

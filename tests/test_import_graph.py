@@ -21,12 +21,6 @@ LAYERS = {  # package -> the packages it may import besides itself
     "simulate": {"schemas", "producers"},
     "fleetprof": {"schemas", "producers", "processors", "simulate"},
 }
-# Arrows that exist only because fleetprof/native.py (building the native test doubles and the CUPTI shim) sits above
-# the producers that use it; it moves below them in a change of its own, which removes these. Delete the set then.
-PENDING = {
-    ("producers.gpu_native", "fleetprof.native"),
-    ("producers.nvml_sim", "fleetprof.native"),
-}
 # The ELF symbol reader serves the agent, which publishes symbol tables, and the debuginfod symbol source of the
 # symbolizer alike; where it belongs (below both) is still open.
 SHARED_ACROSS = {
@@ -146,13 +140,13 @@ def test_no_import_circle():
 
 
 def test_no_arrow_up_the_layers():
-    wrong = sorted(upward(ARROWS) - PENDING - SHARED_ACROSS)
+    wrong = sorted(upward(ARROWS) - SHARED_ACROSS)
     assert not wrong, "imports up or across the layers: " + ", ".join(f"{a} -> {b}" for a, b in wrong)
 
 
 def test_the_listed_exceptions_are_still_needed():
     """An exception that no longer exists is removed from its list, so it cannot hide a new arrow."""
-    assert PENDING | SHARED_ACROSS <= upward(ARROWS)
+    assert SHARED_ACROSS <= upward(ARROWS)
 
 
 def test_the_graph_sees_every_kind_of_import():

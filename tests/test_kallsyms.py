@@ -40,8 +40,9 @@ def test_real_kallsyms_round_trips_through_chunks() -> None:
     known = next((n for n in ("do_syscall_64", "vfs_read", "schedule") if n in syms.names), None)
     assert known, "none of do_syscall_64, vfs_read, schedule in /proc/kallsyms"
     addr = syms.addrs[syms.names.index(known)]
-    chunks = kernel_symbol_chunks(syms, max_symbols=20_000)
-    assert len(chunks) == -(-len(syms) // 20_000)
+    chunks = kernel_symbol_chunks(syms, max_bytes=256 * 1024)
+    assert len(chunks) > 1 and sum(len(c["names"]) for c in chunks) == len(syms)
+    assert all(len(encode("SymbolChunk", c)) <= 256 * 1024 for c in chunks)
     assert all(c["kind"] == "KERNEL" and c["binary"] == KERNEL_BINARY for c in chunks)
     for c in chunks[:2]:
         encode("SymbolChunk", c)  # negative longs for kernel addresses are valid Avro

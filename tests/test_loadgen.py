@@ -15,12 +15,12 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from fleetprof.cli import cli
 from fleetprof.commands import COMMANDS
-from producers.loadgen import LoadgenReport, run_loadgen
 from producers.publisher import PublishError, check_broker
-from producers.synthetic_fleet import SyntheticFleet
 from schemas import topics
 from schemas.gpu_launch_writer import LaunchEncoder
 from schemas.single_object import decode, encode
+from simulate.loadgen import LoadgenReport, run_loadgen
+from simulate.synthetic_fleet import SyntheticFleet
 from tests.test_synthetic_fleet import reference_symbolize, reference_symbolize_kernel, tables_from_chunks
 
 TOPICS = [topics.SYMBOLS, topics.CPU_STACKS, topics.GPU_LAUNCHES, topics.GPU_KERNELS, topics.GPU_METRICS]

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from fleetprof.native import NativeBuildError
 from fleetprof.settings import REPO_ROOT
+from producers.native_build import NativeBuildError
 from producers.nvml_collector import NvmlCollector, read_process
-from producers.nvml_sim import SCENARIO_ENV, Segment, SimDevice, SimProcess, library_dir, sim_env, write_scenario
+from simulate.nvml import SCENARIO_ENV, Segment, SimDevice, SimProcess, library_dir, sim_env, write_scenario
 from tests.elf_helpers import unavailable
 from tests.pipeline_helpers import sink, wait_for
 
@@ -31,7 +31,8 @@ CONTAINER = "4f1c2d3e" * 8  # 64 hex digits, as docker, containerd and cri-o nam
 DRIVER = r"""
 import json, logging, sys, threading, time
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
-from producers.nvml_collector import NvmlCollector, publish_metrics
+from producers.nvml_collector import NvmlCollector
+from schemas.single_object import encode
 plan = json.loads(sys.argv[1])
 c = NvmlCollector(plan["node"], deadline_s=plan.get("deadline"), proc_root=plan.get("proc_root", "/proc"))
 t0 = time.time_ns()
@@ -49,7 +50,7 @@ for at in plan["at"]:
     threads = sum(1 for t in threading.enumerate() if t.name == "fleetprof-nvml")
     out["polls"].append({"record": record, "seconds": seconds, "threads": threads})
     if publisher is not None and record is not None:
-        publish_metrics(publisher, record)
+        publisher.publish("gpu.metrics", record["node"], encode("GpuMetrics", record))
 if publisher is not None:
     assert publisher.flush(30) == 0
 out["counters"] = {"polls": c.polls, "overruns": c.overruns, "skipped": c.skipped, "errors": c.errors}

@@ -1,7 +1,7 @@
 """What a deployment installs: the wheel (`pip install .`, as the Dockerfile does) carries the SQL migrations and
-named queries, the agent's BPF programs and the schemas, and an installed copy runs from outside the checkout; the
-Dockerfile parses (the official BuildKit parser, through the `dockerfile` package) and copies what exists; the
-wheel is built from just what it copies."""
+named queries, the agent's BPF programs, the schemas and the simulators `fleetprof loadgen` runs, and an installed
+copy runs from outside the checkout; the Dockerfile parses (the official BuildKit parser, through the `dockerfile`
+package) and copies what exists; the wheel is built from just what it copies."""
 
 from __future__ import annotations
 
@@ -45,20 +45,21 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return found
 
 
-def test_the_wheel_carries_sql_bpf_and_schemas(wheel):
+def test_the_wheel_carries_sql_bpf_schemas_and_simulators(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     in_checkout = {f"fleetprof/sql/{p.relative_to(REPO_ROOT / 'sql')}" for p in (REPO_ROOT / "sql").rglob("*")
                    if p.is_file() and p.suffix in (".sql", ".xml", ".md")}
     assert len(in_checkout) > 40 and in_checkout <= names
     assert {"producers/bpf/cpu_sampler.bpf.c", "producers/bpf/gpu_probes.bpf.c"} <= names
     assert {f"schemas/{p.name}" for p in (REPO_ROOT / "schemas").glob("*.avsc")} <= names
+    assert {f"simulate/{p.name}" for p in (REPO_ROOT / "simulate").glob("*.py")} <= names
 
 
 def test_an_installed_copy_migrates_a_store_and_knows_every_query_outside_the_checkout(wheel, tmp_path):
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
                    check=True, capture_output=True, timeout=300)
-    probe = ("import json, fleetprof, producers.cpu_sampler as cs;"
+    probe = ("import json, fleetprof, producers.cpu_sampler as cs, simulate.loadgen;"
              "from fleetprof.store import migration_files, named_queries;"
              "print(json.dumps([fleetprof.__file__, named_queries(), len(migration_files()),"
              " cs.BPF_SOURCE.is_file()]))")
@@ -80,7 +81,7 @@ def test_the_dockerfile_parses_and_copies_what_exists():
     assert by[0] == ("FROM", ("debian:bookworm-slim",))  # Python 3.11 and python3-bpfcc from one distribution
     copied = _copied()
     assert copied and all((REPO_ROOT / src).exists() for src in copied)
-    packages = {"fleetprof", "processors", "producers", "schemas", "sql", "pyproject.toml", "README.md"}
+    packages = {"fleetprof", "processors", "producers", "schemas", "simulate", "sql", "pyproject.toml", "README.md"}
     assert set(copied) == packages
     assert ("ENTRYPOINT", ("fleetprof",)) in by
     install = next(v[0] for cmd, v in by if cmd == "RUN" and "pip install" in v[0])

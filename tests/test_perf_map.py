@@ -17,8 +17,8 @@ import pytest
 
 from processors.symbol_tables import SymbolTables, table_from_chunks
 from processors.symbolize import symbolize_batch
-from producers.agent_sender import AgentSender
-from producers.cpu import ProcessCache, build_cpu_batch
+from producers.cpu import build_cpu_batch
+from producers.outbox_encoder import OutboxEncoder
 from producers.perf_map import (
     JIT_BINARY,
     PerfMapCache,
@@ -29,26 +29,26 @@ from producers.perf_map import (
     perf_map_path,
     read_perf_map,
 )
-from producers.process_info import Mapping, ProcessInfo
+from producers.process_info import Mapping, ProcessCache, ProcessInfo
 from schemas import single_object
 from tests.elf_helpers import unavailable
 
 BASE = 0x7F0000000000
 
 
-class FakePublisher:
-    def __init__(self) -> None:
+class Queued:
+    """The messages of the units the agent's encoder makes, in order."""
+
+    def __init__(self, encoder: OutboxEncoder) -> None:
+        self.encoder = encoder
         self.messages: list[tuple[str, str, bytes]] = []
 
-    def publish(self, topic: str, key: str, value: bytes) -> None:
-        self.messages.append((topic, key, value))
-
-    def flush(self, timeout: float = 60.0) -> int:
-        return 0
+    def window(self, batch: dict) -> None:
+        self.messages += [(t, k, v) for u in self.encoder.cpu(batch) for t, k, v, _ in u.messages]
 
 
-def _symbolized(pub: FakePublisher) -> dict:
-    """What the processors make of what the sender published: tables from the symbols messages, then the batches."""
+def _symbolized(pub: Queued) -> dict:
+    """What the processors make of what the encoder queued: tables from the symbols messages, then the batches."""
     tables = SymbolTables()
     for topic, _, value in pub.messages:
         if topic == "symbols":
@@ -132,8 +132,11 @@ def test_chunks_round_trip_to_an_identity_lookup_table() -> None:
     high = 0xFFFFFFFFFF600000  # above 2**63: carried in Avro longs with the same bits
     text = b"".join(b"%x %x f%d\n" % (BASE + 0x100 * i, 0x40 if i % 2 else 0, i) for i in range(5))
     pm = parse_perf_map(text + b"%x 10 vsyscall_jit\n" % high)
-    chunks = perf_map_chunks(pm, max_symbols=2)
-    assert [c["chunk_index"] for c in chunks] == [0, 1, 2] and {c["chunk_count"] for c in chunks} == {3}
+    limit = len(single_object.encode("SymbolChunk", perf_map_chunks(pm, None)[0])) - 40  # too small for all six
+    chunks = perf_map_chunks(pm, max_bytes=limit)
+    n = len(chunks)
+    assert n > 1 and [c["chunk_index"] for c in chunks] == list(range(n)) and {c["chunk_count"] for c in chunks} == {n}
+    assert all(len(single_object.encode("SymbolChunk", c)) <= limit for c in chunks)
     assert {(c["kind"], c["binary"], c["build_id"]) for c in chunks} == {("PERFMAP", JIT_BINARY, pm.build_id)}
     decoded = [single_object.decode(single_object.encode("SymbolChunk", c), "SymbolChunk")[1] for c in reversed(chunks)]
     table = table_from_chunks(decoded)
@@ -239,13 +242,12 @@ def test_batch_points_the_anonymous_mappings_holding_symbols_at_the_perf_map(tmp
     assert maps[BASE + 0x10000]["build_id"] == "" and maps[BASE + 0x10000]["path"] == ""
     assert maps[BASE + 0x30000]["build_id"] == "cd" * 20 and maps[0x400000]["build_id"] == "ab" * 20
 
-    # through the sender and the symbolizer: the JIT leaf by its perf-map name, its caller from the ELF table
-    pub = FakePublisher()
+    # through the encoder and the symbolizer: the JIT leaf by its perf-map name, its caller from the ELF table
     app_chunk = {"build_id": "ab" * 20, "binary": "app", "kind": "ELF", "chunk_index": 0, "chunk_count": 1,
                  "load_segments": [], "addrs": [0x1100], "sizes": [0x100], "names": ["main"]}
-    sender = AgentSender(pub, read_chunks=lambda path: [app_chunk] if path.endswith("/srv/app") else [],
-                         perf_maps=processes.perf_maps)
-    sender.send_window(batch)
+    pub = Queued(OutboxEncoder(read_chunks=lambda path, limit: [app_chunk] if path.endswith("/srv/app") else [],
+                               perf_maps=processes.perf_maps))
+    pub.window(batch)
     chains = _user_chains(_symbolized(pub))
     assert sorted(chains) == [([("jit_fn", JIT_BINARY), ("main", "app")], 5), ([("main", "app")], 1)]
 
@@ -278,27 +280,28 @@ def test_mappings_are_read_again_when_samples_fall_outside_them() -> None:
     assert processes.rereads == 3
 
 
-def test_sender_publishes_each_perf_map_version_once_without_reading_a_file(tmp_path: Path) -> None:
+def test_encoder_queues_each_perf_map_version_once_without_reading_a_file(tmp_path: Path) -> None:
     path = tmp_path / "perf-7.map"
     path.write_text(f"{BASE + 0x40:x} 40 jit_fn\n")
     processes = ProcessCache({7: _info(7, JIT)}.get, perf_maps=_cache_in(tmp_path))
     reads: list[str] = []
-    pub = FakePublisher()
-    sender = AgentSender(pub, read_chunks=lambda p: reads.append(p) or [], perf_maps=processes.perf_maps)
+    encoder = OutboxEncoder(read_chunks=lambda p, limit: reads.append(p) or [], perf_maps=processes.perf_maps)
+    pub = Queued(encoder)
     samples = [(7, 7, [BASE + 0x50], [], 1)]
 
     def published() -> list[str]:
         return [k for t, k, _ in pub.messages if t == "symbols" and k.startswith("perfmap:")]
 
-    first = sender.send_window(build_cpu_batch(samples, processes, "n", 0, 1, 99))
-    sender.send_window(build_cpu_batch(samples, processes, "n", 0, 1, 99))
-    assert len(published()) == 1 and first.new_build_ids == 2  # the perf map and /srv/app
+    pub.window(build_cpu_batch(samples, processes, "n", 0, 1, 99))
+    assert encoder.new_build_ids == 2  # the perf map and /srv/app
+    pub.window(build_cpu_batch(samples, processes, "n", 0, 1, 99))
+    assert len(published()) == 1
     assert reads == ["/proc/7/root/srv/app"]  # the ELF file only
     with path.open("a") as f:
         f.write(f"{BASE + 0x80:x} 40 jit_fn2\n")
-    sender.send_window(build_cpu_batch(samples, processes, "n", 0, 1, 99))
+    pub.window(build_cpu_batch(samples, processes, "n", 0, 1, 99))
     assert len(published()) == 2 and published()[1] == processes.perf_maps.get(7).build_id + "/0"
-    assert len(sender._sent_perf_ids) == 1  # the old version's id is not kept
+    assert len(encoder._sent_perf_ids) == 1  # the old version's id is not kept
 
 
 # --- end to end with BPF ---
@@ -389,8 +392,8 @@ def _sample(pid: int, processes: ProcessCache) -> dict:
         sampler.close()
     assert samples, f"no samples of pid {pid}"
     batch = build_cpu_batch(samples, processes, "n", time.time_ns(), 1, FREQUENCY)
-    pub = FakePublisher()
-    AgentSender(pub, perf_maps=processes.perf_maps).send_window(batch)
+    pub = Queued(OutboxEncoder(perf_maps=processes.perf_maps))
+    pub.window(batch)
     return _symbolized(pub)
 
 

@@ -7,10 +7,12 @@ import os
 import subprocess
 import sys
 
-from producers.cpu import ProcessCache, as_long, build_cpu_batch
+from producers.cpu import build_cpu_batch
 from producers.elf_symbols import read_build_id
 from producers.process_info import (
     BuildIdCache,
+    ProcessCache,
+    ProcessFilter,
     ProcessInfo,
     container_id,
     parse_cgroup,
@@ -18,7 +20,7 @@ from producers.process_info import (
     process_info,
 )
 from schemas.cpu_batch_writer import encode_cpu_batch
-from schemas.single_object import decode
+from schemas.single_object import decode, u64_to_long
 
 DOCKER_ID = "3f2b" + "a" * 60
 
@@ -89,13 +91,11 @@ def test_cpu_batch_matches_the_schema() -> None:
     assert batch["processes"][1]["comm"] == ""  # already gone: a placeholder, its samples kept
     _, decoded = decode(encode_cpu_batch(batch), expect="CpuStackBatch")
     stacks = decoded["processes"][0]["stacks"]
-    assert stacks[0]["kernel_addrs"] == [as_long(kernel_addr)]
+    assert stacks[0]["kernel_addrs"] == [u64_to_long(kernel_addr)]
     assert sum(s["count"] for p in decoded["processes"] for s in p["stacks"]) == 10
 
 
 def test_filters_keep_processes_by_comm_and_cgroup_prefix() -> None:
-    from producers.cpu import ProcessFilter
-
     infos = {1: ProcessInfo(1, "python3", "/usr/bin/python3", "/kubepods.slice/pod-a/ctr", "c" * 64, []),
              2: ProcessInfo(2, "python3", "/usr/bin/python3", "/system.slice/sshd.service", "", []),
              3: ProcessInfo(3, "nginx", "/usr/sbin/nginx", "/kubepods.slice/pod-b/ctr", "d" * 64, [])}

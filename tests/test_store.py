@@ -14,6 +14,7 @@ import pytest
 
 from fleetprof.settings import REPO_ROOT
 from fleetprof.store import (
+    QUERIES_DIR,
     ParamError,
     StoreError,
     UnknownQuery,
@@ -21,7 +22,9 @@ from fleetprof.store import (
     migration_files,
     named_query,
     open_store,
+    parse_query,
     parse_time,
+    query_file,
     split_statements,
 )
 
@@ -249,6 +252,33 @@ def test_named_queries_declare_their_defaults():
     assert q.params == {"since": "DateTime", "until": "DateTime", "node": "String", "pid": "UInt32",
                         "comm": "String", "limit": "UInt32"}
     assert q.defaults == {"until": "now", "node": "", "pid": "0", "comm": "", "limit": "20"}
+
+
+def test_the_flame_graphs_include_the_samples_per_stack_written_once():
+    for name in ("flamegraph_cpu", "flamegraph_ids_cpu", "flamegraph_names_cpu", "flamegraph_gpu", "flamegraph_ids_gpu",
+                 "flamegraph_names_gpu"):
+        shared = "cpu_samples_by_stack" if name.endswith("cpu") else "gpu_kernel_samples_by_stack"
+        text = (QUERIES_DIR / f"{name}.sql").read_text()
+        assert f"        -- @include {shared}\n" in text and "UNION" not in text, name
+        # the included query's statement, without its comment header, where the line was; the file's own defaults
+        statement = named_query(shared).sql.split("\nWITH\n", 1)[1]
+        query = named_query(name)
+        assert "@include" not in query.sql and textwrap.indent(f"WITH\n{statement}", " " * 8) in query.sql, name
+        assert query.params == {"since": "DateTime", "until": "DateTime", "node": "String", "pid": "UInt32",
+                                "comm": "String"}, name
+        assert query.defaults == named_query(shared).defaults == {"until": "now", "node": "", "pid": "0", "comm": ""}
+        assert query_file(QUERIES_DIR / f"{name}.sql").sql == query.sql  # `fleetprof sql --file` reads it alike
+
+
+def test_an_include_names_a_named_query_and_brings_no_defaults():
+    query = parse_query("q", "-- @default limit = 5\nSELECT * FROM\n(\n  -- @include cpu_samples_by_stack\n)\n"
+                             "LIMIT {limit:UInt32}")
+    assert query.sql.startswith("-- @default limit = 5\nSELECT * FROM\n(\n  WITH\n      -- [first_hour")
+    assert list(query.params) == ["since", "until", "node", "pid", "comm", "limit"]
+    assert query.defaults == {"limit": "5"}
+    for name in ("no_such_query", "../migrations/0001_schema_migrations"):
+        with pytest.raises(UnknownQuery, match="no named query"):
+            parse_query("q", f"SELECT * FROM (\n-- @include {name}\n)")
 
 
 def test_parse_time_and_coercion():

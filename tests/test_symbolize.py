@@ -6,12 +6,12 @@ from __future__ import annotations
 from processors.stack_ids import frame_id
 from processors.symbol_tables import SymbolTables
 from processors.symbolize import FrameMemo, SymbolizeStats, symbolize_batch
-from producers.synthetic_binaries import KERNEL_BUILD_ID
-from producers.synthetic_fleet import FREQUENCY_HZ, SyntheticFleet
 from schemas import single_object
 from schemas.cpu_batch_reader import decode_columnar
 from schemas.packed_stacks import PackedStacks
 from schemas.single_object import u64_to_long
+from simulate.synthetic_binaries import KERNEL_BUILD_ID
+from simulate.synthetic_fleet import FREQUENCY_HZ, SyntheticFleet
 
 LIBC = "aa" * 20
 KERNEL = "kernel-test"

@@ -13,9 +13,6 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from producers.synthetic_binaries import KERNEL_BINARY, KERNEL_BUILD_ID, PAGE, mangle
-from producers.synthetic_fleet import FREQUENCY_HZ, SyntheticFleet
-from producers.synthetic_workload import GPU_KERNELS, GPU_NAME
 from schemas.cpu_batch_writer import (
     DEFAULT_MAX_BYTES,
     encode_cpu_batch,
@@ -26,6 +23,9 @@ from schemas.cpu_batch_writer import (
 )
 from schemas.packed_stacks import PackedStacks
 from schemas.single_object import decode, encode, long_to_u64
+from simulate.synthetic_binaries import KERNEL_BINARY, KERNEL_BUILD_ID, PAGE, mangle
+from simulate.synthetic_fleet import FREQUENCY_HZ, SyntheticFleet
+from simulate.synthetic_workload import GPU_KERNELS, GPU_NAME
 
 
 def reference_symbolize(addr: int, mappings: list[dict], tables: dict[str, dict]) -> tuple[str, str] | None:

@@ -1,10 +1,9 @@
-"""`fleetprof agent`: CPU stacks, CUDA kernel time with launching stacks and NVML metrics per window, published with
-the symbol tables they need (or printed: `--dry-run`)."""
+"""`fleetprof agent`: the node agent (producers/agent.py) built from flags, sending to Kafka or printing one window
+(`--dry-run`)."""
 
 from __future__ import annotations
 
 import json
-import re
 import signal
 import socket
 import sys
@@ -13,146 +12,90 @@ import time
 
 import click
 
+from fleetprof.durations import Duration
 from fleetprof.settings import Settings
-from producers.agent_loop import AgentCollectors, AgentLoop
-from producers.agent_sender import AgentSender
-from producers.cpu import ProcessCache, ProcessFilter, build_cpu_batch
-from producers.cpu_sampler import BpfUnavailable, CpuSampler
-from producers.gpu_probes import publish as publish_gpu
+from producers.agent import Agent, AgentReport, Records, Window
+from producers.agent_lock import AgentLock, AgentRunning
+from producers.collectors import CollectorOptions, OpenedCollectors, open_collectors
+from producers.cpu_sampler import DEFAULT_MAX_ENTRIES
+from producers.kafka_link import KafkaLink
 from producers.kallsyms import KernelSymbols, kernel_build_id, read_kallsyms
 from producers.memory import trim_heap
-from producers.outage_buffer import OutageBuffer
-from producers.publisher import Publisher, PublishError, check_broker
+from producers.outbox import RECORD_NAMES, Outbox
+from producers.outbox_encoder import OutboxEncoder
+from producers.process_info import ProcessCache, ProcessFilter
+from producers.publisher import Publisher
 from schemas import topics
-from schemas.single_object import encode
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m)?\s*$")
-
-
-def parse_duration(text: str) -> float:
-    """`500ms`, `2s`, `2` (seconds), `1m` → seconds; ValueError otherwise."""
-    m = _DURATION.match(text)
-    if not m:
-        raise ValueError(f"not a duration: {text!r} (use e.g. 500ms, 2s, 1m)")
-    value = float(m.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0}[m.group(2) or "s"]
-    if value <= 0:
-        raise ValueError(f"duration must be positive: {text!r}")
-    return value
-
-
-def _hex(v: int) -> str:
-    return f"0x{v & 0xFFFFFFFFFFFFFFFF:x}"
-
-
-def _hex_launch(rec: dict) -> dict:
-    """A GpuLaunch record with addresses as hex strings, for people reading the dry run."""
-    return {**rec, "user_addrs": [_hex(a) for a in rec["user_addrs"]],
-            "mappings": [{**m, "start": _hex(m["start"]), "limit": _hex(m["limit"]),
-                          "file_offset": _hex(m["file_offset"])} for m in rec["mappings"]]}
-
-
-def _hex_addrs(batch: dict) -> dict:
-    """The record with addresses as hex strings (unsigned), for people reading the dry run."""
-    def hx(v: int) -> str:
-        return f"0x{v & 0xFFFFFFFFFFFFFFFF:x}"
-    out = dict(batch)
-    out["processes"] = [{
-        **p,
-        "mappings": [{**m, "start": hx(m["start"]), "limit": hx(m["limit"]), "file_offset": hx(m["file_offset"])}
-                     for m in p["mappings"]],
-        "stacks": [{**s, "user_addrs": [hx(a) for a in s["user_addrs"]],
-                    "kernel_addrs": [hx(a) for a in s["kernel_addrs"]]} for s in p["stacks"]],
-    } for p in batch["processes"]]
-    return out
+EXIT_WAIT_S = 10.0  # at exit, how long to wait for a Kafka that is away before counting what is held as dropped
+FLUSH_S = 60.0  # at exit, how long Kafka may take to acknowledge what is held
 
 
 @click.command("agent")
 @click.option("--dry-run", is_flag=True,
               help="Print one window's records as JSON lines instead of publishing them (needs --once).")
 @click.option("--once", is_flag=True, help="Collect one window, then exit.")
-@click.option("--window", default="10s", show_default=True, help="Reporting window: 500ms, 2s, 1m.")
+@click.option("--window", type=Duration(), default="10s", show_default=True, help="Reporting window: 500ms, 2s, 1m.")
 @click.option("--frequency", type=click.IntRange(1, 1000), default=19, show_default=True,
               help="CPU samples per second per CPU.")
 @click.option("--pid", type=click.IntRange(1), default=None, help="Sample only this process.")
 @click.option("--comm", default=None, help="Keep only processes with this command name (as in /proc/PID/comm).")
 @click.option("--cgroup", default=None, help="Keep only processes whose cgroup path starts with this, e.g. "
                                              "/kubepods.slice or /system.slice/docker-<id>.scope.")
-@click.option("--node", default=None, help="Node name in the records. [default: this host's name]")
+@click.option("--node", default=None, help="Node name in the records; one agent runs per node and data directory. "
+                                           "[default: this host's name]")
 @click.option("--gpu/--no-gpu", default=True, show_default=True,
               help="Also time CUDA kernels with their launching stacks (fleetprof USDT probes) and poll NVML.")
-@click.option("--nvml-period", default="1s", show_default=True, help="NVML poll period (at least 1s).")
+@click.option("--nvml-period", type=Duration(), default="1s", show_default=True, help="NVML poll period (at least 1s).")
 @click.option("--buffer-mb", type=click.FloatRange(0, min_open=True), envvar="FLEETPROF_AGENT_BUFFER_MB",
               default=256, show_default=True,
-              help="Memory for windows waiting while Kafka is unreachable; the oldest whole windows are dropped "
-                   "(and counted) beyond it. [env FLEETPROF_AGENT_BUFFER_MB]")
+              help="Memory for records waiting while Kafka is unreachable (every kind: CPU windows, GPU launches and "
+                   "kernels, NVML polls, symbol tables); the oldest are dropped (and counted) beyond it. "
+                   "[env FLEETPROF_AGENT_BUFFER_MB]")
+@click.option("--stack-entries", type=click.IntRange(1024, 1 << 22), envvar="FLEETPROF_AGENT_STACK_ENTRIES",
+              default=None, help="Stack map entries (rounded up to a power of two by the kernel); a stack whose slot "
+                                 "is taken is lost, and counted. [env FLEETPROF_AGENT_STACK_ENTRIES; default: 64 per "
+                                 "sample per second over all CPUs, 16,384 to 1,048,576]")
+@click.option("--count-entries", type=click.IntRange(1024, 1 << 22), envvar="FLEETPROF_AGENT_COUNT_ENTRIES",
+              default=DEFAULT_MAX_ENTRIES, show_default=True,
+              help="Distinct (thread, stack) pairs counted per second; beyond it samples are dropped, and counted. "
+                   "[env FLEETPROF_AGENT_COUNT_ENTRIES]")
 @click.option("--format", "fmt", type=click.Choice(["json", "text"]), default=None,
               help="Dry run: json (the default) prints one CpuStackBatch per line, one process each, addresses as "
                    "hex strings, then any GpuLaunch, GpuKernel and GpuMetrics records, one per line. Publishing: "
                    "json prints a final summary line on stdout; text (the default) none.")
 @click.pass_obj
-def agent(settings: Settings, dry_run: bool, once: bool, window: str, frequency: int, pid: int | None,
-          comm: str | None, cgroup: str | None, node: str | None, gpu: bool, nvml_period: str,
-          buffer_mb: float, fmt: str | None) -> None:
+def agent(settings: Settings, dry_run: bool, once: bool, window: float, frequency: int, pid: int | None,
+          comm: str | None, cgroup: str | None, node: str | None, gpu: bool, nvml_period: float, buffer_mb: float,
+          stack_entries: int | None, count_entries: int, fmt: str | None) -> None:
     """Run the node agent: CPU stacks (eBPF, needs root), CUDA kernel time with launching stacks (USDT) and NVML
     metrics, published to Kafka with the symbol tables they need sent first. Whatever cannot run here is said in
-    one line and the rest keeps running. Stops on SIGTERM/SIGINT after sending what it collected."""
-    try:
-        window_s = parse_duration(window)
-        nvml_s = parse_duration(nvml_period)
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
-    node = node or socket.gethostname()
-    keep = ProcessFilter(comm=comm, cgroup=cgroup)
+    one line and the rest keeps running; while Kafka is unreachable (or lacks its topics) records wait in memory and
+    go once it is back. Stops on SIGTERM/SIGINT after sending what it collected."""
+    if dry_run and not once:
+        raise click.UsageError("--dry-run needs --once")
+    if dry_run and fmt == "text":
+        raise click.UsageError("--dry-run prints JSON only")
+    options = CollectorOptions(node or socket.gethostname(), frequency, pid, ProcessFilter(comm=comm, cgroup=cgroup),
+                               gpu, nvml_period, stack_entries, count_entries)
     if dry_run:
-        if not once:
-            raise click.UsageError("--dry-run needs --once")
-        if fmt == "text":
-            raise click.UsageError("--dry-run prints JSON only")
-    elif fmt is None:
-        fmt = "text"
-    run = AgentRun(settings, window_s, frequency, pid, node, keep, gpu, nvml_s, int(buffer_mb * 2**20))
-    if dry_run:
-        run.dry_run()
+        _dry_run(options, window)
     else:
-        run.publish(once, fmt)
+        _publish(settings, options, window, once, fmt or "text", int(buffer_mb * 2**20))
 
 
-def _open_collectors(frequency: int, pid: int | None, node: str, processes: ProcessCache, gpu: bool,
-                     nvml_s: float) -> AgentCollectors:
-    """Start what can run here; one line on stderr for each part that cannot, and an error when none can."""
-    found = AgentCollectors()
-    try:
-        sampler = CpuSampler(frequency_hz=frequency, pid_filter=pid)
-        sampler.start()
-        found.sampler = sampler
-    except BpfUnavailable as exc:
-        found.notes.append(f"CPU sampling off: BPF unavailable: {exc}")
-    if gpu:
-        if found.sampler is not None:
-            from producers.gpu_probes import GpuProbeCollector
+def _open(options: CollectorOptions, processes: ProcessCache) -> OpenedCollectors:
+    opened = open_collectors(options, processes)
+    if not opened.collectors:
+        raise click.ClickException("nothing to collect on this node: " + "; ".join(opened.notes or ["no GPU"]))
+    if options.pid is not None:
+        processes.get(options.pid)  # mappings now, in case it exits within the window
+    return opened
 
-            probes = GpuProbeCollector(node, processes)
-            try:
-                probes.start()
-                found.gpu = probes
-            except BpfUnavailable as exc:
-                found.notes.append(f"CUDA kernel timing off: {exc}")
-        else:
-            found.notes.append("CUDA kernel timing off: it needs BPF too")
-        try:
-            from producers.nvml_collector import NvmlCollector
-        except ImportError as exc:  # nvidia-ml-py missing from this install
-            found.notes.append(f"GPU metrics off: {exc}")
-        else:
-            nvml = NvmlCollector(node, period_s=nvml_s)
-            if nvml.open():  # when it cannot, it has said why once itself
-                found.nvml = nvml
-    for note in found.notes:
-        click.echo(f"warning: {note}", err=True)
-    if found.sampler is None and found.gpu is None and found.nvml is None:
-        found.close()
-        raise click.ClickException("nothing to collect on this node: " + "; ".join(found.notes or ["no GPU"]))
-    return found
+
+def _parts(opened: OpenedCollectors, options: CollectorOptions) -> str:
+    said = {"cpu": f"CPU at {options.frequency_hz} Hz", "gpu": "CUDA kernels", "nvml": "NVML"}
+    return ", ".join(said[name] for name in opened.names())
 
 
 def _read_kernel() -> KernelSymbols | None:
@@ -167,167 +110,171 @@ def _read_kernel() -> KernelSymbols | None:
     return kernel
 
 
-class AgentRun:
-    """One `fleetprof agent` invocation: opens the collectors, runs windows, publishes or prints."""
+# --- publishing ------------------------------------------------------------------------------------------------
 
-    def __init__(self, settings: Settings, window_s: float, frequency: int, pid: int | None, node: str,
-                 keep: ProcessFilter, gpu: bool, nvml_s: float, buffer_bytes: int = 256 << 20) -> None:
-        self.settings = settings
-        self.window_s = window_s
-        self.frequency = frequency
-        self.pid = pid
-        self.node = node
-        self.keep = keep
-        self.gpu = gpu
-        self.nvml_s = nvml_s
-        self.buffer_bytes = buffer_bytes
-        self.processes = ProcessCache()
 
-    def _kept(self, records: list[dict]) -> list[dict]:
-        """GPU records of the processes the filters keep."""
-        out = []
-        for rec in records:
-            if self.pid is not None and rec["pid"] != self.pid:
-                continue
-            if (self.keep.comm is not None or self.keep.cgroup is not None) and \
-                    not self.keep.accepts(self.processes.get(rec["pid"])):
-                continue
-            out.append(rec)
-        return out
+def _publish(settings: Settings, options: CollectorOptions, window_s: float, once: bool, fmt: str,
+             buffer_bytes: int) -> None:
+    lock = AgentLock(settings.data_dir, options.node)
+    try:
+        lock.acquire()
+    except AgentRunning as exc:
+        raise click.ClickException(str(exc)) from None
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    kernel = _read_kernel()
+    options = CollectorOptions(**{**options.__dict__, "kernel_build_id": kernel.build_id if kernel else ""})
+    config = settings.kafka_config()
+    processes = ProcessCache()
+    opened = _open(options, processes)
+    wanted = [topics.SYMBOLS.name, topics.CPU_STACKS.name]
+    if "gpu" in opened.names():
+        wanted += [topics.GPU_LAUNCHES.name, topics.GPU_KERNELS.name]
+    if "nvml" in opened.names():
+        wanted.append(topics.GPU_METRICS.name)
+    link = KafkaLink(config, wanted)
+    publisher = Publisher(config)
+    encoder = OutboxEncoder(kernel, max_bytes=link.max_bytes, perf_maps=processes.perf_maps)
+    outbox = Outbox(publisher, link, encoder, buffer_bytes)
+    lines = WindowLines(outbox, opened)
+    agent = Agent(opened.collectors, outbox, window_s, on_window=lines.print)
+    link.start()
+    click.echo(f"collecting {_parts(opened, options)}; {window_s:g} s windows, sending to "
+               f"{config['bootstrap.servers']}" + (" (one window)" if once else " (until SIGTERM/SIGINT)"), err=True)
+    try:
+        report = agent.run(stop, once)
+        if not link.ready:
+            link.wait_ready(EXIT_WAIT_S)
+        if link.ready:
+            outbox.drain(FLUSH_S)
+        held = sum(u.records for u in outbox.held)
+        outbox.drop_held()
+    finally:
+        counters = {c.name: c.counters() for c in opened.collectors}
+        opened.close()
+        link.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        lock.release()
+    summary = _summary(options, report, outbox, encoder, opened, counters)
+    if fmt == "json":
+        sys.stdout.write(json.dumps(summary) + "\n")
+    click.echo(f"stopped after {report.windows} windows: " + ", ".join(
+        f"{t.records} {RECORD_NAMES[k]}" for k, t in outbox.sent.items() if t.units) + " sent; " + (", ".join(
+            f"{t.records} {RECORD_NAMES[k]}" for k, t in outbox.dropped.items() if t.units) or "nothing") +
+        f" dropped; {publisher.bytes} bytes", err=True)
+    if outbox.unconfirmed or held:
+        why = f" ({link.reason})" if link.reason else ""
+        raise click.ClickException(f"Kafka at {link.where} {link.state}{why} at exit: {held} records dropped, "
+                                   f"{outbox.unconfirmed} messages not confirmed")
 
-    def _open(self) -> AgentCollectors:
-        collectors = _open_collectors(self.frequency, self.pid, self.node, self.processes, self.gpu, self.nvml_s)
-        if self.pid is not None:
-            self.processes.get(self.pid)  # mappings now, in case it exits within the window
-        return collectors
 
-    def _batch(self, collectors: AgentCollectors, samples: list, start_ns: int, kid: str) -> dict:
-        if collectors.sampler is None:
-            self.processes.end_window()
-        return build_cpu_batch(samples, self.processes, self.node, start_ns, time.time_ns() - start_ns,
-                               self.frequency, kid, self.keep)
+class WindowLines:
+    """One line on stderr per window: what it collected and what waits for Kafka."""
 
-    def dry_run(self) -> None:
-        collectors = self._open()
-        gpu_lines: list[str] = []
+    def __init__(self, outbox: Outbox, opened: OpenedCollectors) -> None:
+        self.outbox = outbox
+        self.opened = opened
+        self._before = {k: t.records for k, t in outbox.put_tally.items()}
 
-        def on_gpu(launches: list[dict], kernels: list[dict]) -> None:
-            gpu_lines.extend(json.dumps(_hex_launch(r), separators=(",", ":")) for r in self._kept(launches))
-            gpu_lines.extend(json.dumps(r, separators=(",", ":")) for r in self._kept(kernels))
+    def print(self, window: Window, report: AgentReport) -> None:
+        trim_heap()  # reading new binaries' symbol tables is bursty: give the peak back, not keep it
+        put = self.outbox.put_tally
+        now = {k: t.records - self._before[k] for k, t in put.items()}
+        self._before = {k: t.records for k, t in put.items()}
+        cpu = next((c for c in self.opened.collectors if c.name == "cpu"), None)
+        lost = cpu.sampler.lost_samples if cpu is not None else 0
+        dropped = cpu.sampler.dropped_samples if cpu is not None else 0
+        click.echo(f"window {window.index}: {now['cpu']} samples, {now['symbols']} symbol chunks, "
+                   f"{now['gpu_launches']} launches, {now['gpu_kernels']} kernels, {now['gpu_metrics']} GPU metric "
+                   f"polls; {self.outbox.pending_bytes} bytes waiting for Kafka ({self.outbox.link.state}); "
+                   f"{lost} lost stacks, {dropped} dropped (map full)", err=True)
 
-        def on_metrics(record: dict) -> None:
-            gpu_lines.append(json.dumps(record, separators=(",", ":")))
 
-        loop = AgentLoop(collectors, self.processes, on_gpu, on_metrics)
-        try:
-            loop.start()
-            click.echo(f"sampling at {self.frequency} Hz for {self.window_s:g} s ...", err=True)
-            start_ns = time.time_ns()
-            batch = self._batch(collectors, loop.window(self.window_s), start_ns, kernel_build_id())
-        finally:
-            collectors.close()
+def _summary(options: CollectorOptions, report: AgentReport, outbox: Outbox, encoder: OutboxEncoder,
+             opened: OpenedCollectors, counters: dict[str, dict[str, int]]) -> dict:
+    cpu = counters.get("cpu", {})
+    sent, dropped, put = outbox.sent, outbox.dropped, outbox.put_tally
+    return {"node": options.node, "windows": report.windows,
+            "samples": sent["cpu"].records, "produced_samples": put["cpu"].records,
+            "batches": put["cpu"].messages, "symbol_chunks": put["symbols"].records,
+            "build_ids": encoder.new_build_ids, "unreadable_files": encoder.unreadable,
+            "lost_stacks": cpu.get("lost_stacks", 0), "map_full_samples": cpu.get("map_full_samples", 0),
+            "dropped_windows": dropped["cpu"].units, "dropped_samples": dropped["cpu"].records,
+            "dropped_messages": sum(t.messages for t in dropped.values()),
+            "dropped_bytes": sum(t.bytes for t in dropped.values()),
+            "buffer_peak_bytes": outbox.peak_bytes,
+            "gpu_launches": put["gpu_launches"].records, "gpu_kernels": put["gpu_kernels"].records,
+            "gpu_metric_polls": put["gpu_metrics"].records,
+            "sent": {k: t.records for k, t in sent.items()}, "dropped": {k: t.records for k, t in dropped.items()},
+            "unsendable": outbox.unsendable, "counters": counters, "gpu_probe_counters": counters.get("gpu", {}),
+            "off": opened.notes, "kafka": outbox.link.state, "kafka_state_changes": outbox.link.changes,
+            "kernel_build_id": options.kernel_build_id, "bytes": outbox.publisher.bytes,
+            "elapsed_s": round(time.monotonic() - report.started, 3)}
+
+
+# --- the dry run ------------------------------------------------------------------------------------------------
+
+
+def _hex(v: int) -> str:
+    return f"0x{v & 0xFFFFFFFFFFFFFFFF:x}"
+
+
+def _hex_mappings(mappings: list[dict]) -> list[dict]:
+    return [{**m, "start": _hex(m["start"]), "limit": _hex(m["limit"]), "file_offset": _hex(m["file_offset"])}
+            for m in mappings]
+
+
+class DryRunOutlet:
+    """Holds one window's records and prints them as JSON lines: CPU batches (one process each, addresses as hex
+    strings), then GPU launches, kernels and NVML polls."""
+
+    pending = False
+
+    def __init__(self) -> None:
+        self.cpu: list[dict] = []
+        self.gpu: list[dict] = []
+
+    def put(self, records: Records) -> None:
+        (self.cpu if records.kind == "cpu" else self.gpu).extend(
+            {**r, "user_addrs": [_hex(a) for a in r["user_addrs"]], "mappings": _hex_mappings(r["mappings"])}
+            if records.kind == "gpu_launches" else r for r in records.records)
+
+    def pump(self) -> None:
+        """Nothing to move: it prints at the end."""
+
+    def write(self) -> int:
+        """Print everything; returns the CPU samples printed."""
         total = 0
-        for proc in batch["processes"]:
-            total += sum(s["count"] for s in proc["stacks"])
-            line = _hex_addrs({**batch, "processes": [proc]})
-            sys.stdout.write(json.dumps(line, separators=(",", ":")) + "\n")
-        for line in gpu_lines:
-            sys.stdout.write(line + "\n")
-        sampler = collectors.sampler
-        lost = f"{sampler.lost_samples} lost stacks, {sampler.dropped_samples} dropped (counts map full)" \
-            if sampler is not None else "CPU sampling off"
-        click.echo(f"{total} samples, {len(batch['processes'])} processes, {lost}; {loop.launches} launches, "
-                   f"{loop.kernels} kernels, {loop.metrics} GPU metric polls", err=True)
+        for batch in self.cpu:
+            for proc in batch["processes"]:
+                total += sum(s["count"] for s in proc["stacks"])
+                line = {**batch, "processes": [{
+                    **proc, "mappings": _hex_mappings(proc["mappings"]),
+                    "stacks": [{**s, "user_addrs": [_hex(a) for a in s["user_addrs"]],
+                                "kernel_addrs": [_hex(a) for a in s["kernel_addrs"]]} for s in proc["stacks"]]}]}
+                sys.stdout.write(json.dumps(line, separators=(",", ":")) + "\n")
+        for rec in self.gpu:
+            sys.stdout.write(json.dumps(rec, separators=(",", ":")) + "\n")
+        return total
 
-    def publish(self, once: bool, fmt: str) -> None:
-        config = self.settings.kafka_config()
-        try:
-            check_broker(config, [topics.CPU_STACKS.name, topics.SYMBOLS.name])
-        except PublishError as exc:
-            raise click.ClickException(str(exc)) from None
-        stop = threading.Event()
-        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
-        kernel = _read_kernel()
-        kid = kernel.build_id if kernel is not None else ""
-        publisher = Publisher(config)
-        sender = AgentSender(publisher, kernel)
-        outbox = OutageBuffer(publisher, self.buffer_bytes)
-        windows = lost = dropped = launches = kernels = metrics = 0
-        t0 = time.monotonic()
-        collectors = self._open()
 
-        def on_gpu(found_launches: list[dict], found_kernels: list[dict]) -> None:
-            nonlocal launches, kernels
-            kept_l, kept_k = self._kept(found_launches), self._kept(found_kernels)
-            publish_gpu(publisher, kept_l, kept_k, sender)
-            launches, kernels = launches + len(kept_l), kernels + len(kept_k)
-
-        def on_metrics(record: dict) -> None:
-            nonlocal metrics
-            publisher.publish(topics.GPU_METRICS.name, record["node"], encode("GpuMetrics", record))
-            metrics += 1
-
-        loop = AgentLoop(collectors, self.processes, on_gpu, on_metrics)
-        try:
-            loop.start()
-            parts = [f"CPU at {self.frequency} Hz" if collectors.sampler is not None else None,
-                     "CUDA kernels" if collectors.gpu is not None else None,
-                     "NVML" if collectors.nvml is not None else None]
-            click.echo(f"collecting {', '.join(p for p in parts if p)}; {self.window_s:g} s windows, sending to "
-                       f"{config['bootstrap.servers']}" + (" (one window)" if once else " (until SIGTERM/SIGINT)"),
-                       err=True)
-            while True:
-                start_ns = time.time_ns()
-                samples = loop.window(self.window_s, stop)  # a signal ends the window early; its data still goes
-                chunks_before = sender.symbol_chunks
-                batch = self._batch(collectors, samples, start_ns, kid)
-                held = sender.window_messages(batch)
-                outbox.add(held)
-                # Kafka away: keep sampling (a glance for acks, not a wait), the windows wait in the buffer
-                outbox.drain(idle_s=0.05 if outbox.buffering else 2.0, budget_s=max(self.window_s, 30.0))
-                trim_heap()  # reading new binaries' symbol tables is bursty: give the peak back, not keep it
-                windows += 1
-                sampler = collectors.sampler
-                if sampler is not None:
-                    lost, dropped = lost + sampler.lost_samples, dropped + sampler.dropped_samples
-                click.echo(f"window {windows}: {held.samples} samples, {held.processes} processes, "
-                           f"{len(held.batches)} batches, {sender.symbol_chunks - chunks_before} symbol chunks "
-                           f"({held.new_build_ids} new build ids), {held.bytes} bytes; "
-                           f"{outbox.pending_bytes} bytes waiting for Kafka; "
-                           f"{sampler.lost_samples if sampler else 0} lost stacks, "
-                           f"{sampler.dropped_samples if sampler else 0} dropped; {launches} launches, {kernels} "
-                           f"kernels, {metrics} GPU metric polls so far", err=True)
-                if once or stop.is_set():
-                    break
-            # what is still waiting gets one more chance, then counts as dropped
-            if not outbox.drain(idle_s=10.0, budget_s=sender.flush_timeout):
-                outbox.drop_rest()
-            if outbox.unconfirmed:
-                raise PublishError(f"{outbox.unconfirmed} messages not confirmed by Kafka at exit")
-            if publisher.flush(sender.flush_timeout):
-                raise PublishError(f"GPU records not delivered within {sender.flush_timeout:.0f} s")
-        except PublishError as exc:
-            raise click.ClickException(str(exc)) from None
-        finally:
-            gpu_counters = collectors.gpu.counters() if collectors.gpu is not None else {}
-            collectors.close()
-            if not publisher.failed:
-                publisher.poll(0)
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-        summary = {"node": self.node, "windows": windows, "samples": outbox.sent_samples,
-                   "produced_samples": sender.samples, "batches": sender.batches,
-                   "symbol_chunks": sender.symbol_chunks, "build_ids": len(sender.sent_build_ids),
-                   "unreadable_files": sender.unreadable, "lost_stacks": lost, "map_full_samples": dropped,
-                   "dropped_windows": outbox.dropped_windows, "dropped_messages": outbox.dropped_messages,
-                   "dropped_bytes": outbox.dropped_bytes, "dropped_samples": outbox.dropped_samples,
-                   "buffer_peak_bytes": outbox.peak_bytes,
-                   "gpu_launches": launches, "gpu_kernels": kernels, "gpu_metric_polls": metrics,
-                   "gpu_probe_counters": gpu_counters, "off": collectors.notes,
-                   "kernel_build_id": kid, "bytes": publisher.bytes,
-                   "elapsed_s": round(time.monotonic() - t0, 3)}
-        if fmt == "json":
-            sys.stdout.write(json.dumps(summary) + "\n")
-        click.echo(f"stopped after {windows} windows: {outbox.sent_samples} samples sent, {outbox.dropped_samples} "
-                   f"dropped in {outbox.dropped_windows} windows while Kafka was away, {launches} launches, {kernels} "
-                   f"kernels, {metrics} GPU metric polls, {publisher.bytes} bytes sent", err=True)
+def _dry_run(options: CollectorOptions, window_s: float) -> None:
+    options = CollectorOptions(**{**options.__dict__, "kernel_build_id": kernel_build_id()})
+    processes = ProcessCache()
+    opened = _open(options, processes)
+    outlet = DryRunOutlet()
+    try:
+        click.echo(f"collecting {_parts(opened, options)} for {window_s:g} s ...", err=True)
+        report = Agent(opened.collectors, outlet, window_s).run(threading.Event(), once=True)
+        counters = {c.name: c.counters() for c in opened.collectors}
+    finally:
+        opened.close()
+    total = outlet.write()
+    cpu = counters.get("cpu")
+    lost = f"{cpu['lost_stacks']} lost stacks, {cpu['map_full_samples']} dropped (counts map full)" \
+        if cpu is not None else "CPU sampling off"
+    found = report.records
+    click.echo(f"{total} samples, {sum(len(b['processes']) for b in outlet.cpu)} processes, {lost}; "
+               f"{found.get('gpu_launches', 0)} launches, {found.get('gpu_kernels', 0)} kernels, "
+               f"{found.get('gpu_metrics', 0)} GPU metric polls", err=True)

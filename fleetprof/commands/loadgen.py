@@ -4,34 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-import re
 
 import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from fleetprof.durations import Duration
 from fleetprof.settings import Settings
-
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "": 1.0}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|)\s*$")
-
-
-class Duration(click.ParamType):
-    """Seconds, from "30s", "5m", "1.5h", "500ms" or a bare number of seconds."""
-
-    name = "duration"
-
-    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        if isinstance(value, int | float):
-            seconds = float(value)
-        else:
-            match = _DURATION.match(str(value))
-            if not match:
-                self.fail(f"{value!r} is not a duration like 30s, 5m, 1h or a number of seconds", param, ctx)
-            seconds = float(match.group(1)) * _UNITS[match.group(2)]
-        if seconds <= 0:
-            self.fail(f"{value!r} must be longer than zero", param, ctx)
-        return seconds
 
 
 @click.command("loadgen")
@@ -54,9 +33,9 @@ def loadgen(settings: Settings, nodes: int, rate: float, duration: float, window
             no_gpu: bool, launch_rate: float, node_prefix: str, fmt: str) -> None:
     """Send simulated nodes' CPU stacks, CUDA launches/kernels, GPU metrics and symbol tables (all marked
     simulated) to Kafka, then print exact totals of what was sent."""
-    from producers.loadgen import run_loadgen
     from producers.publisher import PublishError, check_broker
     from schemas import topics
+    from simulate.loadgen import run_loadgen
 
     kafka = settings.kafka_config()
     wanted = [topics.SYMBOLS.name, topics.CPU_STACKS.name]

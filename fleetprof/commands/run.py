@@ -13,8 +13,8 @@ from pathlib import Path
 
 import click
 
-from fleetprof.native import NativeBuildError
-from producers.gpu_native import build_shim
+from producers.cupti_shim import build_shim
+from producers.native_build import NativeBuildError
 
 INJECTION_ENV = "CUDA_INJECTION64_PATH"
 RECORD_ENV = "FLEETPROF_CUPTI_RECORD"

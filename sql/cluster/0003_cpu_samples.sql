@@ -1,14 +1,14 @@
--- Cluster variant of migrations/0003: CPU samples sharded by stack_id, the key of stacks (0002), so a stack's
--- samples and its definition share a shard.
+-- Generated from sql/migrations/0003_cpu_samples.sql by `python -m fleetprof.cluster_sql`: do not edit.
+-- The migration says why the columns, codecs, keys, partitions, TTL and settings are what they are;
+-- sql/cluster/README.md says how a cluster differs from one node.
 --
--- cpu_samples_local: ReplicatedSummingMergeTree(count), one replica set per shard. All rows of one sorting key (it
--- includes stack_id) land on one shard, so merges still sum partial aggregates into one row; queries sum(count)
--- anyway, through the Distributed table `cpu_samples`, which merges the shards' partial sums on the node that runs
--- the query. One node's rows spread over every shard: each query reads all shards, in parallel.
--- Partitions, TTL, ORDER BY and codecs as 0003. replicated_deduplication_window = 10000 is the replicated form of
--- 0003's non_replicated_deduplication_window: the sink's insert_deduplication_token travels with the insert to
--- each shard, and a re-inserted batch splits across the shards exactly as the first one did, so every shard drops
--- its part as a duplicate.
+-- Cluster: sharded by stack_id, the key of stacks (0002), so a stack's samples and its definition share a shard. All
+-- rows of one sorting key (it includes stack_id) land on one shard, so merges still sum partial aggregates into one
+-- row; queries sum(count) anyway, through the Distributed table `cpu_samples`, which merges the shards' partial sums
+-- on the node that runs the query. One node's rows spread over every shard: each query reads all shards, in parallel.
+-- replicated_deduplication_window is the replicated form of non_replicated_deduplication_window: the sink's
+-- insert_deduplication_token travels with the insert to each shard, and a re-inserted batch splits across the shards
+-- exactly as the first one did, so every shard drops its part as a duplicate.
 CREATE TABLE IF NOT EXISTS cpu_samples_local ON CLUSTER '{cluster}'
 (
     ts           DateTime               CODEC(DoubleDelta, ZSTD(1)),

@@ -1,8 +1,10 @@
--- Cluster variant of migrations/0004: GPU kernel time sharded by the launching stack's stack_id, like cpu_samples
--- (0003), so a GPU stack's rows and its definition (0002) share a shard.
+-- Generated from sql/migrations/0004_gpu_kernel_samples.sql by `python -m fleetprof.cluster_sql`: do not edit.
+-- The migration says why the columns, codecs, keys, partitions, TTL and settings are what they are;
+-- sql/cluster/README.md says how a cluster differs from one node.
 --
--- Engine semantics, partitions, TTL, ORDER BY, codecs and deduplication as 0004 and the cluster 0003: all rows of one
--- sorting key land on one shard and sum there; queries sum through the Distributed table.
+-- Cluster: sharded by the launching stack's stack_id, like cpu_samples (0003), so a GPU stack's rows and its
+-- definition (0002) share a shard; all rows of one sorting key land on one shard and sum there, and a re-inserted
+-- batch is dropped shard by shard as in cpu_samples.
 CREATE TABLE IF NOT EXISTS gpu_kernel_samples_local ON CLUSTER '{cluster}'
 (
     ts           DateTime               CODEC(DoubleDelta, ZSTD(1)),

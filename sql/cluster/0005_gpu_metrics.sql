@@ -1,11 +1,11 @@
--- Cluster variant of migrations/0005: NVML readings sharded by node, so all of one node's GPUs (and one GPU's whole
--- history) live on one shard, sorted (node, gpu_index, ts) as in 0005.
+-- Generated from sql/migrations/0005_gpu_metrics.sql by `python -m fleetprof.cluster_sql`: do not edit.
+-- The migration says why the columns, codecs, keys, partitions, TTL and settings are what they are;
+-- sql/cluster/README.md says how a cluster differs from one node.
 --
--- Plain ReplicatedMergeTree: gauges, nothing summed or replaced. cityHash64(node) because a sharding key must be an
--- integer; it spreads node names evenly. Partitions, TTL, ORDER BY and codecs as 0005; replicated_deduplication_window
--- as in the cluster 0003, for the sink's insert_deduplication_token.
--- The queries' window functions (gpu_idle_time's next reading of a series) run on the node that runs the query, over
--- the rows the shards return, so they see every reading of a series whichever shard holds it.
+-- Cluster: sharded by node, so all of one node's GPUs (and one GPU's whole history) live on one shard; cityHash64
+-- because a sharding key must be an integer, and it spreads node names evenly. The queries' window functions
+-- (gpu_idle_time's next reading of a series) run on the node that runs the query, over the rows the shards return, so
+-- they see every reading of a series whichever shard holds it.
 CREATE TABLE IF NOT EXISTS gpu_device_metrics_local ON CLUSTER '{cluster}'
 (
     ts                  DateTime64(3)          CODEC(DoubleDelta, ZSTD(1)),
@@ -60,7 +60,7 @@ CREATE TABLE IF NOT EXISTS gpu_device_metrics ON CLUSTER '{cluster}'
 )
 ENGINE = Distributed('{cluster}', currentDatabase(), gpu_device_metrics_local, cityHash64(node));
 
--- NVML's per-process view, sharded by node like the device table, so a node's processes sit beside its GPUs.
+-- Cluster: sharded by node like the device table, so a node's processes sit beside its GPUs.
 CREATE TABLE IF NOT EXISTS gpu_process_metrics_local ON CLUSTER '{cluster}'
 (
     ts                DateTime64(3)          CODEC(DoubleDelta, ZSTD(1)),

@@ -1,9 +1,10 @@
--- Cluster variant of migrations/0006: alert transitions sharded by alert_id.
+-- Generated from sql/migrations/0006_alerts.sql by `python -m fleetprof.cluster_sql`: do not edit.
+-- The migration says why the columns, codecs, keys, partitions, TTL and settings are what they are;
+-- sql/cluster/README.md says how a cluster differs from one node.
 --
--- alerts.sql reads `alerts FINAL`; on a Distributed table FINAL runs on each shard over that shard's rows only, so
--- every row of one (alert_id, state) must land on one shard: the sharding key is a function of alert_id alone
--- (cityHash64, since a sharding key must be an integer). Engine, key, TTL and codecs as 0006; the deduplication
--- window as in the cluster 0003.
+-- Cluster: sharded by alert_id. alerts.sql reads `alerts FINAL`; on a Distributed table FINAL runs on each shard over
+-- that shard's rows only, so every row of one (alert_id, state) must land on one shard: the sharding key is a function
+-- of alert_id alone (cityHash64, since a sharding key must be an integer).
 CREATE TABLE IF NOT EXISTS alerts_local ON CLUSTER '{cluster}'
 (
     alert_id  String                                  CODEC(ZSTD(1)),

@@ -1,14 +1,16 @@
--- Cluster variant of migrations/0007: the sink's exactly-once bookkeeping, on every node.
+-- Generated from sql/migrations/0007_sink_state.sql by `python -m fleetprof.cluster_sql`: do not edit.
+-- The migration says why the columns, codecs, keys, partitions, TTL and settings are what they are;
+-- sql/cluster/README.md says how a cluster differs from one node.
 --
--- One replica set spanning every node, like frames (0002): a few rows per topic partition, read whenever a sink is
--- assigned partitions, so every node holds the table whole and the read never leaves the node the sink talks to.
--- Engine, key and codecs as 0007. The sink inserts these rows without a deduplication token and with deduplication
--- switched off (fleetprof/store.py), so the Replicated engine's block deduplication never drops a state row either.
--- Consistency: a sink that takes over a partition (a restart, a rebalance to another instance) resumes from the
--- newest row of that partition here, and a replica that has not yet received it would send it back to an older range,
--- whose batches may then split differently and escape the deduplication tokens. So the sink's ClickHouse user writes
--- with insert_quorum = 'auto' and reads with select_sequential_consistency = 1 (README.md), or every sink instance
--- talks to the same node.
+-- Cluster: one replica set spanning every node, like frames (0002): a few rows per topic partition, read whenever a
+-- sink is assigned partitions, so every node holds the table whole and the read never leaves the node the sink talks
+-- to. The sink inserts these rows without a deduplication token and with deduplication switched off
+-- (fleetprof/store.py), so the Replicated engine's block deduplication never drops a state row either.
+-- Consistency: a sink that takes over a partition (a restart, a rebalance to another instance) resumes from the newest
+-- row of that partition here, and a replica that has not yet received it would send it back to an older range, whose
+-- batches may then split differently and escape the deduplication tokens. So the sink's ClickHouse user writes with
+-- insert_quorum = 'auto' and reads with select_sequential_consistency = 1 (the fleetprof_sink profile), or every sink
+-- instance talks to the same node.
 CREATE TABLE IF NOT EXISTS sink_state ON CLUSTER '{cluster}'
 (
     topic      LowCardinality(String)           CODEC(ZSTD(1)),

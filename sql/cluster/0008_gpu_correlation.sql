@@ -1,15 +1,15 @@
--- Cluster variant of migrations/0008: GPU_KERNEL frames, and the correlator's unmatched records sharded by node.
+-- Generated from sql/migrations/0008_gpu_correlation.sql by `python -m fleetprof.cluster_sql`: do not edit.
+-- The migration says why the columns, codecs, keys, partitions, TTL and settings are what they are;
+-- sql/cluster/README.md says how a cluster differs from one node.
 --
--- frames is one replicated table on every node (0002), so the ALTER runs once, without ON CLUSTER: a replicated
--- table's ALTER goes through Keeper to every replica. As in 0008, appending an Enum8 value changes metadata only,
--- and running it again changes nothing.
+-- Cluster: frames is one replicated table on every node (0002), so the ALTER runs once, without ON CLUSTER: a
+-- replicated table's ALTER goes through Keeper to every replica.
 ALTER TABLE frames
     MODIFY COLUMN kind Enum8('NATIVE' = 1, 'KERNEL' = 2, 'INTERPRETED' = 3, 'UNKNOWN' = 4, 'GPU_KERNEL' = 5)
     CODEC(ZSTD(1));
 
--- gpu_unmatched: counts per (window, process, side, reason) of one node, so it is sharded by node like the NVML
--- tables (0005); every row of one sorting key (it starts with node) lands on one shard and sums there. Engine,
--- partitions, TTL, ORDER BY and codecs as 0008; the deduplication window as in the cluster 0003.
+-- Cluster: sharded by node like the NVML tables (0005): the counts of one node's processes; every row of one sorting
+-- key (it starts with node) lands on one shard and sums there.
 CREATE TABLE IF NOT EXISTS gpu_unmatched_local ON CLUSTER '{cluster}'
 (
     ts          DateTime                                                        CODEC(DoubleDelta, ZSTD(1)),

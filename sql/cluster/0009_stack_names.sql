@@ -1,36 +1,30 @@
--- Cluster variant of migrations/0009: the stack views resolve stacks on the shard that holds them.
+-- Generated from sql/migrations/0009_stack_names.sql by `python -m fleetprof.cluster_sql`: do not edit.
+-- The migration says why the columns, codecs, keys, partitions, TTL and settings are what they are;
+-- sql/cluster/README.md says how a cluster differs from one node.
 --
--- The single-node views over the Distributed `stacks` would give the same answers, but a remote shard receives SQL
--- for the part of a query that reads its tables: here the view's GROUP BY over stacks_local, and whether the caller's
--- `WHERE stack_id IN (…)` is rewritten into that SQL or applied after every shard has sent its whole stacks table
--- depends on the server's predicate push-down. So each view is created per node as `<view>_local` over stacks_local,
--- the single-node SELECT unchanged but for the names it reads, and a Distributed table named like the single-node
--- view fronts it. The queries filter that Distributed table itself, `WHERE stack_id IN (SELECT stack_id FROM
--- samples)`, which always goes to the shards (as GLOBAL IN under the fleetprof profile's distributed_product_mode =
--- global: the sampled ids are collected once and sent along), and on each shard it reaches stacks_local's primary key
--- as on one node (migrations/0009). Only the sampled stacks' names come back.
---
--- Why a shard can answer alone: every definition of a stack is on one shard (stacks is sharded by stack_id, 0002),
--- so argMax over one stack's rows there sees all of them; and frames is whole on every node (0002), so frame_names,
--- a plain view as on one node, names every frame of a shard's stacks without leaving the node. The query's own
--- GROUP BY (by function names, kernel, node) then sums the shards' rows on the node that runs it: never set
+-- Cluster: the stack views resolve stacks on the shard that holds them. The single-node views over the Distributed
+-- `stacks` would give the same answers, but a remote shard receives SQL for the part of a query that reads its
+-- tables: here the view's GROUP BY over stacks_local, and whether the caller's `WHERE stack_id IN (…)` is rewritten
+-- into that SQL or applied after every shard has sent its whole stacks table depends on the server's predicate
+-- push-down. So each stack view is created per node as `<view>_local` over stacks_local (the same SELECT but for the
+-- names it reads), and a Distributed table named like the view fronts it. The queries filter that Distributed table
+-- itself, `WHERE stack_id IN (SELECT stack_id FROM samples)`, which always goes to the shards (as GLOBAL IN under the
+-- fleetprof profile's distributed_product_mode = global: the sampled ids are collected once and sent along), and on
+-- each shard it reaches stacks_local's primary key as on one node. Only the sampled stacks' names come back.
+-- A shard can answer alone: every definition of a stack is on one shard (stacks is sharded by stack_id, 0002), so
+-- argMax over one stack's rows there sees all of them; and frames is whole on every node (0002), so frame_names, a
+-- plain view on every node, names every frame of a shard's stacks without leaving the node. The query's own GROUP BY
+-- (by function names, kernel, node) then sums the shards' rows on the node that runs it: never set
 -- distributed_group_by_no_merge for these queries, or each shard's partial sums would come back unmerged.
--- Naming rules, and the need to filter by stack_id, as in 0009.
-
--- One definition per stack: ReplacingMergeTree rows may not be merged yet, argMax keeps the newest (0002).
 CREATE VIEW IF NOT EXISTS stack_frames_local ON CLUSTER '{cluster}' AS
 SELECT stack_id, argMax(frame_ids, last_seen) AS frame_ids
 FROM stacks_local
 GROUP BY stack_id;
 
-CREATE TABLE IF NOT EXISTS stack_frames ON CLUSTER '{cluster}'
-(
-    stack_id  UInt64,
-    frame_ids Array(UInt64)
-)
+CREATE TABLE IF NOT EXISTS stack_frames ON CLUSTER '{cluster}' AS stack_frames_local
 ENGINE = Distributed('{cluster}', currentDatabase(), stack_frames_local, stack_id);
 
--- One definition per frame, likewise: a plain view on every node over its whole copy of frames.
+-- Cluster: a plain view on every node, over the node's whole copy of frames (0002).
 CREATE VIEW IF NOT EXISTS frame_names ON CLUSTER '{cluster}' AS
 SELECT frame_id,
        argMax(function, last_seen) AS function,
@@ -39,7 +33,6 @@ SELECT frame_id,
 FROM frames
 GROUP BY frame_id;
 
--- One row per frame of every defined stack of this shard: position 1 is the root, position = depth the leaf.
 CREATE VIEW IF NOT EXISTS stack_frame_names_local ON CLUSTER '{cluster}' AS
 SELECT p.stack_id AS stack_id,
        p.position AS position,
@@ -57,19 +50,9 @@ FROM
 -- known tells a frame without a definition from one whose function is '' (a LEFT JOIN fills missing rows with '')
 LEFT JOIN (SELECT frame_id, function, binary, kind, 1 AS known FROM frame_names) AS n ON n.frame_id = p.frame_id;
 
-CREATE TABLE IF NOT EXISTS stack_frame_names ON CLUSTER '{cluster}'
-(
-    stack_id UInt64,
-    position UInt32,
-    depth    UInt64,
-    frame_id UInt64,
-    function String,
-    binary   String,
-    kind     String
-)
+CREATE TABLE IF NOT EXISTS stack_frame_names ON CLUSTER '{cluster}' AS stack_frame_names_local
 ENGINE = Distributed('{cluster}', currentDatabase(), stack_frame_names_local, stack_id);
 
--- One row per defined stack of this shard: its frames' functions, binaries and kinds, root first, leaf last.
 CREATE VIEW IF NOT EXISTS stack_names_local ON CLUSTER '{cluster}' AS
 SELECT stack_id,
        -- groupArray has no order; sorting by position restores root first, leaf last. One array per column, so a
@@ -80,13 +63,7 @@ SELECT stack_id,
 FROM stack_frame_names_local
 GROUP BY stack_id;
 
-CREATE TABLE IF NOT EXISTS stack_names ON CLUSTER '{cluster}'
-(
-    stack_id  UInt64,
-    functions Array(String),
-    binaries  Array(String),
-    kinds     Array(String)
-)
+CREATE TABLE IF NOT EXISTS stack_names ON CLUSTER '{cluster}' AS stack_names_local
 ENGINE = Distributed('{cluster}', currentDatabase(), stack_names_local, stack_id);
 
 INSERT INTO schema_migrations (version, name, applied_at) VALUES (9, '0009_stack_names', now());

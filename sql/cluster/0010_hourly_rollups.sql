@@ -1,20 +1,16 @@
--- Cluster variant of migrations/0010: the hourly rollups, sharded by stack_id like the window tables they sum (0003,
--- 0004), so an hour's rows sit on the shard of the window rows they come from and of their stack's definition.
+-- Generated from sql/migrations/0010_hourly_rollups.sql by `python -m fleetprof.cluster_sql`: do not edit.
+-- The migration says why the columns, codecs, keys, partitions, TTL and settings are what they are;
+-- sql/cluster/README.md says how a cluster differs from one node.
 --
--- <name>_local: Replicated SummingMergeTree, one replica set per shard, columns, ORDER BY, daily partitions, TTL and
--- codecs as 0010; replicated_deduplication_window = 10000 is its replicated deduplication window. A Distributed
--- table named like the single-node table fronts it, so the queries read `cpu_samples_1h` as on one node.
---
--- Feeding: the materialized views are per node, over the window tables' local parts (cpu_samples_local,
--- gpu_kernel_samples_local), writing to the local rollup: a block a shard receives is summed into that shard's hourly
--- rows, and the rollup's key holds stack_id, so nothing needs to move between shards. On Replicated tables the
--- sink's insert_deduplication_token reaches the views' inserts as on one node
--- (deduplicate_blocks_in_dependent_materialized_views, on by default): a re-inserted batch is dropped from the
--- rollup on every shard, as from the window table.
---
--- Backfill: the rows already stored are summed into the rollup through the Distributed tables (which route by
--- stack_id, the shard they come from) before the views exist. Stop the sinks while applying this file (Kafka keeps
--- their input), or a batch inserted between the backfill and the views is missing from the rollup.
+-- Cluster: the rollups are sharded by stack_id like the window tables they sum (0003, 0004), so an hour's rows sit on
+-- the shard of the window rows they come from and of their stack's definition. The materialized views run on every
+-- node, over the window tables' local parts (cpu_samples_local, gpu_kernel_samples_local) into the local rollups: a
+-- block a shard receives is summed into that shard's hourly rows, and the rollup's key holds stack_id, so nothing
+-- moves between shards. On Replicated tables the sink's insert_deduplication_token reaches the views' inserts as on
+-- one node: a re-inserted batch is dropped from the rollup on every shard, as from the window table. The backfill
+-- reads and writes through the Distributed tables (which route by stack_id, the shard the rows come from) before the
+-- views exist: stop the sinks while applying the file (Kafka keeps their input), or a batch inserted between the
+-- backfill and the views is missing from the rollup.
 CREATE TABLE IF NOT EXISTS cpu_samples_1h_local ON CLUSTER '{cluster}'
 (
     hour         DateTime               CODEC(DoubleDelta, ZSTD(1)),
@@ -53,7 +49,6 @@ SELECT toStartOfHour(ts, 'UTC') AS hour, node, pid, comm, container_id, stack_id
 FROM cpu_samples_local
 GROUP BY hour, node, pid, comm, container_id, stack_id;
 
--- GPU kernel time per hour: the same for gpu_kernel_samples.
 CREATE TABLE IF NOT EXISTS gpu_kernel_samples_1h_local ON CLUSTER '{cluster}'
 (
     hour         DateTime               CODEC(DoubleDelta, ZSTD(1)),

@@ -13,6 +13,15 @@
 -- Codecs: within a node the rows run in time order, so DoubleDelta on ts (fixed 10 s windows) leaves almost nothing
 -- for ZSTD; pid and count are small integers, T64 packs away their unused high bits; the LowCardinality columns are
 -- dictionary-encoded already and ZSTD(1) squeezes the index streams; stack_id is a random hash, so plain ZSTD(1).
+--
+-- Cluster: sharded by stack_id, the key of stacks (0002), so a stack's samples and its definition share a shard. All
+-- rows of one sorting key (it includes stack_id) land on one shard, so merges still sum partial aggregates into one
+-- row; queries sum(count) anyway, through the Distributed table `cpu_samples`, which merges the shards' partial sums
+-- on the node that runs the query. One node's rows spread over every shard: each query reads all shards, in parallel.
+-- replicated_deduplication_window is the replicated form of non_replicated_deduplication_window: the sink's
+-- insert_deduplication_token travels with the insert to each shard, and a re-inserted batch splits across the shards
+-- exactly as the first one did, so every shard drops its part as a duplicate.
+-- @cluster sharded by stack_id
 CREATE TABLE IF NOT EXISTS cpu_samples
 (
     ts           DateTime               CODEC(DoubleDelta, ZSTD(1)),

@@ -7,6 +7,11 @@
 --
 -- Codecs: as in cpu_samples; device and stream are small integers (T64); duration_ns and launches are counters
 -- (T64 then ZSTD); kernel_name is a mangled C++ name from a small set per workload, so LowCardinality + ZSTD(1).
+--
+-- Cluster: sharded by the launching stack's stack_id, like cpu_samples (0003), so a GPU stack's rows and its
+-- definition (0002) share a shard; all rows of one sorting key land on one shard and sum there, and a re-inserted
+-- batch is dropped shard by shard as in cpu_samples.
+-- @cluster sharded by stack_id
 CREATE TABLE IF NOT EXISTS gpu_kernel_samples
 (
     ts           DateTime               CODEC(DoubleDelta, ZSTD(1)),

@@ -8,6 +8,12 @@
 -- Codecs: ts is ascending per GPU at a fixed poll interval, so DoubleDelta; the gauges move slowly between polls,
 -- so Delta then ZSTD on clocks, power and memory, and T64 on the small percentages; Nullable because NVML reports
 -- "not supported" per field and per GPU, which must not read as 0. xid_errors is almost always empty.
+--
+-- Cluster: sharded by node, so all of one node's GPUs (and one GPU's whole history) live on one shard; cityHash64
+-- because a sharding key must be an integer, and it spreads node names evenly. The queries' window functions
+-- (gpu_idle_time's next reading of a series) run on the node that runs the query, over the rows the shards return, so
+-- they see every reading of a series whichever shard holds it.
+-- @cluster sharded by cityHash64(node)
 CREATE TABLE IF NOT EXISTS gpu_device_metrics
 (
     ts                  DateTime64(3)          CODEC(DoubleDelta, ZSTD(1)),
@@ -39,6 +45,9 @@ SETTINGS non_replicated_deduplication_window = 10000, ttl_only_drop_parts = 1;
 
 -- NVML's per-process view of each GPU. Same engine, partitioning, TTL and deduplication reasoning as the device
 -- table; pid follows gpu_index in the key so one process's history on one GPU reads contiguously.
+--
+-- Cluster: sharded by node like the device table, so a node's processes sit beside its GPUs.
+-- @cluster sharded by cityHash64(node)
 CREATE TABLE IF NOT EXISTS gpu_process_metrics
 (
     ts                DateTime64(3)          CODEC(DoubleDelta, ZSTD(1)),

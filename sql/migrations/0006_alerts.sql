@@ -9,6 +9,11 @@
 --
 -- Codecs: ZSTD(1) on the identifiers and text (evidence is JSON, which ZSTD compresses well); the timestamps are not
 -- ordered by the key, so no Delta; threshold and observed are floats that repeat per alert kind, so Gorilla.
+--
+-- Cluster: sharded by alert_id. alerts.sql reads `alerts FINAL`; on a Distributed table FINAL runs on each shard over
+-- that shard's rows only, so every row of one (alert_id, state) must land on one shard: the sharding key is a function
+-- of alert_id alone (cityHash64, since a sharding key must be an integer).
+-- @cluster sharded by cityHash64(alert_id)
 CREATE TABLE IF NOT EXISTS alerts
 (
     alert_id  String                                  CODEC(ZSTD(1)),

@@ -2,6 +2,9 @@
 --
 -- frames.kind gains GPU_KERNEL, the leaf of every GPU stack (the kernel the CPU stack launched). Appending a value to
 -- an Enum8 changes metadata only: existing parts are not rewritten, and running the statement again changes nothing.
+--
+-- Cluster: frames is one replicated table on every node (0002), so the ALTER runs once, without ON CLUSTER: a
+-- replicated table's ALTER goes through Keeper to every replica.
 ALTER TABLE frames
     MODIFY COLUMN kind Enum8('NATIVE' = 1, 'KERNEL' = 2, 'INTERPRETED' = 3, 'UNKNOWN' = 4, 'GPU_KERNEL' = 5)
     CODEC(ZSTD(1));
@@ -14,6 +17,10 @@ ALTER TABLE frames
 --
 -- Engine, partitions, TTL, deduplication window and codecs as gpu_kernel_samples (0004): partial counts of one key
 -- sum, and the sink's insert_deduplication_token makes a re-inserted batch a no-op.
+--
+-- Cluster: sharded by node like the NVML tables (0005): the counts of one node's processes; every row of one sorting
+-- key (it starts with node) lands on one shard and sums there.
+-- @cluster sharded by cityHash64(node)
 CREATE TABLE IF NOT EXISTS gpu_unmatched
 (
     ts          DateTime                                                        CODEC(DoubleDelta, ZSTD(1)),

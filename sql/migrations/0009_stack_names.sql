@@ -15,8 +15,24 @@
 -- without a definition, or whose newest definition is empty, has no rows in stack_frame_names and stack_names: the
 -- caller names it "[unknown stack 0x<stack id>]", since only the caller knows which stack ids it sampled.
 -- IF NOT EXISTS keeps a view's first definition: changing one later takes a new migration with CREATE OR REPLACE VIEW.
+--
+-- Cluster: the stack views resolve stacks on the shard that holds them. The single-node views over the Distributed
+-- `stacks` would give the same answers, but a remote shard receives SQL for the part of a query that reads its
+-- tables: here the view's GROUP BY over stacks_local, and whether the caller's `WHERE stack_id IN (…)` is rewritten
+-- into that SQL or applied after every shard has sent its whole stacks table depends on the server's predicate
+-- push-down. So each stack view is created per node as `<view>_local` over stacks_local (the same SELECT but for the
+-- names it reads), and a Distributed table named like the view fronts it. The queries filter that Distributed table
+-- itself, `WHERE stack_id IN (SELECT stack_id FROM samples)`, which always goes to the shards (as GLOBAL IN under the
+-- fleetprof profile's distributed_product_mode = global: the sampled ids are collected once and sent along), and on
+-- each shard it reaches stacks_local's primary key as on one node. Only the sampled stacks' names come back.
+-- A shard can answer alone: every definition of a stack is on one shard (stacks is sharded by stack_id, 0002), so
+-- argMax over one stack's rows there sees all of them; and frames is whole on every node (0002), so frame_names, a
+-- plain view on every node, names every frame of a shard's stacks without leaving the node. The query's own GROUP BY
+-- (by function names, kernel, node) then sums the shards' rows on the node that runs it: never set
+-- distributed_group_by_no_merge for these queries, or each shard's partial sums would come back unmerged.
 
 -- One definition per stack: ReplacingMergeTree rows may not be merged yet, argMax keeps the newest (0002).
+-- @cluster sharded by stack_id
 CREATE VIEW IF NOT EXISTS stack_frames AS
 SELECT stack_id, argMax(frame_ids, last_seen) AS frame_ids
 FROM stacks
@@ -24,6 +40,8 @@ GROUP BY stack_id;
 
 -- One definition per frame, likewise. Each column is its own argMax over last_seen: a frame id hashes (function,
 -- binary, kind), so the rows of one id agree on them anyway.
+-- Cluster: a plain view on every node, over the node's whole copy of frames (0002).
+-- @cluster on every node
 CREATE VIEW IF NOT EXISTS frame_names AS
 SELECT frame_id,
        argMax(function, last_seen) AS function,
@@ -34,6 +52,7 @@ GROUP BY frame_id;
 
 -- One row per frame of every defined stack: position 1 is the root, position = depth the leaf. For queries that
 -- count per function (top functions) without rebuilding whole stacks.
+-- @cluster sharded by stack_id
 CREATE VIEW IF NOT EXISTS stack_frame_names AS
 SELECT p.stack_id AS stack_id,
        p.position AS position,
@@ -52,6 +71,7 @@ FROM
 LEFT JOIN (SELECT frame_id, function, binary, kind, 1 AS known FROM frame_names) AS n ON n.frame_id = p.frame_id;
 
 -- One row per defined stack: its frames' functions, binaries and kinds, root first, leaf last (the same positions).
+-- @cluster sharded by stack_id
 CREATE VIEW IF NOT EXISTS stack_names AS
 SELECT stack_id,
        -- groupArray has no order; sorting by position restores root first, leaf last. One array per column, so a

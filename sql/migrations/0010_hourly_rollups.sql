@@ -2,7 +2,8 @@
 -- 24 h of 100 nodes is ~8,640 windows per node and hundreds of rows per window in cpu_samples: the flame-graph
 -- queries read whole UTC hours of a range from here and only the ragged edges (before the first and after the last
 -- whole hour) from the window tables, which gives exactly the window tables' sums (bench/fleet_query.py measures it,
--- tests/test_rollup.py proves it).
+-- tests/test_rollup.py proves it). They do it in one place each, the named queries cpu_samples_by_stack and
+-- gpu_kernel_samples_by_stack, which they include.
 --
 -- Rows: the window tables' rows with ts truncated to its UTC hour (toStartOfHour(ts, 'UTC'): the server's time zone,
 -- which may be a half-hour zone, never moves the buckets), every other key column kept, so every filter the queries
@@ -28,6 +29,17 @@
 -- batch inserted between the backfill and the view would be missing from the rollup.
 --
 -- Codecs: as the window tables; hour is a multiple of 3600, DoubleDelta leaves next to nothing of it.
+--
+-- Cluster: the rollups are sharded by stack_id like the window tables they sum (0003, 0004), so an hour's rows sit on
+-- the shard of the window rows they come from and of their stack's definition. The materialized views run on every
+-- node, over the window tables' local parts (cpu_samples_local, gpu_kernel_samples_local) into the local rollups: a
+-- block a shard receives is summed into that shard's hourly rows, and the rollup's key holds stack_id, so nothing
+-- moves between shards. On Replicated tables the sink's insert_deduplication_token reaches the views' inserts as on
+-- one node: a re-inserted batch is dropped from the rollup on every shard, as from the window table. The backfill
+-- reads and writes through the Distributed tables (which route by stack_id, the shard the rows come from) before the
+-- views exist: stop the sinks while applying the file (Kafka keeps their input), or a batch inserted between the
+-- backfill and the views is missing from the rollup.
+-- @cluster sharded by stack_id
 CREATE TABLE IF NOT EXISTS cpu_samples_1h
 (
     hour         DateTime               CODEC(DoubleDelta, ZSTD(1)),
@@ -55,6 +67,7 @@ FROM cpu_samples
 GROUP BY hour, node, pid, comm, container_id, stack_id;
 
 -- GPU kernel time per hour: the same for gpu_kernel_samples (0004), both counters summed.
+-- @cluster sharded by stack_id
 CREATE TABLE IF NOT EXISTS gpu_kernel_samples_1h
 (
     hour         DateTime               CODEC(DoubleDelta, ZSTD(1)),

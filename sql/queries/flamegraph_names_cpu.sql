@@ -1,7 +1,8 @@
 -- The names of the frames that flamegraph_ids_cpu returns for the same parameters: one row per defined frame id
 -- (its function and binary, the newest definition from the frame_names view, migration 0009) of the stacks sampled
--- on CPU over [since, until), optionally for one node / pid / comm ('' and 0 mean "all"). A frame id without a row
--- here has no definition: the UI names it "[unknown 0x<frame id>]" with binary '', as stack_frame_names does.
+-- on CPU over [since, until), optionally for one node / pid / comm ('' and 0 mean "all"), the stacks of
+-- cpu_samples_by_stack (included below) as in flamegraph_ids_cpu. A frame id without a row here has no definition:
+-- the UI names it "[unknown 0x<frame id>]" with binary '', as stack_frame_names does.
 -- The frame ids are taken from every stored definition of the sampled stacks, straight from the stacks table: a
 -- superset of those of the newest definitions (which flamegraph_ids_cpu picks with stack_frames), which only adds a
 -- row for a frame that no newest definition uses, and skips stack_frames' argMax over every stack's array (a tenth
@@ -11,29 +12,9 @@
 -- @default pid = 0
 -- @default comm =
 WITH
-    -- [first_hour, end_hour): the whole UTC hours inside the range; empty (first_hour >= end_hour) for a short one
-    toStartOfHour({since:DateTime} + INTERVAL 3599 SECOND, 'UTC') AS first_hour,
-    toStartOfHour({until:DateTime}, 'UTC') AS end_hour,
     samples AS
     (
-        -- the same rows as flamegraph_ids_cpu: whole hours from the hourly rollup, the edges from the 10 s windows
-        SELECT DISTINCT stack_id
-        FROM
-        (
-            SELECT stack_id
-            FROM cpu_samples_1h
-            WHERE hour >= first_hour AND hour < end_hour
-              AND ({node:String} = '' OR node = {node:String})
-              AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
-              AND ({comm:String} = '' OR comm = {comm:String})
-            UNION ALL
-            SELECT stack_id
-            FROM cpu_samples
-            WHERE ts >= {since:DateTime} AND ts < {until:DateTime} AND (ts < first_hour OR ts >= end_hour)
-              AND ({node:String} = '' OR node = {node:String})
-              AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
-              AND ({comm:String} = '' OR comm = {comm:String})
-        )
+        -- @include cpu_samples_by_stack
     )
 SELECT frame_id, function, toString(binary) AS binary
 FROM frame_names

@@ -25,7 +25,7 @@ with atheris.instrument_imports(include=["schemas", "processors", "producers", "
     import processors.correlate_stage  # noqa: F401
     import processors.demangle  # noqa: F401
     import processors.runner  # noqa: F401
-    import processors.stages  # noqa: F401
+    import processors.symbolize_stage  # noqa: F401
     import producers.elf_symbols  # noqa: F401
     import producers.kallsyms  # noqa: F401
     import producers.perf_map  # noqa: F401

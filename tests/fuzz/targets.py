@@ -301,7 +301,7 @@ class StageHarness:
                 continue
             topic = self.inputs[chunk[0] % len(self.inputs)]
             item = check_decode_message(with_header(topics.BY_NAME[topic].schema, chunk[1:]), topic,
-                                        columnar=bool(getattr(self.runner.stage, "columnar_input", False)))
+                                        columnar=self.runner.stage.columnar_input)
             if isinstance(item, Message):
                 item.offset = i
                 messages.append(item)
@@ -320,8 +320,8 @@ def stage_factories() -> dict[str, Callable[[], object]]:
     from processors.alerts import AlertConfig
     from processors.alerts_stage import AlertsStage
     from processors.correlate_stage import CorrelateStage
-    from processors.stages import SymbolizeStage
     from processors.symbol_tables import SymbolTables
+    from processors.symbolize_stage import SymbolizeStage
 
     # alerts fire at once (no hold), so a few polls reach every phase
     return {"symbolize": lambda: SymbolizeStage(SymbolTables()),

@@ -2,7 +2,7 @@
 tests/gpu/validate.sh). Needs python3 with torch (CUDA), gcc and the CUDA headers (the nvidia-* wheels, or a CUDA
 toolkit); no bcc, no package manager, no install of fleetprof: it runs from the repository.
 
-1. Builds the shim (producers.gpu_native); without <sys/sdt.h> it builds the same sources with -DFLEETPROF_NO_SDT
+1. Builds the shim (producers.cupti_shim); without <sys/sdt.h> it builds the same sources with -DFLEETPROF_NO_SDT
    (no probes: the self-check file is all this check needs).
 2. Runs tests/gpu/train_loop.py four times, the same steps each time: plain; with the shim injected and idle (no
    agent, no record: its cost when nothing is attached); with the shim recording (FLEETPROF_CUPTI_RECORD); under
@@ -72,7 +72,7 @@ def local_cuda_include_dirs() -> list[str]:
 
 
 def gcc_command(spec: Any, include_dirs: Iterable[Path | str], output: Path, no_sdt: bool) -> list[str]:
-    """The builder's gcc command for `spec` (fleetprof.native), optionally without probes."""
+    """The builder's gcc command for `spec` (producers.native_build), optionally without probes."""
     native = ROOT / "native"
     return ["gcc", "-O2", "-g", "-fPIC", "-shared", "-fno-omit-frame-pointer", "-Wall", "-Werror", *spec.cflags,
             *(["-DFLEETPROF_NO_SDT"] if no_sdt else []), f"-I{native / 'include'}",
@@ -83,23 +83,23 @@ def gcc_command(spec: Any, include_dirs: Iterable[Path | str], output: Path, no_
 def build_shim(work: Path) -> tuple[Path, str]:
     """The shim, and how it was built."""
     sys.path.insert(0, str(ROOT))
-    from fleetprof.native import NativeBuildError
-    from producers import gpu_native
+    from producers import cupti_shim
+    from producers.native_build import NativeBuildError
 
     how = "wheel headers"
-    if not os.environ.get(gpu_native.CUDA_INCLUDE_ENV):
+    if not os.environ.get(cupti_shim.CUDA_INCLUDE_ENV):
         try:
-            gpu_native.cuda_include_dirs()
+            cupti_shim.cuda_include_dirs()
         except NativeBuildError:
-            os.environ[gpu_native.CUDA_INCLUDE_ENV] = os.pathsep.join(local_cuda_include_dirs())
+            os.environ[cupti_shim.CUDA_INCLUDE_ENV] = os.pathsep.join(local_cuda_include_dirs())
             how = "local CUDA headers"
     try:
-        return gpu_native.build_shim(), how
+        return cupti_shim.build_shim(), how
     except NativeBuildError as exc:
         if "sdt.h" not in str(exc):
             die(str(exc))
-    output = work / gpu_native.CUPTI_SHIM.output
-    done = subprocess.run(gcc_command(gpu_native.CUPTI_SHIM, gpu_native.cuda_include_dirs(), output, True),
+    output = work / cupti_shim.CUPTI_SHIM.output
+    done = subprocess.run(gcc_command(cupti_shim.CUPTI_SHIM, cupti_shim.cuda_include_dirs(), output, True),
                           capture_output=True, text=True)
     if done.returncode != 0:
         die(f"building the shim failed: {done.stderr.strip()[:400]}")

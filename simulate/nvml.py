@@ -1,4 +1,4 @@
-"""The simulated libnvidia-ml.so.1 (native/nvml_sim/nvml_sim.c): how it is built, and its scenario files.
+"""The simulated libnvidia-ml.so.1 (native/sim/nvml/nvml_sim.c): how it is built, and its scenario files.
 
 The real nvidia-ml-py finds the simulated library through LD_LIBRARY_PATH, so the NVML collector runs unchanged on a
 machine without a GPU. Values follow a scenario over time: devices (and MIG devices), then per device a timeline of
@@ -6,7 +6,7 @@ segments, each holding from its start time until the device's next one. `write_s
 `sim_env` gives the environment a process needs to load the library with it. Everything the library reports is
 labelled simulated: its device names and its driver version.
 
-    python -m producers.nvml_sim     # builds the library and prints the directory for LD_LIBRARY_PATH
+    python -m simulate.nvml         # builds the library and prints the directory for LD_LIBRARY_PATH
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleetprof.native import NativeBuildError, NativeLibrary, build
+from producers.native_build import NativeBuildError, NativeLibrary, build
 
 SCENARIO_ENV = "FLEETPROF_NVML_SIM_SCENARIO"
 # Only the nvml* entry points are exported (-fvisibility=hidden), as from the real library.
-LIBRARY = NativeLibrary("nvml_sim", ("nvml_sim/nvml_sim.c", "nvml_sim/nvml_sim_scenario.c"), "libnvidia-ml.so.1",
+LIBRARY = NativeLibrary("nvml_sim", ("sim/nvml/nvml_sim.c", "sim/nvml/nvml_sim_scenario.c"), "libnvidia-ml.so.1",
                         cflags=("-fvisibility=hidden",), ldflags=("-lm",), soname="libnvidia-ml.so.1")
 
 # Segment values, by the names the scenario format uses (see the top of nvml_sim.c)
@@ -113,9 +113,9 @@ def write_scenario(path: str | os.PathLike, devices: Sequence[SimDevice], timeli
 
     Scenario time 0 is `start_ns` (nanoseconds since the epoch) when given, else the first nvmlInit. Per-process
     utilization is sampled every `proc_sample_ms` of scenario time. `init_error` makes nvmlInit fail with that NVML
-    return code (e.g. 9, driver not loaded). The format is documented at the top of native/nvml_sim/nvml_sim.c.
+    return code (e.g. 9, driver not loaded). The format is documented at the top of native/sim/nvml/nvml_sim.c.
     """
-    lines = ["# fleetprof simulated NVML scenario (format: native/nvml_sim/nvml_sim.c)", f"driver {driver}",
+    lines = ["# fleetprof simulated NVML scenario (format: native/sim/nvml/nvml_sim.c)", f"driver {driver}",
              f"proc_sample_ms {int(proc_sample_ms)}"]
     if start_ns is not None:
         lines.append(f"start_ns {int(start_ns)}")

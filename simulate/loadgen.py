@@ -19,11 +19,11 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from producers.publisher import Publisher, PublishError
-from producers.synthetic_fleet import FREQUENCY_HZ, KERNEL_BUILD_ID, SimNode, SyntheticFleet
 from schemas import topics
 from schemas.cpu_batch_writer import DEFAULT_MAX_BYTES, encode_cpu_batches, process_head
 from schemas.gpu_launch_writer import LaunchEncoder
 from schemas.single_object import encode
+from simulate.synthetic_fleet import FREQUENCY_HZ, KERNEL_BUILD_ID, SimNode, SyntheticFleet
 
 SECOND_NS = 1_000_000_000
 Progress = Callable[[int, int], None]  # (node-windows done, node-windows in all)

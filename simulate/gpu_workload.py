@@ -1,7 +1,7 @@
 """A simulated GPU training job: real Python (and native C) call paths that launch named kernels of known durations
 on the GPU simulator, so the agent's GPU collector can be checked against exactly what was launched.
 
-    python -m producers.simulated_gpu_workload --seconds 5 [--launches-per-s 250]
+    python -m simulate.gpu_workload --seconds 5 [--launches-per-s 250]
 
 Each step launches from four call paths: the training loop's forward (attention) and backward (matmul), the
 simulator's native C chain (forward gemm and backward gemm), and a data-loader thread (resize, on stream 1). At the
@@ -23,7 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from producers.gpu_native import GpuSim
+from simulate.gpu import GpuSim
 
 FLASH_ATTN = "_Z14flash_attn_fwdILi128EEvPKfS1_Pf"
 SGEMM = "ampere_sgemm_128x64_nn"
@@ -171,7 +171,7 @@ def run(seconds: float, launches_per_s: float, sim: GpuSim | None = None) -> dic
 
 
 def cli(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m producers.simulated_gpu_workload",
+    parser = argparse.ArgumentParser(prog="python -m simulate.gpu_workload",
                                      description="A simulated GPU training job on the GPU simulator (simulated).")
     parser.add_argument("--seconds", type=float, required=True, help="how long to run")
     parser.add_argument("--launches-per-s", type=float, default=250.0,

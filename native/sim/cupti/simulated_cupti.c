@@ -1,4 +1,4 @@
-/* libcupti_simulated.so: a simulated libcupti for testing the shim without a GPU (tests/test_gpu_native.py).
+/* libcupti_simulated.so: a simulated libcupti for testing the shim without a GPU (tests/test_cupti_shim.py).
  *
  * It is a test double at a C ABI fleetprof does not own: the CUPTI entry points the shim resolves, with CUPTI's own
  * types, behaving as the documentation describes (one subscriber, per-callback enabling, activity buffers requested

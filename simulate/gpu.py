@@ -1,9 +1,7 @@
-"""The GPU-side C libraries: the CUPTI shim (injected into CUDA processes) and the GPU simulator, built with gcc by
-fleetprof.native, and a ctypes handle on the simulator.
+"""The simulated GPU (native/sim/gpu/, libfleetprof_gpusim.so): its gcc build, and a ctypes handle on it.
 
-The shim compiles against the CUDA and CUPTI headers of PyPI's nvidia-* wheels (the project's test extra installs
-them), or against a local CUDA toolkit's headers named by FLEETPROF_CUDA_INCLUDE; it never links libcupti (it opens
-it at run time), so one build serves CUDA 12 and 13.
+It fires the same USDT probes as the CUPTI shim (native/include/fleetprof_probes.h), so the agent's GPU collector runs
+against it exactly as against a real CUDA process.
 """
 
 from __future__ import annotations
@@ -11,82 +9,23 @@ from __future__ import annotations
 import ctypes
 import importlib.machinery
 import importlib.util
-import os
 import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleetprof.native import NativeBuildError, NativeLibrary, build
-
-# header -> the wheel that carries it
-CUDA_HEADERS = {
-    "cupti.h": "nvidia-cuda-cupti-cu12",
-    "cuda.h": "nvidia-cuda-runtime-cu12",
-    "crt/host_defines.h": "nvidia-cuda-nvcc-cu12",
-}
-CUDA_INCLUDE_ENV = "FLEETPROF_CUDA_INCLUDE"
-
-
-def _wheel_include_dirs() -> list[Path]:
-    """Every include folder under the installed `nvidia` namespace package (nvidia/*/include, nvidia/*/*/include)."""
-    try:
-        spec = importlib.util.find_spec("nvidia")
-    except (ImportError, ValueError):
-        return []
-    roots = list(spec.submodule_search_locations or []) if spec is not None else []
-    found: list[Path] = []
-    for root in roots:
-        found += sorted(Path(root).glob("*/include")) + sorted(Path(root).glob("*/*/include"))
-    return found
-
-
-def cuda_include_dirs() -> list[Path]:
-    """The include folders that hold the shim's CUDA headers, one per header; NativeBuildError naming what is
-    missing."""
-    override = os.environ.get(CUDA_INCLUDE_ENV, "")
-    candidates = [Path(p) for p in override.split(os.pathsep) if p] if override else _wheel_include_dirs()
-    chosen: list[Path] = []
-    missing: list[str] = []
-    for header, wheel in CUDA_HEADERS.items():
-        where = next((d for d in candidates if (d / header).is_file()), None)
-        if where is None:
-            missing.append(f"{header} ({wheel})")
-        elif where not in chosen:
-            chosen.append(where)
-    if missing:
-        source = f"{CUDA_INCLUDE_ENV}={override}" if override else "the installed nvidia-* wheels"
-        raise NativeBuildError(f"cannot build the CUPTI shim: no {', '.join(missing)} in {source}: "
-                               f"run bash infra/setup.sh (pip install -e '.[test]'), or set {CUDA_INCLUDE_ENV}")
-    return chosen
-
-
-CUPTI_SHIM = NativeLibrary(
-    name="cupti_shim",
-    sources=("cupti_shim/fleetprof_cupti.c", "cupti_shim/launches.c", "cupti_shim/activity.c",
-             "cupti_shim/record.c"),
-    output="libfleetprof_cupti.so",
-    cflags=("-fvisibility=hidden", "-D_GNU_SOURCE", "-pthread"),
-    ldflags=("-ldl", "-pthread"),
-    soname="libfleetprof_cupti.so",
-    include_dirs=cuda_include_dirs,
-)
+from producers.native_build import NativeBuildError, NativeLibrary, build
 
 GPU_SIM = NativeLibrary(
     name="gpu_sim",
-    sources=("gpu_sim/fleetprof_gpusim.c", "gpu_sim/native_paths.c"),
+    sources=("sim/gpu/fleetprof_gpusim.c", "sim/gpu/native_paths.c"),
     output="libfleetprof_gpusim.so",
     # the native launch paths keep every frame: frame pointers (the builder's default) and no sibling calls
     cflags=("-fvisibility=hidden", "-D_GNU_SOURCE", "-pthread", "-fno-optimize-sibling-calls"),
     ldflags=("-pthread",),
     soname="libfleetprof_gpusim.so",
 )
-
-
-def build_shim(force: bool = False) -> Path:
-    """libfleetprof_cupti.so, built now if missing or stale."""
-    return build(CUPTI_SHIM, force=force)
 
 
 def build_gpusim(force: bool = False) -> Path:
@@ -101,7 +40,7 @@ def build_gpusim_python(sim: Path) -> Path:
         raise NativeBuildError(f"cannot build gpusim_python: no Python.h in {include}")
     ext = NativeLibrary(
         name=f"gpusim_python-{sys.implementation.cache_tag}",
-        sources=("gpu_sim/gpusim_python.c",),
+        sources=("sim/gpu/gpusim_python.c",),
         output="gpusim_python" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"),
         cflags=("-fno-optimize-sibling-calls",),
         ldflags=(f"-L{sim.parent}", f"-l:{sim.name}", f"-Wl,-rpath,{sim.parent}"),
@@ -118,7 +57,7 @@ def _load_extension(path: Path) -> Any:
     return module
 
 
-# ---- the simulator through ctypes (structs mirror native/gpu_sim/gpusim.h; sizes are checked at load) ----
+# ---- the simulator through ctypes (structs mirror native/sim/gpu/gpusim.h; sizes are checked at load) ----
 
 NAME_MAX = 256
 STATES = {0: "unseen", 1: "skipped", 2: "sampled"}
@@ -207,7 +146,7 @@ class GpuSim:
         self._lib = lib
         self._drain_buffer = (_Executed * 1024)()
         # Launch through a C extension when one builds for this interpreter (the launching Python functions then
-        # show in launch stacks: see native/gpu_sim/gpusim_python.c), else through ctypes.
+        # show in launch stacks: see native/sim/gpu/gpusim_python.c), else through ctypes.
         try:
             self._launch = _load_extension(build_gpusim_python(self.path)).launch
             self.launch_path = "extension"

@@ -1,25 +1,22 @@
-"""The explicit list of stages, and the wiring that gives each pure function its side inputs."""
+"""The symbolize stage: cpu.stacks → cpu.samples, symbolize_batch (processors/symbolize.py) given its side inputs."""
 
 from __future__ import annotations
 
-import logging
-
 from processors import metrics
-from processors.correlate_stage import build_correlate
 from processors.debuginfod import DebuginfodSource
 from processors.known_ids import SentDefinitions
 from processors.messages import Message, Produced
+from processors.runner import TopicStage
 from processors.symbol_feed import SymbolFeed
 from processors.symbol_tables import SymbolTables
 from processors.symbolize import FrameMemo, SymbolizeStats, split_samples, symbolize_batch
 from schemas import topics
 
-log = logging.getLogger("fleetprof.stages")
 # Symbolized output is larger than its input (frame names); keep each message well under Kafka's default 1 MB.
 MAX_OUTPUT_BYTES = 600 * 1024
 
 
-class SymbolizeStage:
+class SymbolizeStage(TopicStage):
     """cpu.stacks → cpu.samples, with symbol tables from the symbols topic, and from debuginfod (when given) for
     build ids whose table is missing or leaves frames unknown (a stripped binary's .dynsym, or no symbols)."""
 
@@ -106,7 +103,3 @@ def build_symbolize(kafka: dict) -> SymbolizeStage:
     feed = SymbolFeed(kafka, tables)
     feed.catch_up(force=True)
     return SymbolizeStage(tables, feed, debuginfod=debuginfod)
-
-
-# Topic-to-topic stages by name; the sink (topic-to-ClickHouse) is run by processors/store_writer.py.
-TOPIC_STAGES = {"symbolize": build_symbolize, "correlate": build_correlate}

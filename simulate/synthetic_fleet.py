@@ -1,6 +1,6 @@
 """A synthetic GPU training fleet: the model behind `fleetprof loadgen` (labelled simulated everywhere).
 
-Binaries with stable build ids, symbol tables and PT_LOAD segments (producers/synthetic_binaries.py); per node
+Binaries with stable build ids, symbol tables and PT_LOAD segments (simulate/synthetic_binaries.py); per node
 torchrun-style trainers (one per GPU), their DataLoader workers and a Rust log shipper, with realistic mappings;
 call paths whose popularity is Zipf-distributed; sampled CUDA launches with their kernels; NVML-like metrics.
 
@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from producers.synthetic_binaries import KERNEL_BINARY, KERNEL_BUILD_ID, PAGE, Binary, catalogue
-from producers.synthetic_workload import KIND_BINARIES, build_paths, gpu_window, metrics
 from schemas.packed_stacks import PackedStacks, concat_ranges
+from simulate.synthetic_binaries import KERNEL_BINARY, KERNEL_BUILD_ID, PAGE, Binary, catalogue
+from simulate.synthetic_workload import KIND_BINARIES, build_paths, gpu_window, metrics
 
 FREQUENCY_HZ = 19
 ZIPF_S = 1.1

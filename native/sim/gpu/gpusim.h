@@ -1,4 +1,4 @@
-/* The simulated GPU's C API (libfleetprof_gpusim.so), used through ctypes by producers/gpu_native.py.
+/* The simulated GPU's C API (libfleetprof_gpusim.so), used through ctypes by simulate/gpu.py.
  *
  * It stands in for CUDA + the CUPTI shim at the one boundary fleetprof does not own, the C ABI: it fires the same
  * USDT probes through the same header (native/include/fleetprof_probes.h), with the same per-thread rate limit, so

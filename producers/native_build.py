@@ -1,5 +1,6 @@
-"""The project's small C libraries, built with gcc on first use into `.build/native/` (rebuilt when a source,
-header or flag changes): the CUPTI shim, the GPU simulator and the simulated libnvidia-ml.so.1.
+"""The gcc build of the project's small C libraries under native/, on first use into `.build/native/` (rebuilt when
+a source, header or flag changes): the CUPTI shim (producers/cupti_shim.py) and, under native/sim/, the GPU simulator
+and the simulated libnvidia-ml.so.1 (simulate/).
 
 They are plain gcc builds on purpose: no CUDA toolkit, no cmake. The shim compiles against the CUDA and CUPTI
 headers that PyPI's nvidia-* wheels carry, so it builds on machines without a GPU.

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from producers.synthetic_binaries import KERNEL_BINARY as K
-from producers.synthetic_binaries import OPS, RUST_FNS, RUST_MODULES, backward_node, op_class
+from simulate.synthetic_binaries import KERNEL_BINARY as K
+from simulate.synthetic_binaries import OPS, RUST_FNS, RUST_MODULES, backward_node, op_class
 
 if TYPE_CHECKING:
-    from producers.synthetic_fleet import SimNode, SyntheticFleet
+    from simulate.synthetic_fleet import SimNode, SyntheticFleet
 
 PY, LPY, C, LD, CXX = "python3.11", "libpython3.11.so.1.0", "libc.so.6", "ld-linux-x86-64.so.2", "libstdc++.so.6"
 TP, TC, TG = "libtorch_python.so", "libtorch_cpu.so", "libtorch_cuda.so"

@@ -12,8 +12,8 @@ import os
 import sys
 from pathlib import Path
 
-from fleetprof.native import ROOT
-from producers.nvml_sim import Segment, SimDevice, SimProcess, sim_env, write_scenario
+from producers.native_build import ROOT
+from simulate.nvml import Segment, SimDevice, SimProcess, sim_env, write_scenario
 
 DAY_S = 24 * 3600
 CYCLE_S = 300  # busy 240 s, idle 60 s
@@ -42,8 +42,8 @@ def demo_scenario(path: Path, workload_pid: int) -> Path:
 def workload_command() -> list[str]:
     """The simulated workload, for a day; under CPython with -X perf when infra/setup.sh could build it."""
     if PERF_PYTHON.exists():
-        return [str(PERF_PYTHON), "-X", "perf", "-m", "producers.simulated_gpu_workload", "--seconds", str(DAY_S)]
-    return [sys.executable, "-m", "producers.simulated_gpu_workload", "--seconds", str(DAY_S)]
+        return [str(PERF_PYTHON), "-X", "perf", "-m", "simulate.gpu_workload", "--seconds", str(DAY_S)]
+    return [sys.executable, "-m", "simulate.gpu_workload", "--seconds", str(DAY_S)]
 
 
 def agent_env(scenario: Path) -> dict[str, str]:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from processors.messages import Message
-from processors.stages import SymbolizeStage
 from processors.symbol_tables import SymbolTables
+from processors.symbolize_stage import SymbolizeStage
 from tests.pipeline_helpers import build_id_for, cpu_batch, stack, symbol_chunks
 
 

@@ -1,0 +1,255 @@
+"""sql/cluster/, the schema of a sharded, replicated ClickHouse cluster, generated from sql/migrations/: each
+sql/cluster/NNNN_name.sql from the migration of the same name, so that every table's columns, codecs, engine, keys,
+partitions, TTL and settings are written once, in the migration.
+
+    python -m fleetprof.cluster_sql           # rewrite sql/cluster/NNNN_*.sql
+    python -m fleetprof.cluster_sql --check   # exit 1, naming every cluster file that differs from its migration
+
+A module of fleetprof rather than a script beside the files: it reads the migrations with the store's own
+migration_files and split_statements (the statements the store applies are the ones turned into cluster statements),
+and tests/test_cluster_sql_files.py imports it to regenerate in memory and compare.
+
+What a migration says for the cluster, in comment lines above a statement (a single node ignores them):
+  * `-- @cluster sharded by <expression>` above CREATE TABLE: `<name>_local`, a Replicated table with one replica set
+    per shard, behind a Distributed table `<name>` with that sharding key. Above CREATE VIEW: the view per node as
+    `<name>_local` over the local tables (and over the `_local` views before it), behind a Distributed `<name>`.
+  * `-- @cluster on every node` above CREATE TABLE: one Replicated table whose replica set spans the cluster, so each
+    node holds it whole; above CREATE VIEW: the same view on every node, reading the tables it reads on one node.
+  * `-- Cluster: <text>`, up to the next `--` line, blank line or directive: notes copied above the statement's
+    cluster form.
+The rest follows from those: every CREATE runs ON CLUSTER; a materialized view runs on every node from the local table
+to the local table; an ALTER of a table on every node and an INSERT run as they are (replication carries them); each
+file ends by recording its version in schema_migrations, which is why `fleetprof db migrate` finds nothing to do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fleetprof.store import MIGRATIONS_DIR, migration_files, split_statements
+
+CLUSTER_DIR = MIGRATIONS_DIR.parent / "cluster"
+COMMAND = "python -m fleetprof.cluster_sql"
+LINE_LIMIT = 120
+
+# The cluster's placeholders: ClickHouse fills {cluster}, {shard} and {replica} from each node's macros, {database}
+# with the table's database.
+ON_CLUSTER = " ON CLUSTER '{cluster}'"
+SHARD_PATH, SHARD_REPLICA = "/clickhouse/tables/{{shard}}/{{database}}/{table}", "{replica}"
+# one replica set over every node: a replica name unique across it, also where {replica} repeats from shard to shard
+WHOLE_PATH, WHOLE_REPLICA = "/clickhouse/tables/all/{{database}}/{table}", "{shard}-{replica}"
+# the statements a migration does not hold: a Distributed table in front of a table's or a view's local part, and the
+# version record ending each file
+DISTRIBUTED_TABLE = """CREATE TABLE IF NOT EXISTS {name}{on_cluster}
+(
+{columns}
+)
+ENGINE = Distributed('{{cluster}}', currentDatabase(), {local}, {key})"""
+DISTRIBUTED_VIEW = """CREATE TABLE IF NOT EXISTS {name}{on_cluster} AS {local}
+ENGINE = Distributed('{{cluster}}', currentDatabase(), {local}, {key})"""
+RECORD = "INSERT INTO schema_migrations (version, name, applied_at) VALUES ({version}, '{name}', now())"
+
+_DIRECTIVE_RE = re.compile(r"^--\s*@cluster\b\s*(.*?)\s*$")
+_NOTE_RE = re.compile(r"^--\s*Cluster:")
+_CREATE_RE = re.compile(r"^CREATE (TABLE|VIEW|MATERIALIZED VIEW) IF NOT EXISTS (\w+)\b(.*)$")
+_TARGET_RE = re.compile(r"^ TO (\w+) AS$")
+_ENGINE_RE = re.compile(r"^ENGINE = (\w*)MergeTree(?:\((.*)\))?$", re.MULTILINE)
+_REFERENCE_RE = re.compile(r"\b(FROM|JOIN)(\s+)(\w+)\b")
+_ALTER_RE = re.compile(r"^ALTER TABLE (\w+)\b")
+_CODEC_RE = re.compile(r"\s+CODEC\(.*\)$")
+_DEDUP_RE = re.compile(r"\bnon_replicated_deduplication_window\b")
+
+
+class ClusterSqlError(ValueError):
+    """A migration the generator cannot turn into its cluster form; the message names the file and the statement."""
+
+
+@dataclass
+class Layout:
+    """Where the migrations so far put each object: sharded ones (name -> key) live as `<name>_local` per shard."""
+
+    sharded: dict[str, str] = field(default_factory=dict)
+    every_node: set[str] = field(default_factory=set)
+
+
+def generate() -> dict[str, str]:
+    """File name -> text of every sql/cluster/NNNN_name.sql, generated from the migrations in order."""
+    layout = Layout()
+    return {f"{name}.sql": generate_file(version, name, path.read_text(), layout)
+            for version, name, path in migration_files()}
+
+
+def generate_file(version: int, name: str, text: str, layout: Layout) -> str:
+    """The cluster form of one migration; `layout` holds what the earlier migrations placed and learns this one's."""
+    source = f"sql/migrations/{name}.sql"
+    chunks, directives = [], 0
+    for piece in split_statements(text):
+        lines = piece.splitlines()
+        start = next(i for i, line in enumerate(lines) if line.strip() and not line.lstrip().startswith("--"))
+        where = f"{source}: {lines[start].strip()}"
+        placement, notes = _read_comments(lines[:start], where)
+        directives += placement is not None
+        code = "\n".join(lines[start:])
+        statements = _cluster_statements(code, placement, layout, where)
+        chunks.append("\n".join([*notes, statements[0]]) + ";")
+        chunks.extend(f"{statement};" for statement in statements[1:])
+    if directives != sum(bool(_DIRECTIVE_RE.match(line.strip())) for line in text.splitlines()):
+        raise ClusterSqlError(f"{source}: a `-- @cluster` line belongs in the comment lines right above a statement")
+    chunks.append(RECORD.format(version=version, name=name) + ";")
+    header = [f"-- Generated from {source} by `{COMMAND}`: do not edit.",
+              "-- The migration says why the columns, codecs, keys, partitions, TTL and settings are what they are;",
+              "-- sql/cluster/README.md says how a cluster differs from one node."]
+    first = chunks[0]
+    return "\n".join(header) + ("\n--\n" if first.startswith("--") else "\n") + "\n\n".join(chunks) + "\n"
+
+
+def _read_comments(lines: list[str], where: str) -> tuple[str | None, list[str]]:
+    """The `-- @cluster` placement among a statement's leading comment lines, and its `-- Cluster:` paragraphs."""
+    placement, notes, note = None, [], None
+    for line in [*(raw.strip() for raw in lines), ""]:
+        directive = _DIRECTIVE_RE.match(line)
+        if directive or _NOTE_RE.match(line) or line in ("", "--"):  # the paragraph before ends here
+            if note:
+                notes += ["--", *note] if notes else note
+            note = [line] if _NOTE_RE.match(line) else None
+        elif note is not None:
+            note.append(line)
+        if directive and placement is not None:
+            raise ClusterSqlError(f"{where}: two `-- @cluster` lines above one statement")
+        placement = directive.group(1) if directive else placement
+    return placement, notes
+
+
+def _cluster_statements(code: str, placement: str | None, layout: Layout, where: str) -> list[str]:
+    first, _, rest = code.partition("\n")
+    create = _CREATE_RE.match(first)
+    if create is None:
+        if placement is not None:
+            raise ClusterSqlError(f"{where}: `-- @cluster` places a table or a view, nothing else")
+        alter = _ALTER_RE.match(first)
+        if alter and alter.group(1) not in layout.every_node:
+            raise ClusterSqlError(f"{where}: only an ALTER of a table on every node is generated (replication carries "
+                                  "it); a sharded table needs its _local table and its Distributed table altered")
+        if not alter and not first.startswith("INSERT INTO "):
+            raise ClusterSqlError(f"{where}: no cluster form for this statement in {COMMAND}")
+        return [code]
+    kind, name = create.group(1), create.group(2)
+    if kind == "MATERIALIZED VIEW":
+        if placement is not None:
+            raise ClusterSqlError(f"{where}: a materialized view follows its tables; no `-- @cluster` line")
+        return [_materialized_view(create, rest, layout, where)]
+    if placement == "on every node":
+        layout.every_node.add(name)
+        if kind == "VIEW":
+            return [_on_cluster(create, name) + "\n" + rest]
+        return [_replicated(create, name, rest, WHOLE_PATH.format(table=name), WHOLE_REPLICA, where)]
+    sharded = re.fullmatch(r"sharded by (.+)", placement or "")
+    if sharded is None:
+        raise ClusterSqlError(f"{where}: say where its rows live on a cluster, in a comment line right above it: "
+                              "`-- @cluster sharded by <expression>` or `-- @cluster on every node`")
+    local, key = f"{name}_local", sharded.group(1)
+    if kind == "VIEW":
+        statements = [_on_cluster(create, local) + "\n" + _localized(rest, layout),
+                      DISTRIBUTED_VIEW.format(name=name, on_cluster=ON_CLUSTER, local=local, key=key)]
+    else:
+        statements = [_replicated(create, local, rest, SHARD_PATH.format(table=local), SHARD_REPLICA, where),
+                      _distributed(name, rest, local, key, where)]
+    layout.sharded[name] = key
+    return statements
+
+
+def _on_cluster(create: re.Match, name: str) -> str:
+    """The CREATE line of a migration for the object `name`, run ON CLUSTER."""
+    return create.string[:create.start(2)] + name + ON_CLUSTER + create.string[create.end(2):]
+
+
+def _replicated(create: re.Match, table: str, rest: str, path: str, replica: str, where: str) -> str:
+    """A MergeTree-family CREATE TABLE as its Replicated form, with the replicated deduplication window."""
+    engine = _ENGINE_RE.search(rest)
+    if engine is None:
+        raise ClusterSqlError(f"{where}: no `ENGINE = …MergeTree` line to replicate")
+    head = f"ENGINE = Replicated{engine.group(1)}MergeTree("
+    args = [f"'{path}'", f"'{replica}'"]
+    line = head + ", ".join([*args, engine.group(2)] if engine.group(2) else args) + ")"
+    if len(line) > LINE_LIMIT and engine.group(2):
+        line = head + ", ".join(args) + ",\n" + " " * len(head) + engine.group(2) + ")"
+    body = _DEDUP_RE.sub("replicated_deduplication_window", rest[:engine.start()] + line + rest[engine.end():])
+    return _on_cluster(create, table) + "\n" + body
+
+
+def _distributed(name: str, rest: str, local: str, key: str, where: str) -> str:
+    """The Distributed table in front of `local`: the same columns and types, no codecs (it stores nothing)."""
+    lines = rest.splitlines()
+    if not lines or lines[0] != "(" or ")" not in lines:
+        raise ClusterSqlError(f"{where}: the columns must sit between a line `(` and a line `)`")
+    columns = []
+    for line in lines[1:lines.index(")")]:
+        column = line.strip().removesuffix(",")
+        if column and not column.startswith("--"):
+            column_name, column_type = column.split(None, 1)
+            columns.append((column_name, _CODEC_RE.sub("", column_type)))
+    width = max(len(n) for n, _ in columns) + 1
+    listed = ",\n".join(f"    {n.ljust(width)}{t}" for n, t in columns)
+    return DISTRIBUTED_TABLE.format(name=name, on_cluster=ON_CLUSTER, columns=listed, local=local, key=key)
+
+
+def _materialized_view(create: re.Match, rest: str, layout: Layout, where: str) -> str:
+    """A materialized view on every node, from the local window table into the local rollup of each shard."""
+    target = _TARGET_RE.match(create.group(3))
+    sources = [m.group(3) for m in _REFERENCE_RE.finditer(rest)]
+    if target is None or not sources or not all(t in layout.sharded for t in [target.group(1), *sources]):
+        raise ClusterSqlError(f"{where}: only a materialized view `TO <table> AS` from sharded tables into a sharded "
+                              "table is generated (it runs per shard, on the local tables)")
+    return create.string[:create.end(2)] + ON_CLUSTER + f" TO {target.group(1)}_local AS\n" + _localized(rest, layout)
+
+
+def _localized(text: str, layout: Layout) -> str:
+    """`FROM t` / `JOIN t` of a sharded table or view read as its local part on this node."""
+    return _REFERENCE_RE.sub(lambda m: f"{m.group(0)}_local" if m.group(3) in layout.sharded else m.group(0), text)
+
+
+def differences(directory: Path = CLUSTER_DIR, generated: dict[str, str] | None = None) -> list[str]:
+    """One line per cluster file in `directory` that is missing, stale or not what the migrations generate."""
+    wanted = generated if generated is not None else generate()
+    present = {p.name: p.read_text() for p in directory.glob("[0-9][0-9][0-9][0-9]_*.sql")}
+    found = [f"{name}: missing" for name in sorted(set(wanted) - set(present))]
+    found += [f"{name}: has no migration of that name" for name in sorted(set(present) - set(wanted))]
+    found += [f"{name}: differs from what its migration generates" for name in sorted(set(wanted) & set(present))
+              if present[name] != wanted[name]]
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Rewrite sql/cluster/ (or, with --check, only compare); the exit status for the command line."""
+    parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if sql/cluster differs")
+    args = parser.parse_args(argv)
+    try:
+        generated = generate()
+    except ClusterSqlError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    found = differences(CLUSTER_DIR, generated)
+    if args.check:
+        for line in found:
+            print(f"sql/cluster/{line}", file=sys.stderr)
+        if found:
+            print(f"run `{COMMAND}` to regenerate sql/cluster/", file=sys.stderr)
+        return 1 if found else 0
+    for path in CLUSTER_DIR.glob("[0-9][0-9][0-9][0-9]_*.sql"):
+        if path.name not in generated:
+            path.unlink()
+    for name, text in generated.items():
+        path = CLUSTER_DIR / name
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+            print(f"wrote sql/cluster/{name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

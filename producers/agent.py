@@ -1,0 +1,143 @@
+"""The node agent: its collectors on one thread and one schedule, their records into one outbox.
+
+`Agent(collectors, outbox).run(stop)` runs reporting windows until `stop` is set (or one window, `once`). The loop
+is the only place that decides when a collector is looked at and drained:
+- every `look_every_s` each collector looks around (the CPU sampler empties its kernel maps, so fewer stacks
+  collide, and reads newly sampled processes; the GPU probes attach to new objects);
+- a collector that says it is due (the GPU probes' rings every 100 ms while something is attached, NVML on its
+  period) is drained then, and every collector at the window's end;
+- whatever a drain returns goes to the outbox at once, and the outbox is pumped on every tick (it never waits).
+One thread on purpose: the process cache is shared by the collectors and not locked, and nothing here blocks for
+long (an NVML call that hangs is cut off by the collector's own deadline; Kafka is watched by a thread of its own).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from threading import Event
+from typing import Protocol
+
+log = logging.getLogger("fleetprof.agent")
+
+
+@dataclass(frozen=True)
+class Window:
+    index: int  # 1, 2, ...
+    start_ns: int  # Unix ns
+    end_ns: int
+
+
+@dataclass
+class Records:
+    kind: str  # cpu (CpuStackBatch), gpu_launches, gpu_kernels, gpu_metrics
+    records: list[dict]
+
+
+class Collector(Protocol):
+    """One source of records on the node."""
+
+    name: str  # "cpu", "gpu", "nvml": said in logs and counters
+
+    def begin(self) -> None:
+        """Start the first window now: what was counted while the others started is dropped."""
+
+    def look(self) -> None:
+        """Every second or so: find what is new (processes, loaded objects)."""
+
+    def due_in(self) -> float | None:
+        """Seconds until it wants draining (<= 0: now); None: only at the window's end."""
+
+    def drain(self) -> list[Records]:
+        """The records collected since the last drain."""
+
+    def end_window(self, window: Window) -> list[Records]:
+        """Close the window: the records that belong to it as a whole (the CPU batch)."""
+
+    def counters(self) -> dict[str, int]:
+        """What it counted: lost, dropped, unreadable."""
+
+    def close(self) -> None:
+        """Stop and release; safe to call twice."""
+
+
+class Outlet(Protocol):
+    """Where records go: the outbox to Kafka, or the dry run's printer."""
+
+    def put(self, records: Records) -> None: ...
+
+    def pump(self) -> None:
+        """Move held records along without waiting."""
+
+    @property
+    def pending(self) -> bool:
+        """Whether it holds records it could move along (then the loop ticks more often)."""
+
+
+@dataclass
+class AgentReport:
+    windows: int = 0
+    records: dict[str, int] = field(default_factory=dict)  # by kind: records put
+    started: float = field(default_factory=time.monotonic)
+
+
+class Agent:
+    """Runs windows over `collectors`, putting their records into `outbox` as they come."""
+
+    def __init__(self, collectors: list[Collector], outbox: Outlet, window_s: float = 10.0, tick_s: float = 0.1,
+                 look_every_s: float = 1.0, on_window: Callable[[Window, AgentReport], None] | None = None) -> None:
+        if not collectors:
+            raise ValueError("an agent needs at least one collector")
+        self.collectors = collectors
+        self.outbox = outbox
+        self.window_s = window_s
+        self.tick_s = tick_s
+        self.look_every_s = look_every_s
+        self.on_window = on_window
+        self.report = AgentReport()
+
+    def _put(self, found: list[Records]) -> None:
+        for records in found:
+            if records.records:
+                self.report.records[records.kind] = self.report.records.get(records.kind, 0) + len(records.records)
+                self.outbox.put(records)
+
+    def run(self, stop: Event, once: bool = False) -> AgentReport:
+        """Windows until `stop` is set (it ends the current window early; its records still go), or one."""
+        for c in self.collectors:
+            c.begin()
+        while True:
+            window = self._window(stop)
+            self.report.windows += 1
+            if self.on_window is not None:
+                self.on_window(window, self.report)
+            if once or stop.is_set():
+                return self.report
+
+    def _window(self, stop: Event) -> Window:
+        start_ns, now = time.time_ns(), time.monotonic()
+        deadline, next_look = now + self.window_s, now + self.look_every_s
+        while (left := deadline - time.monotonic()) > 0:
+            due = [d for c in self.collectors if (d := c.due_in()) is not None]
+            if self.outbox.pending:
+                due.append(self.tick_s)
+            wait = min([left, max(0.0, next_look - time.monotonic()), *due])
+            if stop.wait(max(0.0, wait)):
+                break
+            for c in self.collectors:
+                d = c.due_in()
+                if d is not None and d <= 0:
+                    self._put(c.drain())
+            if time.monotonic() >= next_look:
+                next_look += self.look_every_s
+                for c in self.collectors:
+                    c.look()
+            self.outbox.pump()
+        window = Window(self.report.windows + 1, start_ns, time.time_ns())
+        for c in self.collectors:
+            self._put(c.drain())
+            self._put(c.end_window(window))
+        self.outbox.pump()
+        return window

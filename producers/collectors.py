@@ -1,0 +1,85 @@
+"""Which of the agent's collectors can run on this node, opened: the registry the agent is built from.
+
+Each collector says "not here" in one line (no BPF, no driver) and the rest keep running; the order is the order of
+draining at a window's end.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from producers.agent import Collector
+from producers.cpu import CpuCollector
+from producers.cpu_sampler import DEFAULT_MAX_ENTRIES, BpfUnavailable, CpuSampler
+from producers.process_info import KEEP_ALL, ProcessCache, ProcessFilter
+
+log = logging.getLogger("fleetprof.agent")
+
+
+@dataclass(frozen=True)
+class CollectorOptions:
+    node: str
+    frequency_hz: int = 19
+    pid: int | None = None
+    keep: ProcessFilter = KEEP_ALL
+    gpu: bool = True  # CUDA kernel timing (USDT probes) and NVML
+    nvml_period_s: float = 1.0
+    stack_entries: int | None = None  # None: sized from the CPU count and frequency
+    count_entries: int = DEFAULT_MAX_ENTRIES
+    kernel_build_id: str = ""
+
+
+@dataclass
+class OpenedCollectors:
+    collectors: list[Collector] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # one line per collector that is off, and why
+
+    def names(self) -> list[str]:
+        return [c.name for c in self.collectors]
+
+    def close(self) -> None:
+        for c in self.collectors:
+            c.close()
+
+
+def open_collectors(options: CollectorOptions, processes: ProcessCache) -> OpenedCollectors:
+    """Start what can run here: CPU stacks, then CUDA kernels, then NVML."""
+    found = OpenedCollectors()
+    bpf = True
+    try:
+        sampler = CpuSampler(options.frequency_hz, options.pid, options.count_entries, options.stack_entries)
+        sampler.start()
+        found.collectors.append(CpuCollector(sampler, processes, options.node, options.keep, options.kernel_build_id))
+    except BpfUnavailable as exc:
+        bpf = False
+        found.notes.append(f"CPU sampling off: BPF unavailable: {exc}")
+    if not options.gpu:
+        for note in found.notes:
+            log.warning("%s", note)
+        return found
+    if bpf:
+        from producers.gpu_probes import GpuProbeCollector
+
+        probes = GpuProbeCollector(options.node, processes, keep=options.keep, pid=options.pid)
+        try:
+            probes.start()
+            found.collectors.append(probes)
+        except BpfUnavailable as exc:
+            found.notes.append(f"CUDA kernel timing off: {exc}")
+    else:
+        found.notes.append("CUDA kernel timing off: it needs BPF too")
+    try:
+        from producers.nvml_collector import NvmlCollector
+    except ImportError as exc:  # nvidia-ml-py missing from this install
+        found.notes.append(f"GPU metrics off: {exc}")
+    else:
+        nvml = NvmlCollector(options.node, period_s=options.nvml_period_s)
+        if nvml.open():
+            found.collectors.append(nvml)
+        else:
+            found.notes.append(f"GPU metrics off: {nvml.reason}")  # the collector said so itself
+            return found
+    for note in found.notes:
+        log.warning("%s", note)
+    return found

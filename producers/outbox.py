@@ -1,0 +1,250 @@
+"""Everything the agent sends, on its way to Kafka: one bounded queue for every kind of record.
+
+Units (a window's CPU batch, a drain's GPU launches or kernels, an NVML poll, the symbol tables some of them need)
+leave in the order they were put. librdkafka is handed one step at a time — a run of symbol tables, or a run of
+record units up to `inflight_bytes` — and the next only once the broker acknowledged the last, so a table is in
+Kafka before any record that needs it. Whatever librdkafka holds is delivered once (idempotent, no expiry).
+
+What waits here counts against `max_bytes` (while Kafka is away, what librdkafka holds counts too). Beyond it the
+oldest whole record units are dropped, never those just put; symbol tables only when nothing else is left to drop,
+and then with every held unit that needs them (the encoder is told, and sends those tables again when they are next
+needed). Nothing is handed over while the KafkaLink says Kafka is unreachable or lacks topics. Drops, and messages
+Kafka refuses for good (too large, say), are counted per kind; none of them stops the agent.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from prometheus_client import Counter, Gauge
+
+from producers.agent import Records
+from producers.kafka_link import KafkaLink
+from producers.outbox_encoder import OutboxEncoder
+from producers.outbox_units import KINDS, Unit
+from producers.publisher import Publisher, PublishError
+
+log = logging.getLogger("fleetprof.agent")
+
+RECORD_NAMES = {"symbols": "chunks", "cpu": "samples", "gpu_launches": "launches", "gpu_kernels": "kernels",
+                "gpu_metrics": "polls"}
+
+DROPPED = Counter("fleetprof_agent_dropped_records_total", "Records dropped from the outbox while Kafka was away",
+                  ["kind"])
+DROPPED_BYTES = Counter("fleetprof_agent_dropped_bytes_total", "Message bytes dropped from the outbox", ["kind"])
+UNSENDABLE = Counter("fleetprof_agent_unsendable_messages_total", "Messages Kafka refused for good", ["kind"])
+PENDING_BYTES = Gauge("fleetprof_agent_outbox_bytes", "Message bytes waiting for Kafka (held and in flight)")
+
+
+@dataclass
+class Tally:
+    units: int = 0
+    messages: int = 0
+    records: int = 0
+    bytes: int = 0
+
+    def add(self, unit: Unit) -> None:
+        self.units += 1
+        self.messages += len(unit.messages)
+        self.records += unit.records
+        self.bytes += unit.size
+
+
+@dataclass
+class _Step:
+    """Units handed to librdkafka together, done when every message has its delivery report."""
+
+    symbols: bool
+    units: list[Unit] = field(default_factory=list)
+    size: int = 0
+    unacked: int = 0
+
+
+def _tallies() -> dict[str, Tally]:
+    return {kind: Tally() for kind in KINDS}
+
+
+class Outbox:
+    """Ships Units through `publisher` in order while `link` says Kafka is ready, holding at most `max_bytes`."""
+
+    def __init__(self, publisher: Publisher, link: KafkaLink, encoder: OutboxEncoder, max_bytes: int,
+                 inflight_bytes: int = 16 << 20) -> None:
+        self.publisher = publisher
+        self.link = link
+        self.encoder = encoder
+        self.max_bytes = max_bytes
+        self.inflight_bytes = max(1, min(inflight_bytes, max_bytes // 2))
+        self.held: deque[Unit] = deque()
+        self.held_bytes = 0
+        self._steps: list[_Step] = []  # with librdkafka now, in the order handed over
+        self._inflight = 0  # their bytes
+        self.put_tally, self.sent, self.dropped = _tallies(), _tallies(), _tallies()
+        self.unsendable = {kind: 0 for kind in KINDS}  # messages Kafka refused for good
+        self.peak_bytes = 0  # most bytes waiting while Kafka was away
+        self._away_since = 0.0  # when Kafka stopped taking messages; 0 while it takes them
+        self._last_ack = time.monotonic()
+        self._drop_log_at = 0.0
+
+    @property
+    def pending_bytes(self) -> int:
+        return self.held_bytes + self._inflight
+
+    @property
+    def unconfirmed(self) -> int:
+        """Messages handed to librdkafka without a delivery report yet."""
+        return sum(step.unacked for step in self._steps)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.held or self._steps)
+
+    def put(self, records: Records) -> None:
+        """Encode and queue collected records (the Outlet the agent puts into)."""
+        self.add(self.encoder.units(records.kind, records.records))
+
+    @property
+    def pending(self) -> bool:
+        return not self.empty
+
+    def add(self, units: list[Unit]) -> None:
+        """Queue units behind the others; drop the oldest held ones while over the bound (see the module)."""
+        for unit in units:
+            self.held.append(unit)
+            self.held_bytes += unit.size
+            self.put_tally[unit.kind].add(unit)
+        self.pump()  # tables go at once: then a window larger than the bound passes while Kafka takes it
+        newest = {id(u) for u in units}  # what is put now stays, its tables too: a window larger than the bound
+        dropped = _tallies()             # still goes while Kafka takes it
+        while self._over():
+            victim = next((u for u in self.held if u.kind != "symbols" and id(u) not in newest), None)
+            if victim is not None:
+                self._drop([victim], dropped)
+                continue
+            tables = next((u for u in self.held if u.kind == "symbols" and id(u) not in newest), None)
+            if tables is None:
+                break  # only the newest units, or what librdkafka holds: never dropped here
+            self._drop([tables, *(u for u in self.held if u.needs & tables.tables)], dropped)
+            self.encoder.forget(tables.tables)
+        if any(t.units for t in dropped.values()):
+            self._log_drops(dropped)
+        self._track_away()
+        self._note_size(after_put=True)
+
+    def _over(self) -> bool:
+        """Over the bound: what waits here and what librdkafka holds while Kafka is away; while it takes messages,
+        only what waits here (what is in flight is moving: a window with large new tables passes through)."""
+        return (self.held_bytes if self.link.ready else self.pending_bytes) > self.max_bytes
+
+    def _drop(self, units: list[Unit], into: dict[str, Tally]) -> None:
+        for unit in units:
+            self.held.remove(unit)
+            self.held_bytes -= unit.size
+            self.dropped[unit.kind].add(unit)
+            into[unit.kind].add(unit)
+            DROPPED.labels(unit.kind).inc(unit.records)
+            DROPPED_BYTES.labels(unit.kind).inc(unit.size)
+
+    def _log_drops(self, now: dict[str, Tally]) -> None:
+        if time.monotonic() - self._drop_log_at < 10.0:  # at most a line per 10 s, with the totals
+            return
+        self._drop_log_at = time.monotonic()
+        what = ", ".join(f"{t.records} {RECORD_NAMES[k]}" for k, t in now.items() if t.units)
+        total = ", ".join(f"{t.records} {RECORD_NAMES[k]}" for k, t in self.dropped.items() if t.units)
+        log.warning("outbox full (%.1f MiB, --buffer-mb): dropped the oldest records: %s; so far %s",
+                    self.max_bytes / 2**20, what, total)
+
+    def _note_size(self, after_put: bool = False) -> None:
+        if after_put and self._away_since:  # only a put adds bytes; a pump moves or retires them
+            self.peak_bytes = max(self.peak_bytes, self.pending_bytes)
+        PENDING_BYTES.set(self.pending_bytes)
+
+    def _acked(self, step: _Step, kind: str, delivered: bool, reason: str) -> None:
+        step.unacked -= 1
+        self._last_ack = time.monotonic()
+        if not delivered:
+            self._refused(kind, reason)
+
+    def _refused(self, kind: str, reason: str) -> None:
+        self.unsendable[kind] += 1
+        UNSENDABLE.labels(kind).inc()
+        log.error("a %s message was refused for good and is lost (%d so far): %s", kind, self.unsendable[kind], reason)
+
+    def _may_hand_over(self) -> bool:
+        """Tables go whenever Kafka is ready; records once every table before them is acknowledged, while what is in
+        flight stays under `inflight_bytes`."""
+        if not self.held or not self.link.ready:
+            return False
+        if self.held[0].kind == "symbols":
+            return True
+        return not any(step.symbols for step in self._steps) and self._inflight < self.inflight_bytes
+
+    def _hand_over(self) -> None:
+        """Give librdkafka the next step: the symbol tables at the head, or a run of record units."""
+        symbols = self.held[0].kind == "symbols"
+        step = _Step(symbols)
+        while self.held and (self.held[0].kind == "symbols") == symbols and \
+                (not step.units or symbols or self._inflight + step.size < self.inflight_bytes):
+            unit = self.held.popleft()
+            step.units.append(unit)
+            step.size += unit.size
+        self.held_bytes -= step.size
+        self._inflight += step.size
+        self._steps.append(step)
+        for unit in step.units:
+            for topic, key, value, _ in unit.messages:
+                step.unacked += 1
+                try:
+                    self.publisher.publish(topic, key, value,
+                                           done=lambda ok, why, k=unit.kind: self._acked(step, k, ok, why))
+                except PublishError as exc:  # refused before it left (larger than the producer allows, say)
+                    step.unacked -= 1
+                    self._refused(unit.kind, str(exc))
+        self._last_ack = time.monotonic()
+
+    def pump(self) -> bool:
+        """Serve delivery reports; hand over what may go (see _may_hand_over). Never waits. True when it moved
+        something along."""
+        self.publisher.poll(0)
+        moved = False
+        for step in [s for s in self._steps if not s.unacked]:
+            self._steps.remove(step)
+            self._inflight -= step.size
+            for unit in step.units:
+                self.sent[unit.kind].add(unit)
+            moved = True
+        if self._steps and time.monotonic() - self._last_ack > self.link.stall_s:
+            self.link.suspect()  # nothing acknowledged for a while: is Kafka still there?
+        while self._may_hand_over():
+            self._hand_over()
+            moved = True
+        self._track_away()
+        self._note_size()
+        return moved
+
+    def _track_away(self) -> None:
+        waiting = not self.empty
+        if waiting and not self.link.ready and not self._away_since:
+            self._away_since = time.monotonic()
+        elif not waiting and self._away_since:
+            log.warning("outbox drained: Kafka took everything held after %.1f s (peak %.2f MiB held)",
+                        time.monotonic() - self._away_since, self.peak_bytes / 2**20)
+            self._away_since = 0.0
+
+    def drain(self, budget_s: float) -> bool:
+        """Pump until everything is acknowledged or `budget_s` is spent; True when all is delivered."""
+        deadline = time.monotonic() + budget_s
+        while not self.empty and time.monotonic() < deadline:
+            if not self.pump():
+                self.publisher.poll(0.02)
+        return self.empty
+
+    def drop_held(self) -> None:
+        """At exit: count what is still held as dropped (what librdkafka holds is not: its fate is unknown)."""
+        dropped = _tallies()
+        self._drop(list(self.held), dropped)
+        if any(t.units for t in dropped.values()):
+            self._drop_log_at = 0.0
+            self._log_drops(dropped)

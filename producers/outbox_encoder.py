@@ -1,0 +1,152 @@
+"""Collected records as outbox units: the symbol tables they need and no earlier unit carried, then the records,
+encoded and split to fit each topic's message limit.
+
+Symbol tables come from the mapped files themselves, read through /proc/PID/root so a container's binary is the
+container's file (a deleted one through /proc/PID/map_files); the kernel's table comes from /proc/kallsyms, one per
+boot. A file that cannot be read (process gone, permission, not ELF) is skipped quietly and counted: its frames stay
+`[unknown] <binary>+0x…` downstream. A perf map's table (id `perfmap:…`, JIT code and CPython's `-X perf`) comes
+from the PerfMapCache that read it for the batch, not from a file.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+from producers.elf_symbols import ElfError, read_elf_symbols, symbol_chunks
+from producers.kallsyms import KernelSymbols, kernel_symbol_chunks
+from producers.outbox_units import Message, Unit
+from producers.perf_map import DEFAULT_PERF_MAPS, PerfMapCache, is_perf_map_id
+from producers.process_info import mapped_file
+from schemas import topics
+from schemas.cpu_batch_writer import DEFAULT_MAX_BYTES, encode_cpu_batch, encode_cpu_batches, split_cpu_batch
+from schemas.gpu_launch_writer import LaunchEncoder
+from schemas.single_object import encode
+
+log = logging.getLogger("fleetprof.agent")
+
+ChunkReader = Callable[[str, int], list[dict]]  # (file path, max bytes) -> SymbolChunk records; ElfError / OSError
+Limits = Callable[[str], int]  # topic name -> the largest message value it takes
+
+
+def _read_file_chunks(path: str, max_bytes: int) -> list[dict]:
+    return symbol_chunks(read_elf_symbols(path), max_bytes)
+
+
+class OutboxEncoder:
+    """Turns records of each kind into Units; remembers which build ids' tables went out, until told they did not."""
+
+    def __init__(self, kernel: KernelSymbols | None = None, max_bytes: Limits = lambda topic: DEFAULT_MAX_BYTES,
+                 read_chunks: ChunkReader = _read_file_chunks, perf_maps: PerfMapCache | None = None) -> None:
+        self.kernel = kernel
+        self.max_bytes = max_bytes
+        self._read_chunks = read_chunks
+        self.perf_maps = perf_maps if perf_maps is not None else DEFAULT_PERF_MAPS  # the process cache's
+        self.sent_build_ids: set[str] = set()  # queued, or tried and unreadable: never retried this run
+        self._sent_perf_ids: set[str] = set()  # perf maps queued, while some process still refers to them
+        self.unreadable = 0  # mapped files (or perf maps) whose symbols could not be read
+        self.new_build_ids = 0
+        self._launches = LaunchEncoder()
+
+    def forget(self, build_ids: Iterable[str]) -> None:
+        """These tables were dropped before they reached Kafka: send them again when next needed."""
+        for bid in build_ids:
+            self.sent_build_ids.discard(bid)
+            self._sent_perf_ids.discard(bid)
+
+    # symbol tables
+
+    def tables_for(self, processes: list[dict], kernel_build_id: str = "") -> list[Unit]:
+        """The symbols unit for what `processes` (dicts with "pid" and "mappings") and the kernel need that no earlier
+        unit carried; [] when there is none."""
+        limit = self.max_bytes(topics.SYMBOLS.name)
+        chunks: list[dict] = []
+        ids: set[str] = set()
+        kid = kernel_build_id
+        if kid and kid not in self.sent_build_ids and self.kernel is not None and self.kernel.build_id == kid:
+            self.sent_build_ids.add(kid)
+            chunks += kernel_symbol_chunks(self.kernel, limit)
+            ids.add(kid)
+        # a perf map's id is dropped once no process refers to its map: a JIT's map grows, and each version has an id
+        self._sent_perf_ids &= self.perf_maps.ids()
+        for proc in processes:
+            for m in proc["mappings"]:
+                bid = m["build_id"]
+                sent = self._sent_perf_ids if is_perf_map_id(bid) else self.sent_build_ids
+                if not bid or bid in sent:
+                    continue
+                sent.add(bid)
+                found = self._tables_of(proc["pid"], m, limit)
+                if found is None:
+                    self.unreadable += 1
+                    continue
+                ids.add(bid)
+                for c in found:
+                    sent.add(c["build_id"])  # the file may have changed since it was mapped
+                    ids.add(c["build_id"])
+                chunks += found
+        self.new_build_ids += len(ids)
+        if not chunks:
+            return []
+        messages = [(topics.SYMBOLS.name, f"{c['build_id']}/{c['chunk_index']}", encode("SymbolChunk", c), 1)
+                    for c in chunks]
+        return [Unit("symbols", messages, tables=frozenset(ids))]
+
+    def _tables_of(self, pid: int, mapping: dict, limit: int) -> list[dict] | None:
+        """The SymbolChunk records for one mapping's build id, or None when they cannot be had."""
+        if is_perf_map_id(mapping["build_id"]):
+            return self.perf_maps.chunks(mapping["build_id"], limit)  # None: not held (over PerfMapCache's budget)
+        path = mapping["path"]
+        try:
+            return self._read_chunks(mapped_file(pid, mapping["start"], mapping["limit"], path), limit)
+        except (ElfError, OSError) as exc:
+            log.debug("no symbols for %s: %s", path, exc)
+            return None
+
+    # records
+
+    def cpu(self, batch: dict) -> list[Unit]:
+        """A CpuStackBatch: its new tables, then the batch split to fit cpu.stacks."""
+        units = self.tables_for(batch["processes"], batch.get("kernel_build_id", ""))
+        if not batch["processes"]:
+            return units
+        node, limit = batch["node"], self.max_bytes(topics.CPU_STACKS.name)
+        encoded = encode_cpu_batches(batch, limit)
+        if len(encoded) == 1:
+            messages: list[Message] = [(topics.CPU_STACKS.name, node, encoded[0], _samples(batch))]
+        else:  # rare: a window larger than a message; each part's samples are counted on their own
+            messages = [(topics.CPU_STACKS.name, node, encode_cpu_batch(part), _samples(part))
+                        for part in split_cpu_batch(batch, limit)]
+        return [*units, Unit("cpu", messages, needs=_build_ids(batch["processes"], batch.get("kernel_build_id")))]
+
+    def gpu_launches(self, launches: list[dict]) -> list[Unit]:
+        """GpuLaunch records keyed node/pid, after the tables of new build ids in their mappings."""
+        with_maps = [{"pid": r["pid"], "mappings": r["mappings"]} for r in launches if r["mappings"]]
+        units = self.tables_for(with_maps)
+        messages = [(topics.GPU_LAUNCHES.name, f"{r['node']}/{r['pid']}", self._launches.encode(r), 1)
+                    for r in launches]
+        return [*units, Unit("gpu_launches", messages, needs=_build_ids(with_maps))] if messages else units
+
+    def gpu_kernels(self, kernels: list[dict]) -> list[Unit]:
+        messages = [(topics.GPU_KERNELS.name, f"{r['node']}/{r['pid']}", encode("GpuKernel", r), 1) for r in kernels]
+        return [Unit("gpu_kernels", messages)] if messages else []
+
+    def gpu_metrics(self, polls: list[dict]) -> list[Unit]:
+        messages = [(topics.GPU_METRICS.name, r["node"], encode("GpuMetrics", r), 1) for r in polls]
+        return [Unit("gpu_metrics", messages)] if messages else []
+
+    def units(self, kind: str, records: list[dict]) -> list[Unit]:
+        """Units for records of `kind` (cpu: one CpuStackBatch per record)."""
+        if kind == "cpu":
+            return [u for batch in records for u in self.cpu(batch)]
+        return {"gpu_launches": self.gpu_launches, "gpu_kernels": self.gpu_kernels,
+                "gpu_metrics": self.gpu_metrics}[kind](records)
+
+
+def _samples(batch: dict) -> int:
+    return sum(s["count"] for p in batch["processes"] for s in p["stacks"])
+
+
+def _build_ids(processes: list[dict], kernel_build_id: str | None = None) -> frozenset[str]:
+    ids = {m["build_id"] for p in processes for m in p["mappings"] if m["build_id"]}
+    return frozenset(ids | {kernel_build_id} if kernel_build_id else ids)

@@ -1,0 +1,41 @@
+-- GPU kernel time per launching stack over [since, until), optionally for one node / pid / comm ('' and 0 mean
+-- "all"): one row per sampled stack id with its GPU time in ns. Summed as cpu_samples_by_stack sums CPU samples: the
+-- whole UTC hours of the range from the hourly rollup gpu_kernel_samples_1h, the ragged edges from the 10 s windows of
+-- gpu_kernel_samples, exactly the sums of gpu_kernel_samples alone (migration 0010).
+-- The GPU flame-graph queries include it (`-- @include gpu_kernel_samples_by_stack`), so they read GPU time one way.
+-- @default until = now
+-- @default node =
+-- @default pid = 0
+-- @default comm =
+WITH
+    -- [first_hour, end_hour): the whole UTC hours inside the range; empty (first_hour >= end_hour) for a short one
+    toStartOfHour({since:DateTime} + INTERVAL 3599 SECOND, 'UTC') AS first_hour,
+    toStartOfHour({until:DateTime}, 'UTC') AS end_hour,
+    -- GPU rows carry no comm yet (launch records have none): a comm filter also takes the processes the CPU sampler
+    -- saw under that comm in the range, read like the samples (whole hours from the rollup, the edges from the windows)
+    comm_processes AS
+    (
+        SELECT node, pid FROM cpu_samples_1h WHERE hour >= first_hour AND hour < end_hour AND comm = {comm:String}
+        UNION ALL
+        SELECT node, pid FROM cpu_samples
+        WHERE ts >= {since:DateTime} AND ts < {until:DateTime} AND (ts < first_hour OR ts >= end_hour)
+          AND comm = {comm:String}
+    )
+SELECT stack_id, sum(duration_ns) AS duration_ns
+FROM
+(
+    SELECT stack_id, duration_ns
+    FROM gpu_kernel_samples_1h
+    WHERE hour >= first_hour AND hour < end_hour
+      AND ({node:String} = '' OR node = {node:String})
+      AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
+      AND ({comm:String} = '' OR comm = {comm:String} OR (node, pid) IN comm_processes)
+    UNION ALL
+    SELECT stack_id, duration_ns
+    FROM gpu_kernel_samples
+    WHERE ts >= {since:DateTime} AND ts < {until:DateTime} AND (ts < first_hour OR ts >= end_hour)
+      AND ({node:String} = '' OR node = {node:String})
+      AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
+      AND ({comm:String} = '' OR comm = {comm:String} OR (node, pid) IN comm_processes)
+)
+GROUP BY stack_id

@@ -1,0 +1,240 @@
+"""sql/cluster/ as files: each is what fleetprof.cluster_sql generates from the migration of the same name, every
+statement parses, runs on the cluster and places its table as documented. tests/test_cluster_sql.py runs them."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+
+from fleetprof import cluster_sql
+from fleetprof.cluster_sql import ClusterSqlError, Layout, differences, generate, generate_file
+from fleetprof.store import migration_files, split_statements
+from tests.test_cluster_sql import (
+    CLUSTER_DIR,
+    CREATE_RE,
+    ON_CLUSTER_RE,
+    REPLICATED_RE,
+    cluster_files,
+    cluster_statements,
+    code,
+    sharding,
+)
+
+# --- generated from the migrations ----------------------------------------------------------------------------------
+
+
+def test_sql_cluster_is_what_the_migrations_generate():
+    found = differences()
+    assert found == [], f"sql/cluster/ is not what sql/migrations/ generates ({'; '.join(found)}): " \
+                        f"run `{cluster_sql.COMMAND}`"
+    assert cluster_sql.main(["--check"]) == 0
+
+
+def test_a_drifted_missing_or_stale_cluster_file_is_named(tmp_path):
+    for path in cluster_files():
+        shutil.copy(path, tmp_path / path.name)
+    assert differences(tmp_path) == []
+    edited = tmp_path / "0003_cpu_samples.sql"
+    edited.write_text(edited.read_text().replace("TTL ts + INTERVAL 30 DAY", "TTL ts + INTERVAL 31 DAY"))
+    (tmp_path / "0006_alerts.sql").unlink()
+    (tmp_path / "0099_gone.sql").write_text("")
+    assert differences(tmp_path) == ["0006_alerts.sql: missing", "0099_gone.sql: has no migration of that name",
+                                     "0003_cpu_samples.sql: differs from what its migration generates"]
+
+
+def test_every_generated_file_says_it_is_generated_and_by_what():
+    for name, text in generate().items():
+        first = f"-- Generated from sql/migrations/{name} by `python -m fleetprof.cluster_sql`: do not edit."
+        assert text.splitlines()[0] == first, name
+
+
+SHARDED = """-- Rows per key.
+--
+-- Cluster: why they are sharded so.
+-- @cluster sharded by cityHash64(key)
+CREATE TABLE IF NOT EXISTS tallies
+(
+    key   LowCardinality(String) CODEC(ZSTD(1)),
+    total UInt64                 CODEC(T64, ZSTD(1))
+)
+ENGINE = SummingMergeTree(total)
+ORDER BY key
+SETTINGS non_replicated_deduplication_window = 100;
+
+-- @cluster sharded by cityHash64(key)
+CREATE VIEW IF NOT EXISTS tally_totals AS
+SELECT key, sum(total) AS total FROM tallies GROUP BY key;
+
+-- @cluster on every node
+CREATE VIEW IF NOT EXISTS all_totals AS
+SELECT sum(total) AS total FROM tallies
+"""
+
+SHARDED_CLUSTER = """\
+-- Generated from sql/migrations/0042_tallies.sql by `python -m fleetprof.cluster_sql`: do not edit.
+-- The migration says why the columns, codecs, keys, partitions, TTL and settings are what they are;
+-- sql/cluster/README.md says how a cluster differs from one node.
+--
+-- Cluster: why they are sharded so.
+CREATE TABLE IF NOT EXISTS tallies_local ON CLUSTER '{cluster}'
+(
+    key   LowCardinality(String) CODEC(ZSTD(1)),
+    total UInt64                 CODEC(T64, ZSTD(1))
+)
+ENGINE = ReplicatedSummingMergeTree('/clickhouse/tables/{shard}/{database}/tallies_local', '{replica}', total)
+ORDER BY key
+SETTINGS replicated_deduplication_window = 100;
+
+CREATE TABLE IF NOT EXISTS tallies ON CLUSTER '{cluster}'
+(
+    key   LowCardinality(String),
+    total UInt64
+)
+ENGINE = Distributed('{cluster}', currentDatabase(), tallies_local, cityHash64(key));
+
+CREATE VIEW IF NOT EXISTS tally_totals_local ON CLUSTER '{cluster}' AS
+SELECT key, sum(total) AS total FROM tallies_local GROUP BY key;
+
+CREATE TABLE IF NOT EXISTS tally_totals ON CLUSTER '{cluster}' AS tally_totals_local
+ENGINE = Distributed('{cluster}', currentDatabase(), tally_totals_local, cityHash64(key));
+
+CREATE VIEW IF NOT EXISTS all_totals ON CLUSTER '{cluster}' AS
+SELECT sum(total) AS total FROM tallies;
+
+INSERT INTO schema_migrations (version, name, applied_at) VALUES (42, '0042_tallies', now());
+"""
+
+
+def test_a_sharded_table_becomes_a_replicated_local_table_behind_a_distributed_one():
+    layout = Layout()
+    assert generate_file(42, "0042_tallies", SHARDED, layout) == SHARDED_CLUSTER
+    assert layout.sharded == {"tallies": "cityHash64(key)", "tally_totals": "cityHash64(key)"}
+    assert layout.every_node == {"all_totals"}
+
+
+@pytest.mark.parametrize(("migration", "message"), [
+    (SHARDED.replace("-- @cluster sharded by cityHash64(key)\nCREATE TABLE", "CREATE TABLE"),
+     "0042_tallies.sql: CREATE TABLE IF NOT EXISTS tallies: say where its rows live on a cluster"),
+    (SHARDED.replace("-- @cluster on every node\n", "-- @cluster on every node\n-- @cluster on every node\n"),
+     "0042_tallies.sql: CREATE VIEW IF NOT EXISTS all_totals AS: two `-- @cluster` lines"),
+    (SHARDED + ";\n-- @cluster on every node\n", "a `-- @cluster` line belongs in the comment lines right above"),
+    (SHARDED + ";\nALTER TABLE tallies MODIFY COLUMN total UInt32",
+     "ALTER TABLE tallies MODIFY COLUMN total UInt32: only an ALTER of a table on every node"),
+    (SHARDED + ";\n-- @cluster on every node\nINSERT INTO tallies SELECT 'a', 1",
+     "`-- @cluster` places a table or a view, nothing else"),
+    (SHARDED + ";\nCREATE MATERIALIZED VIEW IF NOT EXISTS mv TO tallies AS SELECT 'a' AS key, 1 AS total FROM t",
+     "only a materialized view `TO <table> AS` from sharded tables into a sharded table"),
+    (SHARDED + ";\nDROP TABLE tallies", "DROP TABLE tallies: no cluster form for this statement"),
+])
+def test_what_the_generator_cannot_place_is_refused_with_the_statement_named(migration, message):
+    with pytest.raises(ClusterSqlError, match=re.escape(message)):
+        generate_file(42, "0042_tallies", migration, Layout())
+
+
+# --- the statements -------------------------------------------------------------------------------------------------
+
+
+def test_every_migration_has_a_cluster_variant_of_the_same_name():
+    assert [p.name for p in cluster_files()] == [path.name for _, _, path in migration_files()]
+
+
+def test_every_statement_parses(store):
+    statements = cluster_statements()
+    assert len(statements) >= 30
+    for name, statement in statements:
+        try:
+            store.query_sql("SELECT formatQuery({sql:String})", {"sql": statement})
+        except Exception as exc:  # the message names the file and the statement that does not parse
+            pytest.fail(f"{name}: {statement[:80]!r} does not parse: {exc}")
+
+
+def test_a_statement_that_does_not_parse_is_caught(store):
+    broken = "CREATE TABLE IF NOT EXISTS x ON CLUSTER '{cluster}' (a UInt64 ENGINE = Distributed('{cluster}')"
+    with pytest.raises(Exception, match="Syntax error"):
+        store.query_sql("SELECT formatQuery({sql:String})", {"sql": broken})
+
+
+def test_creates_run_on_the_cluster_and_each_replicated_table_has_its_own_keeper_path(store):
+    paths = {}
+    for name, statement in cluster_statements():
+        if statement.startswith("CREATE"):
+            _, rows = store.query_sql("SELECT formatQuery({sql:String})", {"sql": statement})
+            assert " ON CLUSTER `{cluster}`" in rows[0][0].splitlines()[0], f"{name}: {statement[:60]!r}"
+        for table, (_, path, replica) in _replicated(statement).items():
+            whole = path == f"/clickhouse/tables/all/{{database}}/{table}"
+            # a table on every node is one replica set: its replicas need names unique across the cluster
+            assert whole or path == f"/clickhouse/tables/{{shard}}/{{database}}/{table}", (table, path)
+            assert replica == ("{shard}-{replica}" if whole else "{replica}"), (table, replica)
+            assert whole == (table in ("frames", "schema_migrations", "sink_state")), table
+            assert path not in paths, f"{table} and {paths.get(path)} share {path}"
+            paths[path] = table
+    assert len(paths) == 12
+
+
+def _replicated(statement: str) -> dict[str, tuple[str, str, str]]:
+    create = CREATE_RE.match(statement)
+    engine = REPLICATED_RE.search(statement)
+    return {create.group(2): engine.groups()} if create and engine else {}
+
+
+def test_distributed_tables_front_their_local_tables_with_the_documented_keys():
+    # stacks and their samples share a key, so a stack's definition and its samples share a shard; alerts must keep
+    # every row of one alert on one shard for FINAL; the NVML tables keep a node together
+    assert sharding() == {
+        "stacks": ("stacks_local", "stack_id"),
+        "cpu_samples": ("cpu_samples_local", "stack_id"),
+        "gpu_kernel_samples": ("gpu_kernel_samples_local", "stack_id"),
+        "gpu_device_metrics": ("gpu_device_metrics_local", "cityHash64(node)"),
+        "gpu_process_metrics": ("gpu_process_metrics_local", "cityHash64(node)"),
+        "alerts": ("alerts_local", "cityHash64(alert_id)"),
+        "gpu_unmatched": ("gpu_unmatched_local", "cityHash64(node)"),
+        # the hourly rollups sit with the window rows they sum
+        "cpu_samples_1h": ("cpu_samples_1h_local", "stack_id"),
+        "gpu_kernel_samples_1h": ("gpu_kernel_samples_1h_local", "stack_id"),
+        # the stack views run on the shards, each over its own stacks, behind Distributed tables of the same names
+        "stack_frames": ("stack_frames_local", "stack_id"),
+        "stack_frame_names": ("stack_frame_names_local", "stack_id"),
+        "stack_names": ("stack_names_local", "stack_id"),
+    }
+
+
+def single_node_creates(kind: str) -> list[str]:
+    """Every `CREATE <kind>` of sql/migrations, without comment lines, in order."""
+    return [code(s) for _, _, path in migration_files() for s in split_statements(path.read_text())
+            if code(s).startswith(f"CREATE {kind} ")]
+
+
+def localized(statement: str, names: set[str]) -> str:
+    """A statement reading the `_local` table or view of each of `names`."""
+    return re.sub(r"\b(" + "|".join(sorted(names)) + r")\b", lambda m: f"{m.group(1)}_local", statement)
+
+
+def test_views_are_the_single_node_views_over_the_local_tables():
+    # a view per shard reads the local tables and views of its shard; a view on every node (frame_names) is the
+    # single node's, reading what it reads there
+    per_shard = {table for table, (local, _) in sharding().items() if local == f"{table}_local"}
+    single = [localized(s, per_shard) if CREATE_RE.match(s).group(2) in per_shard else s
+              for s in single_node_creates("VIEW")]
+    cluster = [ON_CLUSTER_RE.sub("", s) for _, s in cluster_statements() if s.startswith("CREATE VIEW")]
+    assert len(cluster) >= 4
+    assert cluster == single
+
+
+def test_materialized_views_are_the_single_node_ones_over_the_local_tables():
+    # each shard sums the blocks it receives into its own rollup: the view reads and writes the _local tables
+    local = {"cpu_samples", "gpu_kernel_samples", "cpu_samples_1h", "gpu_kernel_samples_1h"}
+    single = [localized(s, local) for s in single_node_creates("MATERIALIZED VIEW")]
+    cluster = [ON_CLUSTER_RE.sub("", s) for _, s in cluster_statements() if s.startswith("CREATE MATERIALIZED VIEW")]
+    assert len(cluster) == 2
+    assert cluster == single
+
+
+def test_every_cluster_file_records_its_own_version():
+    assert CLUSTER_DIR.is_dir()
+    for path in cluster_files():
+        last = code(split_statements(path.read_text())[-1])
+        version = int(path.name[:4])
+        assert last == (f"INSERT INTO schema_migrations (version, name, applied_at) "
+                        f"VALUES ({version}, '{path.stem}', now())"), path.name
