@@ -44,7 +44,7 @@ from processors.alerts import SECOND_NS, AlertConfig  # noqa: E402
 from processors.alerts_stage import AlertsStage, build_alerts  # noqa: E402
 from processors.messages import Message  # noqa: E402
 from processors.runner import TopicRunner  # noqa: E402
-from schemas import codec, topics  # noqa: E402
+from schemas import single_object, topics  # noqa: E402
 
 TOPIC = topics.GPU_METRICS.name
 CONFIG = AlertConfig()  # the defaults: below 20% for 30 s after 50%, resolve at 40% for 15 s
@@ -74,7 +74,7 @@ def fleet(bootstrap: str, nodes: int, gpus: int, seconds: int, drop_every: int) 
         dropping += len(drops)
         for s in range(seconds):
             low = drop_from <= s < drop_to
-            value = codec.encode("GpuMetrics", poll_record(node, t0 + s * SECOND_NS, gpus,
+            value = single_object.encode("GpuMetrics", poll_record(node, t0 + s * SECOND_NS, gpus,
                                                            lambda i, low=low, drops=drops: 5 if low and i in drops
                                                            else 90))
             while True:
@@ -97,7 +97,7 @@ def detect(raw: list[tuple], batch: int = 1000) -> tuple[float, dict[str, int]]:
     for i in range(0, len(raw), batch):
         msgs = []
         for _, part, offset, key, value in raw[i:i + batch]:
-            name, rec = codec.decode(value, expect="GpuMetrics")
+            name, rec = single_object.decode(value, expect="GpuMetrics")
             msgs.append(Message(TOPIC, part, offset, key, name, rec))
         for p in stage.process(msgs):
             if p.topic == topics.ALERTS.name:
@@ -149,7 +149,7 @@ def live_latency(kafka: dict, hold_s: int) -> tuple[float, int]:
         for s in range(hold_s + 60):
             low = s >= 5
             p.produce(TOPIC, key=node.encode(),
-                      value=codec.encode("GpuMetrics", poll_record(node, time.time_ns(), 1,
+                      value=single_object.encode("GpuMetrics", poll_record(node, time.time_ns(), 1,
                                                                    lambda i, low=low: 5 if low else 90)))
             p.flush(5)
             mine = [(at, b) for at, b in arrived if b["node"] == node]

@@ -42,7 +42,7 @@ from fleetprof.broker import LocalBroker, create_topics  # noqa: E402
 from processors.correlate_stage import build_correlate  # noqa: E402
 from processors.messages import Message  # noqa: E402
 from processors.runner import TopicRunner  # noqa: E402
-from schemas import codec, topics  # noqa: E402
+from schemas import single_object, topics  # noqa: E402
 from simulate.loadgen import run_loadgen  # noqa: E402
 
 INPUTS = [topics.GPU_LAUNCHES.name, topics.GPU_KERNELS.name]
@@ -76,7 +76,7 @@ def sent_order(raw: list[tuple]) -> list[Message]:
     streams merged by event time."""
     streams: dict[tuple[str, int], list[Message]] = {}
     for topic, partition, offset, key, value in raw:
-        name, rec = codec.decode(value)
+        name, rec = single_object.decode(value)
         streams.setdefault((topic, partition), []).append(Message(topic, partition, offset, key, name, rec, value))
     for s in streams.values():
         s.sort(key=lambda m: m.offset)
@@ -93,13 +93,14 @@ def correlate(stage, messages: list[Message], batch: int, encode: bool) -> tuple
     for i in range(0, len(messages), batch):
         part = messages[i:i + batch]
         if encode:
-            part = [Message(m.topic, m.partition, m.offset, m.key, *codec.decode(m.value), m.value) for m in part]
+            part = [Message(m.topic, m.partition, m.offset, m.key, *single_object.decode(m.value), m.value)
+                    for m in part]
         stage.before_batch(part)
         out = stage.process(part)
         stage.after_commit()
         for p in out:
             if encode:
-                value = codec.encode(p.schema, p.record)
+                value = single_object.encode(p.schema, p.record)
                 if p.topic == topics.CORRELATE_STATE.name:
                     totals["state_bytes"] += len(value)
             if p.topic == topics.GPU_SAMPLES.name:
@@ -158,7 +159,7 @@ def main() -> None:
         gc.freeze()
         t = time.process_time()
         for r in raw:
-            codec.decode(r[4])
+            single_object.decode(r[4])
         decode_s = time.process_time() - t
         gc.unfreeze()
 

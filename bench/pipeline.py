@@ -58,12 +58,12 @@ def symbolize_only(bootstrap: str, values: list[bytes]) -> float:
     messages, one core."""
     from processors.symbolize import symbolize_batch
     from processors.symbolize_stage import build_symbolize
-    from schemas import codec
+    from schemas.cpu_batch_reader import decode_columnar
 
     stage = build_symbolize({"bootstrap.servers": bootstrap})
     t0 = time.perf_counter()
     for v in values:
-        symbolize_batch(codec.decode(v, columnar=True)[1], stage.tables.get, stage.memo)
+        symbolize_batch(decode_columnar(v)[1], stage.tables.get, stage.memo)
     elapsed = time.perf_counter() - t0
     stage.close()
     return elapsed

@@ -11,18 +11,8 @@ There is no authentication, which is why it binds to loopback unless told otherw
 
 from __future__ import annotations
 
-import base64
-import ipaddress
 import logging
-import math
-import socket
-import threading
-import time
-from datetime import UTC, date, datetime
-from decimal import Decimal
-from typing import Any
 
-import uvicorn
 from clickhouse_connect.driver.exceptions import ClickHouseError, OperationalError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
@@ -31,47 +21,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from fleetprof.addresses import DEFAULT_HOST, is_loopback
+from fleetprof.app_server import AppServer, serve_app
+from fleetprof.json_values import jsonable
 from fleetprof.store import ParamError, Store, StoreError, UnknownQuery, one_line
+from fleetprof.webui.routes import borrowed_routes
 
 log = logging.getLogger(__name__)
 
-DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7474
 READONLY_CODE = 164  # ClickHouse's READONLY error
-STARTUP_TIMEOUT_S = 10.0
-
-
-def jsonable(value: Any) -> Any:
-    """A query result value as JSON: times in UTC ISO-8601, non-finite floats as null, bytes as text or base64."""
-    if value is None or isinstance(value, bool | int | str):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, datetime):
-        # the store's clients return aware datetimes; a naive one is taken as UTC, as ClickHouse's default zone
-        return (value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)).isoformat()
-    if isinstance(value, date):
-        return value.isoformat()
-    if isinstance(value, Decimal):
-        return str(value)
-    if isinstance(value, bytes):
-        try:
-            return value.decode()
-        except UnicodeDecodeError:
-            return base64.b64encode(value).decode()
-    if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | set):
-        return [jsonable(v) for v in value]
-    return str(value)  # UUID, IPv4/IPv6, Enum members, ...
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """`host:port` (or `[v6]:port`) to (host, port)."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"not a host:port address: {address!r}")
-    return host.strip("[]") or DEFAULT_HOST, int(port)
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -132,9 +91,6 @@ def create_app(store: Store) -> Starlette:
             return _error(503, str(exc))
         return _result(columns, rows)
 
-    # Imported here: the UI's routes read through fleetprof.query_client, which imports this module.
-    from fleetprof.webui.routes import borrowed_routes
-
     return Starlette(routes=[
         Route("/healthz", healthz, methods=["GET"]),
         Route("/api/query/{name}", named, methods=["GET"]),
@@ -144,70 +100,9 @@ def create_app(store: Store) -> Starlette:
     ])
 
 
-class ApiServer:
-    """A running API: uvicorn in a background thread on a socket bound before the thread starts."""
-
-    def __init__(self, server: uvicorn.Server, thread: threading.Thread, sock: socket.socket):
-        self._server = server
-        self._thread = thread
-        self._sock = sock
-        self.host, self.port = sock.getsockname()[:2]
-
-    @property
-    def address(self) -> str:
-        """host:port, as Settings.api spells it."""
-        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.address}"
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop accepting, finish requests in flight, and join the thread."""
-        self._server.should_exit = True
-        self._thread.join(timeout)
-        self._sock.close()
-
-
-def serve_api(store: Store, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> ApiServer:
+def serve_api(store: Store, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> AppServer:
     """Serve the API (and the web UI) for `store` on host:port (port 0 picks a free one) until .stop(); raises
     OSError if taken."""
     if not is_loopback(host):
         log.warning("the query API has no authentication and now listens on %s, beyond this machine", host)
     return serve_app(create_app(store), host, port, "the query API")
-
-
-def serve_app(app: Starlette, host: str, port: int, what: str) -> ApiServer:
-    """Serve `app` on host:port in a background thread until .stop(); raises OSError if the port is taken."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        # Bound here, not in uvicorn, so a taken port is an OSError for the caller instead of a sys.exit in a thread.
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
-    server = uvicorn.Server(config)
-    # uvicorn installs signal handlers only on the main thread, so this thread leaves the caller's handlers alone.
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="fleetprof-api", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            server.should_exit = True
-            sock.close()
-            raise OSError(f"{what} did not start on {host}:{port}")
-        time.sleep(0.01)
-    return ApiServer(server, thread, sock)
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` is only reachable from this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

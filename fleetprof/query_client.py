@@ -2,7 +2,7 @@
 
 chDB lets one process open a data directory. When `fleetprof up` owns it, other commands ask its API; when nothing
 owns it, a command opens it itself; when another process owns it and its API does not answer, the command says so.
-Either way the caller gets the same shapes back: column names and JSON-like rows (see api.jsonable).
+Either way the caller gets the same shapes back: column names and JSON-like rows (see json_values.jsonable).
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from typing import Any
 import httpx
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
-from fleetprof.api import jsonable, parse_address
+from fleetprof.addresses import parse_address
+from fleetprof.json_values import jsonable
 from fleetprof.settings import Settings
 from fleetprof.store import CHDB_PREFIX, Store, StoreBusy, StoreError, one_line, open_store
 

@@ -12,7 +12,7 @@ from processors.correlate import KERNEL, LAUNCH, SIDES
 from processors.demangle import demangle
 from processors.stack_ids import stack_id
 from processors.symbolize import FrameMemo, SymbolizeStats, TableLookup, clamp_long, symbolize_batch
-from schemas.fast_codec import PackedStacks
+from schemas.packed_stacks import PackedStacks
 
 GPU_BINARY = "[gpu]"
 GPU_KERNEL_KIND = "GPU_KERNEL"

@@ -41,10 +41,10 @@ from processors.symbol_feed import SymbolFeed
 from processors.symbol_tables import SymbolTables
 from processors.symbolize import SymbolizeStats
 from schemas import topics
+from schemas.wire import STAGE_OUTPUT_MAX_BYTES
 
 log = logging.getLogger("fleetprof.correlate")
 SIDE_OF = {topics.GPU_LAUNCHES.name: LAUNCH, topics.GPU_KERNELS.name: KERNEL}
-MAX_OUTPUT_BYTES = 600 * 1024
 DEFAULT_GROUP = "fleetprof-correlate"  # the runner's default group for a stage named "correlate"
 
 
@@ -159,7 +159,7 @@ class CorrelateStage(TopicStage):
         produced = [dead_letter(self.name, messages[i].topic, messages[i].partition, messages[i].offset,
                                 messages[i].key, messages[i].value, reason) for i, reason in out.invalid]
         for rec in records:
-            for part in split_gpu_samples(rec, MAX_OUTPUT_BYTES):
+            for part in split_gpu_samples(rec, STAGE_OUTPUT_MAX_BYTES):
                 produced.append(Produced(topics.GPU_SAMPLES.name, rec["node"], topics.GPU_SAMPLES.schema,
                                          self.sent.new_only(part)))
         slots = self.correlator.config.log_slots

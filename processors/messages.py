@@ -5,7 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from schemas import codec
+from schemas import single_object
+from schemas.cpu_batch_reader import decode_columnar
 
 
 @dataclass
@@ -55,7 +56,7 @@ def dead_letter(stage: str, topic: str, partition: int, offset: int, key: bytes 
 def decode_message(stage: str, raw, expect: dict[str, str], max_bytes: int,
                    columnar: bool = False) -> Message | Produced:
     """A confluent_kafka Message to a decoded Message, or the dead letter saying why it is not one. columnar: CPU
-    stack batches come with each process's stacks as a PackedStacks (see `codec.decode`)."""
+    stack batches come with each process's stacks as a PackedStacks (see `cpu_batch_reader.decode_columnar`)."""
     topic, partition, offset, value, key = raw.topic(), raw.partition(), raw.offset(), raw.value(), raw.key()
     if value is None:
         return dead_letter(stage, topic, partition, offset, key, value, "empty message (no value)")
@@ -63,7 +64,7 @@ def decode_message(stage: str, raw, expect: dict[str, str], max_bytes: int,
         return dead_letter(stage, topic, partition, offset, key, value,
                            f"oversize message: {len(value)} bytes > limit {max_bytes}")
     try:
-        name, record = codec.decode(value, expect=expect.get(topic), columnar=columnar)
-    except codec.DecodeError as exc:
+        name, record = (decode_columnar if columnar else single_object.decode)(value, expect=expect.get(topic))
+    except single_object.DecodeError as exc:
         return dead_letter(stage, topic, partition, offset, key, value, str(exc))
     return Message(topic, partition, offset, key, name, record, value)

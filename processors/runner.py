@@ -21,11 +21,12 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 
 from processors import metrics
 from processors.messages import Message, Produced, dead_letter, decode_message
-from schemas import codec, topics
+from schemas import single_object, topics
+from schemas.wire import MESSAGE_MAX_BYTES
 
 log = logging.getLogger("fleetprof.runner")
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-MAX_OUTPUT_BYTES = 1_000_000  # Kafka's default message.max.bytes; stages split their outputs below it
+MAX_OUTPUT_BYTES = MESSAGE_MAX_BYTES  # stages split their outputs below it
 T = TypeVar("T")
 CALL_TIMEOUT_S = 10.0  # what one transactional call waits; one that times out is made again (retriable)
 RETRY_FIRST_DELAY, RETRY_MAX_DELAY = 0.2, 5.0  # seconds between tries of a call the broker did not answer
@@ -39,7 +40,7 @@ class TopicStage:
     """A topic-to-topic stage: `process` is pure over decoded records; the hooks, which do nothing unless a stage
     overrides them, are where it fetches side inputs (symbol tables, its state) and learns the fate of its output.
     A stage with `columnar_input = True` gets CPU stack batches with each process's stacks as a PackedStacks
-    (schemas/fast_codec.py) instead of a list of dicts."""
+    (schemas/packed_stacks.py) instead of a list of dicts."""
 
     name: str
     inputs: tuple[str, ...]
@@ -110,7 +111,7 @@ def expected_schemas(inputs: Iterable[str]) -> dict[str, str]:
 
 def encode_produced(p: Produced) -> tuple[bytes | None, bytes]:
     key = p.key.encode() if isinstance(p.key, str) else p.key
-    return key, codec.encode(p.schema, p.record)
+    return key, single_object.encode(p.schema, p.record)
 
 
 class TopicRunner:

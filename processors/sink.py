@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from processors.messages import Message
-from processors.stack_ids import to_unsigned
+from schemas.wire import long_to_u64
 
 FRAME_COLUMNS = ["frame_id", "function", "binary", "kind", "last_seen"]
 STACK_COLUMNS = ["stack_id", "frame_ids", "last_seen"]
@@ -84,12 +84,12 @@ def _ts_ms(ns: int) -> datetime:
 def cpu_samples_rows(rec: dict) -> dict[str, Rows]:
     ts = _ts(rec["window_start_ns"])
     return {
-        "frames": Rows(FRAME_COLUMNS, [[to_unsigned(f["frame_id"]), f["function"], f["binary"], f["kind"], ts]
+        "frames": Rows(FRAME_COLUMNS, [[long_to_u64(f["frame_id"]), f["function"], f["binary"], f["kind"], ts]
                                        for f in rec["frames"]]),
-        "stacks": Rows(STACK_COLUMNS, [[to_unsigned(s["stack_id"]), [to_unsigned(i) for i in s["frame_ids"]], ts]
+        "stacks": Rows(STACK_COLUMNS, [[long_to_u64(s["stack_id"]), [long_to_u64(i) for i in s["frame_ids"]], ts]
                                        for s in rec["stacks"]]),
         "cpu_samples": Rows(CPU_SAMPLE_COLUMNS, [[ts, rec["node"], s["pid"], s["comm"], s["container_id"],
-                                                  to_unsigned(s["stack_id"]), s["count"]]
+                                                  long_to_u64(s["stack_id"]), s["count"]]
                                                  for s in rec["samples"]]),
     }
 
@@ -118,7 +118,7 @@ def gpu_samples_rows(rec: dict) -> dict[str, Rows]:
         "stacks": definitions["stacks"],
         "gpu_kernel_samples": Rows(GPU_SAMPLE_COLUMNS, [
             [ts, rec["node"], s["pid"], s["comm"], s["container_id"], s["device"], s["stream"],
-             to_unsigned(s["stack_id"]), s["kernel_name"], s["duration_ns"], s["launches"]]
+             long_to_u64(s["stack_id"]), s["kernel_name"], s["duration_ns"], s["launches"]]
             for s in rec["samples"]]),
         "gpu_unmatched": Rows(GPU_UNMATCHED_COLUMNS, [
             [ts, rec["node"], u["pid"], u["side"], u["reason"], u["events"], u["duration_ns"], u["launches"]]

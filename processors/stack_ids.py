@@ -27,9 +27,3 @@ def stack_id(frame_ids: tuple[int, ...] | list[int]) -> int:
     h = hashlib.blake2b(digest_size=8, person=b"fp-stack")
     h.update(struct.pack(f"<{len(frame_ids)}q", *frame_ids))
     return _as_signed(h.digest())
-
-
-def to_unsigned(value: int) -> int:
-    """The UInt64 that ClickHouse stores for a signed 64-bit id."""
-    return value + (1 << 64) if value < 0 else value
-

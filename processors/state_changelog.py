@@ -15,7 +15,7 @@ import uuid
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from processors.runner import client_config
-from schemas import codec, topics
+from schemas import single_object, topics
 
 
 class StateChangelog:
@@ -70,8 +70,8 @@ class StateChangelog:
             if not head.isdigit() or int(head) not in out or value is None:
                 continue
             try:
-                _, rec = codec.decode(value, expect=self.schema)
-            except codec.DecodeError as exc:
+                _, rec = single_object.decode(value, expect=self.schema)
+            except single_object.DecodeError as exc:
                 raise RuntimeError(f"undecodable state under key {key!r}: {exc}") from None
             if rec["group"] == self.group:
                 out[rec["partition"]].append(rec)

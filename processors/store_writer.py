@@ -27,7 +27,7 @@ from processors.runner import (
     skip_consumer_error,
 )
 from processors.sink import DEFINITION_TABLES, SINK_INPUTS, Rows, rows_for
-from schemas import codec
+from schemas import single_object
 
 log = logging.getLogger("fleetprof.sink")
 STATE_COLUMNS = ["topic", "partition", "min_offset", "max_offset", "state", "updated"]
@@ -204,7 +204,7 @@ class StoreRunner:
             log.warning("dead letter: %s[%d]@%d: %s", d.record["source_topic"], d.record["source_partition"],
                         d.record["source_offset"], d.record["reason"])
             key = d.key.encode() if isinstance(d.key, str) else d.key
-            self.producer.produce("deadletter", key=key, value=codec.encode(d.schema, d.record))
+            self.producer.produce("deadletter", key=key, value=single_object.encode(d.schema, d.record))
             metrics.DEAD_LETTERS.labels(self.name, d.record["source_topic"]).inc()
         if dead and self.producer.flush(30) > 0:
             raise RuntimeError("dead letters could not be delivered; not committing the batch")

@@ -13,7 +13,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from processors.runner import client_config
 from processors.symbol_tables import BadChunk, SymbolTables
-from schemas import codec, topics
+from schemas import single_object, topics
 
 log = logging.getLogger("fleetprof.symbols")
 
@@ -72,8 +72,8 @@ class SymbolFeed:
         if value is None:  # a tombstone: compaction removed that chunk on purpose
             return None
         try:
-            _, chunk = codec.decode(value, expect=topics.SYMBOLS.schema)
-        except codec.DecodeError as exc:
+            _, chunk = single_object.decode(value, expect=topics.SYMBOLS.schema)
+        except single_object.DecodeError as exc:
             self.bad_chunks += 1
             log.warning("skipping undecodable symbol chunk: %s", exc)
             return None

@@ -15,13 +15,12 @@ import numpy as np
 from processors.demangle import demangle
 from processors.stack_ids import frame_id, stack_id
 from processors.symbol_tables import SymbolTable, as_u64
-from schemas.fast_codec import PackedStacks
+from schemas.packed_stacks import PackedStacks
+from schemas.wire import KERNEL_BINARY, LONG_MAX, LONG_MIN, UNKNOWN_BINARY
 
-KERNEL_BINARY = "[kernel.kallsyms]"
 _DELETED = " (deleted)"
 
 TableLookup = Callable[[str], SymbolTable | None]
-LONG_MIN, LONG_MAX = -(1 << 63), (1 << 63) - 1
 
 
 def clamp_long(n: int) -> int:
@@ -118,7 +117,7 @@ def _user_frames(group: np.ndarray, file_off: np.ndarray, is_leaf: np.ndarray, g
     orphans = order[bounds[0]:bounds[1]]
     stats.unknown_frames += len(orphans)
     _resolve(ids, orphans, file_off[orphans],
-             lambda a: memo.frame(("?", a), f"[unknown] 0x{a:x}", "[unknown]", "UNKNOWN"))
+             lambda a: memo.frame(("?", a), f"{UNKNOWN_BINARY} 0x{a:x}", UNKNOWN_BINARY, "UNKNOWN"))
     for (build_id, binary), g in groups.items():
         sel = order[bounds[g + 1]:bounds[g + 2]]
         if len(sel) == 0:
@@ -143,7 +142,7 @@ def _user_frames(group: np.ndarray, file_off: np.ndarray, is_leaf: np.ndarray, g
         if unknown and build_id:
             stats.unknown_build_ids.add(build_id)
         _resolve(ids, sel[~known], off[~known],
-                 lambda o, b=binary: memo.frame((b, o), f"[unknown] {b}+0x{o:x}", b, "UNKNOWN"))
+                 lambda o, b=binary: memo.frame((b, o), f"{UNKNOWN_BINARY} {b}+0x{o:x}", b, "UNKNOWN"))
     return ids
 
 
@@ -158,7 +157,7 @@ def _kernel_frames(addrs: np.ndarray, is_leaf: np.ndarray, table: SymbolTable | 
                  lambda s, t=table.build_id: memo.frame(("k", t, s), demangle(names[s]), KERNEL_BINARY, "KERNEL"))
     stats.unknown_frames += int((~known).sum())
     _resolve(ids, np.flatnonzero(~known), addrs[~known],
-             lambda a: memo.frame(("k?", a), f"[unknown] {KERNEL_BINARY}+0x{a:x}", KERNEL_BINARY, "UNKNOWN"))
+             lambda a: memo.frame(("k?", a), f"{UNKNOWN_BINARY} {KERNEL_BINARY}+0x{a:x}", KERNEL_BINARY, "UNKNOWN"))
     return ids
 
 
@@ -190,7 +189,7 @@ def _leaves(lengths: np.ndarray) -> np.ndarray:
 def symbolize_batch(batch: dict, tables: TableLookup, memo: FrameMemo | None = None,
                     stats: SymbolizeStats | None = None) -> dict:
     """Resolve every stack of a CpuStackBatch and sum counts per (process, symbolized stack). A process's "stacks"
-    may be StackCount dicts or a PackedStacks (what `codec.decode(..., columnar=True)` gives)."""
+    may be StackCount dicts or a PackedStacks (what `cpu_batch_reader.decode_columnar` gives)."""
     memo = memo if memo is not None else FrameMemo()
     stats = stats if stats is not None else SymbolizeStats()
     kernel_table = tables(batch["kernel_build_id"]) if batch.get("kernel_build_id") else None

@@ -11,9 +11,9 @@ from processors.symbol_feed import SymbolFeed
 from processors.symbol_tables import SymbolTables
 from processors.symbolize import FrameMemo, SymbolizeStats, split_samples, symbolize_batch
 from schemas import topics
+from schemas.wire import STAGE_OUTPUT_MAX_BYTES
 
 # Symbolized output is larger than its input (frame names); keep each message well under Kafka's default 1 MB.
-MAX_OUTPUT_BYTES = 600 * 1024
 
 
 class SymbolizeStage(TopicStage):
@@ -84,7 +84,7 @@ class SymbolizeStage(TopicStage):
             if stats.unknown_build_ids and self._ask_debuginfod(stats.unknown_build_ids):
                 rec, stats = self._symbolize(m.record)
             metrics.UNKNOWN_FRAMES.labels(self.name).inc(stats.unknown_frames)
-            for part in split_samples(rec, MAX_OUTPUT_BYTES):
+            for part in split_samples(rec, STAGE_OUTPUT_MAX_BYTES):
                 part = self.sent.new_only(part)
                 out.append(Produced(topics.CPU_SAMPLES.name, m.record["node"], topics.CPU_SAMPLES.schema, part, m))
         return out

@@ -9,7 +9,7 @@ from producers.agent import Records, Window
 from producers.cpu_sampler import CpuSampler, Sample
 from producers.perf_map import is_anonymous
 from producers.process_info import KEEP_ALL, ProcessCache, ProcessFilter, batch_mappings
-from schemas.codec import u64_to_long
+from schemas.wire import u64_to_long
 
 NEW_PIDS_EVERY_S = 0.1  # how often the first-sample ring is read: a process that lives 0.3 s is read while it runs
 # Reading a process (its maps, its files' build ids) takes milliseconds, seconds for hundreds on a busy machine; the

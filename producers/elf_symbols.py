@@ -19,7 +19,7 @@ import numpy as np
 from elftools.elf.elffile import ELFFile
 
 from producers.symbol_chunks import chunk_symbol_table
-from schemas.fast_codec import DEFAULT_MAX_BYTES
+from schemas.wire import DEFAULT_MAX_BYTES
 
 FALLBACK_PREFIX = "sha256:"  # marks a build id made from the file's bytes (the file has no GNU build id)
 NT_GNU_BUILD_ID = 3

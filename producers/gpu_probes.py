@@ -39,7 +39,7 @@ from producers.perf_map import is_anonymous
 from producers.probe_finder import ProbeFinder, ProbeObject
 from producers.process_info import KEEP_ALL, ProcessCache, ProcessFilter, batch_mappings, process_start_ns
 from producers.usdt_notes import MAX_REG, PROBES, PROVIDER
-from schemas.codec import u64_to_long
+from schemas.wire import u32_to_int, u64_to_long
 
 log = logging.getLogger("fleetprof.gpu_probes")
 
@@ -59,7 +59,6 @@ LAUNCH_FIELDS = ("time_ns", "pid", "tid", "site", "correlation_id", "callback_id
 KERNEL_HEADER = struct.Struct("<QQIIIIIi")  # start, end, pid, site, correlation, device, stream, name bytes
 KERNEL_FIELDS = ("start_ns", "end_ns", "pid", "site", "correlation_id", "device_id", "stream_id", "name_bytes")
 
-_S32 = 1 << 32
 
 
 # --- the collector ------------------------------------------------------------------------------------------------
@@ -111,11 +110,6 @@ def remove_stale_events(files: tuple[Path, ...] = UPROBE_EVENTS) -> int:
                 pass
         break  # both paths are views of the same tracefs
     return removed
-
-
-def _s32(value: int) -> int:
-    """A u32 as the Avro int with the same bits."""
-    return value - _S32 if value >= 1 << 31 else value
 
 
 class GpuProbeCollector:
@@ -406,8 +400,8 @@ class GpuProbeCollector:
             self.stats["names_truncated"] += 1
             name = name[:KERNEL_NAME_MAX]
         return {"node": self.node, "pid": pid, "process_start_ns": self._start_ns(pid, starts), "correlation_id": corr,
-                "start_ns": u64_to_long(start), "end_ns": u64_to_long(end), "device_id": _s32(device),
-                "stream_id": _s32(stream), "kernel_name": name.decode(errors="replace"),
+                "start_ns": u64_to_long(start), "end_ns": u64_to_long(end), "device_id": u32_to_int(device),
+                "stream_id": u32_to_int(stream), "kernel_name": name.decode(errors="replace"),
                 "simulated": self._simulated(site)}
 
     def end_window(self, window: Window | None = None) -> list[Records]:

@@ -18,14 +18,13 @@ from collections.abc import Callable
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from schemas.fast_codec import DEFAULT_MAX_BYTES
+from schemas.wire import DEFAULT_MAX_BYTES, MESSAGE_MAX_BYTES
 
 log = logging.getLogger("fleetprof.agent")
 
 READY, UNREACHABLE, TOPICS_MISSING, UNKNOWN = "ready", "unreachable", "topics missing", "unknown"
 # Kafka's record batch framing and our key fit in this: a value this much under the limit is taken.
 FRAMING_BYTES = 1024
-PRODUCER_MAX_BYTES = 1_000_000  # librdkafka's default message.max.bytes
 
 
 def client_config(config: dict) -> dict:
@@ -50,7 +49,7 @@ class KafkaLink:
         self.state = UNKNOWN
         self.reason = ""
         self.changes = 0  # state changes after the first
-        producer_limit = int(config.get("message.max.bytes", PRODUCER_MAX_BYTES))
+        producer_limit = int(config.get("message.max.bytes", MESSAGE_MAX_BYTES))
         self._producer_limit = producer_limit
         self.limits: dict[str, int] = {t: min(DEFAULT_MAX_BYTES, producer_limit - FRAMING_BYTES) for t in topics}
         self._checked_at = 0.0

@@ -13,12 +13,10 @@ import platform
 from dataclasses import dataclass
 
 from producers.symbol_chunks import chunk_symbol_table
-from schemas.codec import u64_to_long
-from schemas.fast_codec import DEFAULT_MAX_BYTES
+from schemas.wire import DEFAULT_MAX_BYTES, KERNEL_BINARY, u64_to_long
 
 KALLSYMS = "/proc/kallsyms"
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
-KERNEL_BINARY = "[kernel.kallsyms]"
 TEXT_TYPES = frozenset("tTwW")
 
 

@@ -21,8 +21,10 @@ from producers.outbox_units import Message, Unit
 from producers.perf_map import DEFAULT_PERF_MAPS, PerfMapCache, is_perf_map_id
 from producers.process_info import mapped_file
 from schemas import topics
-from schemas.codec import encode
-from schemas.fast_codec import DEFAULT_MAX_BYTES, LaunchEncoder, encode_cpu_batch, encode_cpu_batches, split_cpu_batch
+from schemas.cpu_batch_writer import encode_cpu_batch, encode_cpu_batches, split_cpu_batch
+from schemas.gpu_launch_writer import LaunchEncoder
+from schemas.single_object import encode
+from schemas.wire import DEFAULT_MAX_BYTES
 
 log = logging.getLogger("fleetprof.agent")
 

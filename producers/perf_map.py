@@ -20,14 +20,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from producers.symbol_chunks import chunk_symbol_table
-from schemas.fast_codec import DEFAULT_MAX_BYTES as DEFAULT_CHUNK_BYTES
+from schemas.wire import DEFAULT_MAX_BYTES as DEFAULT_CHUNK_BYTES
+from schemas.wire import JIT_BINARY, u64_to_longs
 
 log = logging.getLogger("fleetprof.perf_map")
 
 BUILD_ID_PREFIX = "perfmap:"
 # What frames of perf-map code show as their binary. The same in every process (perf shows `perf-PID.map`), so
 # one Python function or JIT stub run by many processes is one frame fleet-wide.
-JIT_BINARY = "[jit]"
 DEFAULT_MAX_BYTES = 64 << 20
 DEFAULT_MAX_ENTRIES = 1_000_000
 DEFAULT_MAX_SYMBOLS = 8_000_000
@@ -35,7 +35,6 @@ DEFAULT_MAX_SYMBOLS = 8_000_000
 # START SIZE NAME; the name is everything after SIZE, less surrounding blanks.
 _HEX = rb"(?:0[xX])?([0-9a-fA-F]{1,16})"
 _LINE = re.compile(rb"[ \t]*" + _HEX + rb"[ \t]+" + _HEX + rb"[ \t]+(\S(?:.*\S)?)[ \t\r]*")
-_U64 = 1 << 64
 
 
 @dataclass(frozen=True)
@@ -128,16 +127,11 @@ def perf_map_path(pid: int) -> str:
     return f"/proc/{pid}/root/tmp/perf-{ns_pid(pid)}.map"
 
 
-def _longs(values: list[int]) -> list[int]:
-    """Unsigned 64-bit values as the Avro longs with the same bits."""
-    return [v - _U64 if v >= 1 << 63 else v for v in values]
-
-
 def perf_map_chunks(perf_map: PerfMap, max_bytes: int | None = DEFAULT_CHUNK_BYTES) -> list[dict]:
     """SymbolChunk records (kind PERFMAP, no load segments: lookup is by absolute address), each encoding to at most
     `max_bytes` (None: one chunk)."""
-    return chunk_symbol_table(perf_map.build_id, JIT_BINARY, "PERFMAP", [], _longs(perf_map.addrs),
-                              _longs(perf_map.sizes), perf_map.names, max_bytes)
+    return chunk_symbol_table(perf_map.build_id, JIT_BINARY, "PERFMAP", [], u64_to_longs(perf_map.addrs),
+                              u64_to_longs(perf_map.sizes), perf_map.names, max_bytes)
 
 
 @dataclass

@@ -14,8 +14,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from producers.elf_symbols import ElfError, read_build_id
-from producers.perf_map import DEFAULT_PERF_MAPS, JIT_BINARY, PerfMap, PerfMapCache, is_anonymous
-from schemas.codec import u64_to_long
+from producers.perf_map import DEFAULT_PERF_MAPS, PerfMap, PerfMapCache, is_anonymous
+from schemas.wire import JIT_BINARY, u64_to_long
 
 _CONTAINER_ID = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
 

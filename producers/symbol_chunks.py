@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from schemas.fast_codec import DEFAULT_MAX_BYTES
+from schemas.wire import DEFAULT_MAX_BYTES
 
 # Avro's variable-length longs take at most 10 bytes; a string's length prefix at most 5 for any real name.
 _LONG_MAX_BYTES = 10

@@ -20,8 +20,10 @@ import numpy as np
 
 from producers.publisher import Publisher, PublishError
 from schemas import topics
-from schemas.codec import encode
-from schemas.fast_codec import DEFAULT_MAX_BYTES, LaunchEncoder, encode_cpu_batches, process_head
+from schemas.cpu_batch_writer import encode_cpu_batches, process_head
+from schemas.gpu_launch_writer import LaunchEncoder
+from schemas.single_object import encode
+from schemas.wire import DEFAULT_MAX_BYTES
 from simulate.synthetic_fleet import FREQUENCY_HZ, KERNEL_BUILD_ID, SimNode, SyntheticFleet
 
 SECOND_NS = 1_000_000_000

@@ -10,11 +10,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from producers.symbol_chunks import chunk_symbol_table
-from schemas.fast_codec import DEFAULT_MAX_BYTES
+from schemas.wire import DEFAULT_MAX_BYTES, KERNEL_BINARY
 
 PAGE = 0x1000
 KERNEL_BUILD_ID = "kernel-6.1.0-sim"
-KERNEL_BINARY = "[kernel.kallsyms]"
 KERNEL_BASE = 0xFFFFFFFF81000000
 MODULE_BASE = 0xFFFFFFFFC0A00000  # the nvidia module's text, also in kallsyms
 CONDA_LIB, TORCH_LIB = "/opt/conda/lib", "/opt/conda/lib/python3.11/site-packages/torch/lib"

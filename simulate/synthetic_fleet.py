@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from schemas.fast_codec import PackedStacks, concat_ranges
-from simulate.synthetic_binaries import KERNEL_BINARY, KERNEL_BUILD_ID, PAGE, Binary, catalogue
+from schemas.packed_stacks import PackedStacks, concat_ranges
+from schemas.wire import KERNEL_BINARY
+from simulate.synthetic_binaries import KERNEL_BUILD_ID, PAGE, Binary, catalogue
 from simulate.synthetic_workload import KIND_BINARIES, build_paths, gpu_window, metrics
 
 FREQUENCY_HZ = 19

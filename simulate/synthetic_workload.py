@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from simulate.synthetic_binaries import KERNEL_BINARY as K
+from schemas.wire import KERNEL_BINARY as K
 from simulate.synthetic_binaries import OPS, RUST_FNS, RUST_MODULES, backward_node, op_class
 
 if TYPE_CHECKING:

@@ -130,6 +130,32 @@ def cpu_store(store: object) -> object:
     return SimpleNamespace(store=store, since=since, until=until)
 
 
+# --- web UI ---
+
+
+@pytest.fixture
+def ui_store(store: object) -> object:
+    """`store` with the web UI tests' known rows: tests/webui_helpers.py known_rows."""
+    from tests.webui_helpers import known_rows
+
+    return known_rows(store)
+
+
+@pytest.fixture
+def served(ui_store: object) -> Iterator[object]:
+    """The API that `fleetprof up` serves (and the UI with it) over ui_store, on a free port: ui_store's namespace
+    with .url and .address."""
+    from types import SimpleNamespace
+
+    from fleetprof.api import serve_api
+
+    server = serve_api(ui_store.store, "127.0.0.1", 0)
+    try:
+        yield SimpleNamespace(**vars(ui_store), url=server.url, address=server.address)
+    finally:
+        server.stop()
+
+
 # --- USDT probe emitters (tests/probe_emitters.py; test_usdt_notes, test_gpu_probes) ---
 
 

@@ -12,7 +12,7 @@ from confluent_kafka import Consumer, Producer
 from processors.runner import TopicRunner
 from processors.store_writer import StoreRunner
 from processors.symbolize_stage import build_symbolize
-from schemas import codec
+from schemas import single_object
 
 APP_BASE = 0x5600_0000_0000
 FUNCS = ["main", "run", "compute", "hash_block", "write_out"]  # each 0x100 bytes from vaddr 0x1000
@@ -130,4 +130,4 @@ def wait_for(check: Callable[[], bool], timeout: float = 90, what: str = "condit
 
 
 def encode(name: str, record: dict) -> bytes:
-    return codec.encode(name, record)
+    return single_object.encode(name, record)

@@ -13,7 +13,7 @@ from producers.agent_lock import AgentLock, AgentRunning
 from producers.elf_symbols import ElfError
 from producers.kallsyms import KernelSymbols
 from producers.outbox_encoder import OutboxEncoder
-from schemas import codec
+from schemas import single_object
 
 NODE = "n1"
 
@@ -51,7 +51,7 @@ def test_encoder_puts_each_table_once_before_the_batch_and_counts_unreadable_fil
     assert reads == [("/proc/7/root/a", 50_000), ("/proc/7/root/gone", 50_000)]
     assert [u.kind for u in first] == ["symbols", "cpu"]
     assert [(t, k) for t, k, _, _ in first[0].messages] == [("symbols", "kernel-x/0"), ("symbols", "b1/0")]
-    assert codec.decode(first[0].messages[0][2], "SymbolChunk")[1]["kind"] == "KERNEL"
+    assert single_object.decode(first[0].messages[0][2], "SymbolChunk")[1]["kind"] == "KERNEL"
     assert first[0].tables == {"kernel-x", "b1"} and first[1].needs == {"kernel-x", "b1", "b2"}
     assert (first[1].records, len(first[1].messages)) == (3, 1) and encoder.unreadable == 1
 

@@ -27,7 +27,7 @@ from producers.outbox import Outbox
 from producers.outbox_encoder import OutboxEncoder
 from producers.outbox_units import Unit
 from producers.publisher import Publisher
-from schemas.codec import decode
+from schemas.single_object import decode
 from schemas.topics import Topic
 from simulate.nvml import Segment, SimDevice, sim_env, write_scenario
 from tests.conftest import free_ports

@@ -9,7 +9,7 @@ from processors.alert_evidence import AlertEvidence
 from processors.alerts import SECOND_NS, AlertConfig, DropDetector, alert_id
 from processors.alerts_stage import AlertsStage
 from processors.messages import Message
-from schemas import codec, topics
+from schemas import single_object, topics
 
 CONFIG = AlertConfig(below=20, busy_above=50, hold_ns=30 * SECOND_NS, recover_above=40, recover_ns=15 * SECOND_NS)
 T0 = 1_800_000_000 * SECOND_NS
@@ -111,7 +111,7 @@ class Changelog:
         for p in produced:
             if p.topic == topics.ALERTS_STATE.name:
                 # through the real codec, as the topic would carry it
-                self.latest[p.key] = codec.decode(codec.encode(p.schema, p.record), expect=p.schema)[1]
+                self.latest[p.key] = single_object.decode(single_object.encode(p.schema, p.record), expect=p.schema)[1]
             else:
                 alerts.append(p.record)
         return alerts

@@ -19,7 +19,7 @@ from processors.alerts import SECOND_NS, AlertConfig, alert_id
 from processors.alerts_stage import build_alerts
 from processors.runner import TopicRunner
 from processors.sink import CPU_SAMPLE_COLUMNS, FRAME_COLUMNS, STACK_COLUMNS
-from schemas import codec
+from schemas import single_object
 from tests.pipeline_helpers import Running, produce, read_topic, sink, wait_for
 
 CONFIG = AlertConfig(below=20, busy_above=50, hold_ns=30 * SECOND_NS, recover_above=40, recover_ns=15 * SECOND_NS)
@@ -76,7 +76,7 @@ def _metrics(node: str, base: int, seconds: range) -> list[tuple[str, str, bytes
         rec = {"node": node, "time_ns": base + t * SECOND_NS, "simulated": False,
                "devices": [{"index": 0, "uuid": f"GPU-{node}", "name": "H200", "gpu_util_pct": SERIES[t]}],
                "processes": [{"device_index": 0, "pid": GPU_PID, "comm": "train"}]}
-        out.append(("gpu.metrics", node, codec.encode("GpuMetrics", rec)))
+        out.append(("gpu.metrics", node, single_object.encode("GpuMetrics", rec)))
     return out
 
 
@@ -107,7 +107,7 @@ def _alerts_runner(bootstrap: str, group: str, store, cls=TopicRunner) -> Runnin
 
 def _committed_alerts(bootstrap: str, node: str, want: int, timeout: float = 8) -> list[dict]:
     found = read_topic(bootstrap, "alerts", lambda m: m.key() == f"{node}/GPU-{node}".encode(), want + 1, timeout)
-    return [codec.decode(m.value(), expect="Alert")[1] for m in found]
+    return [single_object.decode(m.value(), expect="Alert")[1] for m in found]
 
 
 def test_a_drop_alerts_with_evidence_to_the_topic_the_store_and_the_webhook_then_resolves(kafka_bootstrap, store):
@@ -166,7 +166,7 @@ class DiesCommittingAnAlert(TopicRunner):
         self.producer.begin_transaction()
         for p in out:
             key = p.key.encode() if isinstance(p.key, str) else p.key
-            self.producer.produce(p.topic, key=key, value=codec.encode(p.schema, p.record))
+            self.producer.produce(p.topic, key=key, value=single_object.encode(p.schema, p.record))
         self.producer.flush(10)
         raise Crash()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
-from schemas import codec, topics
+from schemas import single_object, topics, wire
 
 V2_DIR = Path(__file__).parent / "schemas"
 
@@ -19,18 +19,18 @@ KERNEL = {"node": "n1", "pid": 42, "process_start_ns": 5_000_000, "correlation_i
 
 
 def test_every_topic_names_a_known_schema():
-    reg = codec.default_registry()
+    reg = single_object.default_registry()
     for t in topics.ALL:
         assert reg.latest(t.schema).name == f"fleetprof.{t.schema}"
 
 
 def test_single_object_header_is_marker_and_little_endian_crc64():
-    data = codec.encode("GpuKernel", KERNEL)
-    schema = json.loads((codec.SCHEMA_DIR / "gpu_kernel.v1.avsc").read_text())
+    data = single_object.encode("GpuKernel", KERNEL)
+    schema = json.loads((single_object.SCHEMA_DIR / "gpu_kernel.v1.avsc").read_text())
     fp = int(fingerprint(to_parsing_canonical_form(schema), "CRC-64-AVRO"), 16)
     assert data[:2] == b"\xc3\x01"
     assert data[2:10] == struct.pack("<Q", fp)
-    assert codec.decode(data) == ("fleetprof.GpuKernel", KERNEL)
+    assert single_object.decode(data) == ("fleetprof.GpuKernel", KERNEL)
 
 
 def test_known_crc64_avro_vector():
@@ -39,32 +39,32 @@ def test_known_crc64_avro_vector():
 
 
 def test_registry_finds_every_latest_schema_by_its_fingerprint():
-    reg = codec.default_registry()
+    reg = single_object.default_registry()
     for name in reg.names():
         sv = reg.latest(name)
         assert reg.by_fingerprint(sv.fingerprint) is sv
 
 
-def _v2_registry() -> codec.SchemaRegistry:
-    reg = codec.SchemaRegistry().load_dir()
+def _v2_registry() -> single_object.SchemaRegistry:
+    reg = single_object.SchemaRegistry().load_dir()
     for path in sorted(V2_DIR.glob("*.avsc")):
         reg.register_file(path)
     return reg
 
 
 def test_written_with_v1_read_with_v2_fills_new_fields_with_defaults():
-    v1_bytes = codec.encode("GpuKernel", KERNEL)  # the production registry only knows v1
-    name, rec = codec.decode(v1_bytes, registry=_v2_registry())
+    v1_bytes = single_object.encode("GpuKernel", KERNEL)  # the production registry only knows v1
+    name, rec = single_object.decode(v1_bytes, registry=_v2_registry())
     assert name == "fleetprof.GpuKernel"
     assert rec == {**KERNEL, "grid": [], "graph_id": None}
 
 
 def test_written_with_v2_read_by_a_v2_reader_and_unknown_to_a_v1_only_reader():
     reg = _v2_registry()
-    data = codec.encode("GpuKernel", {**KERNEL, "grid": [64, 1, 1], "graph_id": 9}, registry=reg)
-    assert codec.decode(data, registry=reg)[1]["grid"] == [64, 1, 1]
-    with pytest.raises(codec.DecodeError, match="unknown schema fingerprint"):
-        codec.decode(data)
+    data = single_object.encode("GpuKernel", {**KERNEL, "grid": [64, 1, 1], "graph_id": 9}, registry=reg)
+    assert single_object.decode(data, registry=reg)[1]["grid"] == [64, 1, 1]
+    with pytest.raises(single_object.DecodeError, match="unknown schema fingerprint"):
+        single_object.decode(data)
 
 
 def test_dropped_field_is_ignored_and_added_field_defaulted():
@@ -72,7 +72,7 @@ def test_dropped_field_is_ignored_and_added_field_defaulted():
              "simulated": True, "processes": [{"pid": 1, "comm": "c", "exe": "", "cgroup": "", "container_id": "",
                                                "mappings": [], "stacks": [{"tid": 1, "user_addrs": [-1, 5],
                                                                            "kernel_addrs": [], "count": 3}]}]}
-    _, rec = codec.decode(codec.encode("CpuStackBatch", batch), registry=_v2_registry())
+    _, rec = single_object.decode(single_object.encode("CpuStackBatch", batch), registry=_v2_registry())
     assert "simulated" not in rec
     assert rec["agent_version"] == "unknown"
     assert rec["processes"][0]["stacks"][0]["user_addrs"] == [-1, 5]
@@ -82,38 +82,38 @@ def test_dropped_field_is_ignored_and_added_field_defaulted():
     (b"", "missing C3 01 marker"),
     (b"\xc3\x01\x00", "missing C3 01 marker"),
     (b"{\"json\": true}", "missing C3 01 marker"),
-    (codec.MARKER + b"\xff" * 8 + b"\x00", "unknown schema fingerprint ffffffffffffffff"),
+    (single_object.MARKER + b"\xff" * 8 + b"\x00", "unknown schema fingerprint ffffffffffffffff"),
 ])
 def test_bad_framing_gives_one_line_reason(bad, reason):
-    with pytest.raises(codec.DecodeError) as err:
-        codec.decode(bad)
+    with pytest.raises(single_object.DecodeError) as err:
+        single_object.decode(bad)
     assert reason in str(err.value)
     assert "\n" not in str(err.value)
 
 
 def test_truncated_and_trailing_bytes_are_errors():
-    data = codec.encode("GpuKernel", KERNEL)
-    for cut in range(codec.HEADER_LEN, len(data)):
-        with pytest.raises(codec.DecodeError, match="truncated or corrupt|trailing"):
-            codec.decode(data[:cut])
-    with pytest.raises(codec.DecodeError, match="1 trailing bytes"):
-        codec.decode(data + b"\x00")
+    data = single_object.encode("GpuKernel", KERNEL)
+    for cut in range(single_object.HEADER_LEN, len(data)):
+        with pytest.raises(single_object.DecodeError, match="truncated or corrupt|trailing"):
+            single_object.decode(data[:cut])
+    with pytest.raises(single_object.DecodeError, match="1 trailing bytes"):
+        single_object.decode(data + b"\x00")
 
 
 def test_expected_record_name_is_enforced():
-    with pytest.raises(codec.DecodeError, match="expected fleetprof.CpuStackBatch"):
-        codec.decode(codec.encode("GpuKernel", KERNEL), expect="CpuStackBatch")
+    with pytest.raises(single_object.DecodeError, match="expected fleetprof.CpuStackBatch"):
+        single_object.decode(single_object.encode("GpuKernel", KERNEL), expect="CpuStackBatch")
 
 
 def test_unsigned_addresses_keep_their_bits():
     for value in (0, 1, 0x7FFF_FFFF_FFFF_FFFF, 0xFFFF_FFFF_8100_0000, 0xFFFF_FFFF_FFFF_FFFF):
-        assert codec.long_to_u64(codec.u64_to_long(value)) == value
-        assert -(1 << 63) <= codec.u64_to_long(value) < (1 << 63)
+        assert wire.long_to_u64(wire.u64_to_long(value)) == value
+        assert -(1 << 63) <= wire.u64_to_long(value) < (1 << 63)
 
 
 def test_an_older_version_can_still_be_written_on_purpose():
     reg = _v2_registry()
-    v1 = codec.encode("GpuKernel", KERNEL, registry=reg, version=1)
-    assert v1 == codec.encode("GpuKernel", KERNEL)
+    v1 = single_object.encode("GpuKernel", KERNEL, registry=reg, version=1)
+    assert v1 == single_object.encode("GpuKernel", KERNEL)
     with pytest.raises(KeyError, match="no version 7"):
-        codec.encode("GpuKernel", KERNEL, registry=reg, version=7)
+        single_object.encode("GpuKernel", KERNEL, registry=reg, version=7)

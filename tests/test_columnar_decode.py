@@ -12,14 +12,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schemas import codec
-from schemas.columnar_decode import CPU_BATCH_V1_FINGERPRINT, _read_batch, decode_cpu_batch_columnar
-from schemas.fast_codec import PackedStacks, encode_cpu_batches, long_bytes
+from schemas import single_object
+from schemas.cpu_batch_layout import LAYOUT
+from schemas.cpu_batch_reader import CpuBatchReader, decode_columnar, decode_cpu_batch_columnar
+from schemas.cpu_batch_writer import encode_cpu_batches, long_bytes
+from schemas.packed_stacks import PackedStacks
 from simulate.synthetic_binaries import KERNEL_BUILD_ID
 from simulate.synthetic_fleet import FREQUENCY_HZ, SyntheticFleet
 
 V2_DIR = Path(__file__).parent / "schemas"
-HEADER = codec.MARKER + CPU_BATCH_V1_FINGERPRINT
+READER = CpuBatchReader(LAYOUT)
+HEADER = single_object.MARKER + LAYOUT.schema.fingerprint
 I64 = st.integers(-(2**63), 2**63 - 1)
 EDGES = st.sampled_from([0, 1, -1, 63, 64, -64, -65, 2**31, 2**62, 2**63 - 1, -(2**63), -(2**63) + 1,
                          0xFFFFFFFF81000000 - 2**64, 0x7F0000001234])
@@ -95,19 +98,19 @@ def columnar(data: bytes) -> dict:
     return as_records(decode_cpu_batch_columnar(data))
 
 
-def test_fingerprint_is_the_v1_schema_file():
-    schema = json.loads((codec.SCHEMA_DIR / "cpu_stack_batch.v1.avsc").read_text())
-    assert codec.crc64_avro(schema) == CPU_BATCH_V1_FINGERPRINT
-    assert codec.default_registry().latest("CpuStackBatch").fingerprint == CPU_BATCH_V1_FINGERPRINT
+def test_the_reader_takes_the_v1_schema_file():
+    schema = json.loads((single_object.SCHEMA_DIR / "cpu_stack_batch.v1.avsc").read_text())
+    assert single_object.crc64_avro(schema) == LAYOUT.schema.fingerprint
+    assert single_object.default_registry().latest("CpuStackBatch") is LAYOUT.schema
 
 
 @given(batch_st)
 @settings(max_examples=300, deadline=None)
 def test_random_batches_decode_like_the_codec(batch):
-    data = codec.encode("CpuStackBatch", batch)
+    data = single_object.encode("CpuStackBatch", batch)
     assert write_batch(batch) == data  # the test writer writes what fastavro writes when it uses one block
-    assert columnar(data) == codec.decode(data)[1] == batch
-    name, rec = codec.decode(data, columnar=True)
+    assert columnar(data) == single_object.decode(data)[1] == batch
+    name, rec = decode_columnar(data)
     assert name == "fleetprof.CpuStackBatch" and as_records(rec) == batch
 
 
@@ -115,7 +118,7 @@ def test_random_batches_decode_like_the_codec(batch):
 @settings(max_examples=300, deadline=None)
 def test_arrays_in_many_blocks_with_and_without_sizes(batch, rnd):
     data = write_batch(batch, rnd)
-    assert codec.decode(data)[1] == batch
+    assert single_object.decode(data)[1] == batch
     assert columnar(data) == batch
 
 
@@ -130,8 +133,8 @@ def _synthetic_batch(seed: int, node_index: int) -> dict:
 def test_synthetic_fleet_batches_decode_like_the_codec():
     for seed, index in ((1, 0), (7, 3)):
         (data,) = encode_cpu_batches(_synthetic_batch(seed, index))
-        assert columnar(data) == codec.decode(data)[1]
-        _read_batch(data, fast=True)  # what fleetprof writes takes the fast walk, not the general one
+        assert columnar(data) == single_object.decode(data)[1]
+        READER.walk(data, fast=True)  # what fleetprof writes takes the fast walk, not the general one
 
 
 def test_deep_stacks_and_many_stacks():
@@ -141,9 +144,9 @@ def test_deep_stacks_and_many_stacks():
     proc = {"pid": 1, "comm": "c", "exe": "", "cgroup": "", "container_id": "", "mappings": [], "stacks": stacks}
     batch = {"node": "n", "window_start_ns": 0, "window_ns": 1, "frequency_hz": 1, "kernel_build_id": "",
              "simulated": False, "processes": [proc, {**proc, "pid": 2, "stacks": []}, proc]}
-    data = codec.encode("CpuStackBatch", batch)
-    assert columnar(data) == codec.decode(data)[1] == batch
-    _read_batch(data, fast=True)
+    data = single_object.encode("CpuStackBatch", batch)
+    assert columnar(data) == single_object.decode(data)[1] == batch
+    READER.walk(data, fast=True)
 
 
 def _small_messages() -> list[bytes]:
@@ -158,18 +161,18 @@ def _small_messages() -> list[bytes]:
                             "mappings": maps, "stacks": stacks},
                            {"pid": 6, "comm": "idle", "exe": "", "cgroup": "", "container_id": "", "mappings": [],
                             "stacks": []}]}
-    return [codec.encode("CpuStackBatch", batch), write_batch(batch, random.Random(3)),
-            codec.encode("CpuStackBatch", {**batch, "processes": []})]
+    return [single_object.encode("CpuStackBatch", batch), write_batch(batch, random.Random(3)),
+            single_object.encode("CpuStackBatch", {**batch, "processes": []})]
 
 
 def test_every_truncation_is_a_decode_error():
     for data in _small_messages():
-        assert columnar(data) == codec.decode(data)[1]
+        assert columnar(data) == single_object.decode(data)[1]
         for cut in range(len(data)):
-            with pytest.raises(codec.DecodeError) as err:
+            with pytest.raises(single_object.DecodeError) as err:
                 decode_cpu_batch_columnar(data[:cut])
             assert "\n" not in str(err.value)
-        with pytest.raises(codec.DecodeError, match="1 trailing bytes"):
+        with pytest.raises(single_object.DecodeError, match="1 trailing bytes"):
             decode_cpu_batch_columnar(data + b"\x00")
 
 
@@ -180,7 +183,7 @@ def test_every_truncation_is_a_decode_error():
 def test_corrupt_bytes_give_decode_error_or_the_codec_record(data, edits):
     corrupt = bytearray(data)
     for pos, byte, how in edits:
-        i = codec.HEADER_LEN + pos % (len(corrupt) - codec.HEADER_LEN + 1)
+        i = single_object.HEADER_LEN + pos % (len(corrupt) - single_object.HEADER_LEN + 1)
         if how == "insert":
             corrupt[i:i] = bytes([byte])
         elif i < len(corrupt):
@@ -190,11 +193,11 @@ def test_corrupt_bytes_give_decode_error_or_the_codec_record(data, edits):
                 del corrupt[i]
     try:
         rec = columnar(bytes(corrupt))
-    except codec.DecodeError as exc:
+    except single_object.DecodeError as exc:
         assert "\n" not in str(exc)
         return
     # what decodes reads the same as through fastavro (which is laxer: it ignores block sizes, for one)
-    assert rec == codec.decode(bytes(corrupt))[1]
+    assert rec == single_object.decode(bytes(corrupt))[1]
 
 
 def _body(batch_fields: bytes, processes: bytes) -> bytes:
@@ -224,14 +227,14 @@ def _one_stack(tid: bytes, count: bytes = long_bytes(1)) -> bytes:
 ])
 def test_malformed_input_names_the_problem(processes, reason):
     data = _body(FIELDS, processes)
-    with pytest.raises(codec.DecodeError, match=reason) as err:
+    with pytest.raises(single_object.DecodeError, match=reason) as err:
         decode_cpu_batch_columnar(data)
     assert "\n" not in str(err.value)
 
 
 def test_a_boolean_is_zero_or_one():
     assert decode_cpu_batch_columnar(_body(FIELDS, b"\x00"))["simulated"] is True
-    with pytest.raises(codec.DecodeError, match="bad boolean"):
+    with pytest.raises(single_object.DecodeError, match="bad boolean"):
         decode_cpu_batch_columnar(_body(FIELDS[:-1] + b"\x02", b"\x00"))
 
 
@@ -239,10 +242,10 @@ def test_other_writers_and_records_go_through_fastavro():
     kernel = {"node": "n1", "pid": 42, "process_start_ns": 9, "correlation_id": 7, "start_ns": 100,
               "end_ns": 250, "device_id": 0,
               "stream_id": 13, "kernel_name": "k", "simulated": False}
-    assert codec.decode(codec.encode("GpuKernel", kernel), columnar=True) == ("fleetprof.GpuKernel", kernel)
-    with pytest.raises(codec.DecodeError, match="not a CpuStackBatch v1"):
-        decode_cpu_batch_columnar(codec.encode("GpuKernel", kernel))
-    reg = codec.SchemaRegistry().load_dir()
+    assert decode_columnar(single_object.encode("GpuKernel", kernel)) == ("fleetprof.GpuKernel", kernel)
+    with pytest.raises(single_object.DecodeError, match="not a CpuStackBatch v1"):
+        decode_cpu_batch_columnar(single_object.encode("GpuKernel", kernel))
+    reg = single_object.SchemaRegistry().load_dir()
     for path in sorted(V2_DIR.glob("*.avsc")):
         reg.register_file(path)
     batch = {"node": "n", "window_start_ns": 1, "window_ns": 2, "frequency_hz": 19, "kernel_build_id": "k",
@@ -250,10 +253,10 @@ def test_other_writers_and_records_go_through_fastavro():
                                                "mappings": [], "stacks": [{"tid": 1, "user_addrs": [-1, 5],
                                                                            "kernel_addrs": [], "count": 3}]}]}
     # v1 bytes read by a registry whose newest CpuStackBatch is v2: fastavro resolves the fields, no columns
-    v1 = codec.encode("CpuStackBatch", batch)
-    _, rec = codec.decode(v1, registry=reg, columnar=True)
+    v1 = single_object.encode("CpuStackBatch", batch)
+    _, rec = decode_columnar(v1, registry=reg)
     assert rec["agent_version"] == "unknown" and rec["processes"][0]["stacks"][0]["user_addrs"] == [-1, 5]
     # a v2 writer: another fingerprint, read by fastavro
-    v2 = codec.encode("CpuStackBatch", {**batch, "agent_version": "2.0"}, registry=reg)
-    _, rec = codec.decode(v2, registry=reg, columnar=True)
+    v2 = single_object.encode("CpuStackBatch", {**batch, "agent_version": "2.0"}, registry=reg)
+    _, rec = decode_columnar(v2, registry=reg)
     assert isinstance(rec["processes"][0]["stacks"], list) and rec["agent_version"] == "2.0"

@@ -18,7 +18,7 @@ from processors.correlate_stage import CorrelateStage, config_from_env
 from processors.demangle import demangle
 from processors.messages import Message, Produced
 from processors.symbol_tables import SymbolTables
-from schemas import codec
+from schemas import single_object
 from simulate.synthetic_binaries import mangle
 from simulate.synthetic_fleet import SyntheticFleet
 from tests.pipeline_helpers import APP_BASE, addr, build_id_for, symbol_chunks
@@ -68,8 +68,9 @@ class Feed:
         msgs = []
         for rec in records:
             topic = "gpu.kernels" if "kernel_name" in rec else "gpu.launches"
+            value = single_object.encode("GpuKernel" if "kernel_name" in rec else "GpuLaunch", rec)
             msgs.append(Message(topic, self.partition, self.offsets[topic], f"{rec['node']}/{rec['pid']}".encode(),
-                                "", rec, codec.encode("GpuKernel" if "kernel_name" in rec else "GpuLaunch", rec)))
+                                "", rec, value))
             self.offsets[topic] += 1
         self.stage.before_batch(msgs)
         out = self.stage.process(msgs)
@@ -127,7 +128,7 @@ def test_pairs_in_either_order_give_duration_times_weight_under_the_launching_st
     assert sorted((f["function"], f["binary"]) for f in leaves) == [(SGEMM, GPU_BINARY), (demangle(GEMM), GPU_BINARY)]
     assert unmatched(feed.produced) == {}
     for rec in records:
-        assert codec.decode(codec.encode("GpuSamples", rec))[1] == rec
+        assert single_object.decode(single_object.encode("GpuSamples", rec))[1] == rec
 
 
 def test_weights_multiply_each_kernels_duration():
@@ -256,7 +257,7 @@ def test_4kb_kernel_names_pair_and_split_their_output_under_the_message_limit():
     assert gpu_time(feed.produced) == {("main", "run", demangle(n)): 1000 + i for i, n in enumerate(names)}
     assert demangle(names[0]).startswith("k000::aaaa") and demangle(names[0]).endswith("(float*)")
     parts = [p.record for p in out if p.topic == "gpu.samples"]
-    assert len(parts) > 1 and all(len(codec.encode("GpuSamples", r)) < 600 * 1024 for r in parts)
+    assert len(parts) > 1 and all(len(single_object.encode("GpuSamples", r)) < 600 * 1024 for r in parts)
     assert sorted(s["kernel_name"] for r in parts for s in r["samples"]) == sorted(names)
 
 
@@ -358,9 +359,9 @@ def test_the_changelog_restores_exactly_the_state_it_was_written_from(config):
             touched.add(p)
         for p in touched:
             for rec in changelog(live, "g", p):
-                data = codec.encode("CorrelatorState", rec)
+                data = single_object.encode("CorrelatorState", rec)
                 assert len(data) < 1_000_000
-                log[state_key(rec, config.log_slots)] = codec.decode(data)[1]
+                log[state_key(rec, config.log_slots)] = single_object.decode(data)[1]
                 written[rec["kind"]] += 1
         fresh = Correlator(config)
         for p in touched:

@@ -14,7 +14,7 @@ import pytest
 
 from processors.symbol_tables import table_from_chunks
 from producers.elf_symbols import FALLBACK_PREFIX, ElfError, ElfSymbols, read_build_id, read_elf_symbols, symbol_chunks
-from schemas.codec import encode
+from schemas.single_object import encode
 from tests.elf_helpers import (
     NmTable,
     libc_path,
@@ -100,10 +100,10 @@ def test_chunks_round_trip_through_symbol_tables() -> None:
     sized = syms.sizes > 0
     assert np.array_equal(table.ends[sized], syms.addrs[sized] + syms.sizes[sized])
     # the Avro contract: every chunk encodes with the real schema
-    from schemas import codec
+    from schemas import single_object
 
     for chunk in chunks[:2]:
-        assert codec.decode(codec.encode("SymbolChunk", chunk))[1] == chunk
+        assert single_object.decode(single_object.encode("SymbolChunk", chunk))[1] == chunk
 
 
 def test_file_without_build_id_gets_fallback_id(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from confluent_kafka import Consumer, TopicPartition
 from fleetprof.broker import LocalBroker
 from processors.runner import EXIT_STUCK
 from producers.cpu_sampler import BpfUnavailable, check_bpf
-from schemas import codec, topics
+from schemas import single_object, topics
 from tests.elf_helpers import need, unavailable
 from tests.pipeline_helpers import Running, sink, wait_for
 from tests.test_agent_outage import Agent, broker  # noqa: F401 - the module's own broker (a fixture)
@@ -167,7 +167,7 @@ def topic_samples(bootstrap: str, node: str, since_s: int, until_s: int) -> int:
                     todo.discard(m.partition())
                 if m.key() != node.encode():
                     continue
-                _, rec = codec.decode(m.value(), "CpuStackBatch")
+                _, rec = single_object.decode(m.value(), "CpuStackBatch")
                 if since_s * 10**9 <= rec["window_start_ns"] < until_s * 10**9:
                     total += sum(s["count"] for p in rec["processes"] for s in p["stacks"])
         return total

@@ -35,7 +35,7 @@ from confluent_kafka.admin import AdminClient
 
 from fleetprof.settings import DEFAULT_DATABASE
 from processors.sink import SINK_INPUTS
-from schemas import codec, topics
+from schemas import single_object, topics
 from tests.conftest import free_ports
 from tests.pipeline_helpers import cpu_batch, encode, stack, wait_for
 from tests.test_correlate import GEMM, SGEMM
@@ -196,7 +196,7 @@ class Reader:
                 continue
             self.at_end.discard(m.partition())
             if m.key() is not None and self.mine(m.key().decode()):
-                self.records.append((m.partition(), m.offset(), codec.decode(m.value())[1]))
+                self.records.append((m.partition(), m.offset(), single_object.decode(m.value())[1]))
 
     def read_to_end(self, timeout: float = 60) -> list[tuple[int, int, dict]]:
         wait_for(lambda: self.poll() or self.at_end == self.partitions, timeout=timeout, what="a topic's end")

@@ -1,6 +1,7 @@
-"""Hostile bytes at the decoders: every schema's codec.decode, the columnar CPU-batch decoder and decode_message give a
-record or a one-line DecodeError / dead letter, never another exception. Property tests run a bounded, derandomized
-number of examples here; tests/fuzz/run_atheris.py runs the same targets (tests/fuzz/targets.py) for longer."""
+"""Hostile bytes at the decoders: every schema's single_object.decode, the columnar CPU-batch decoder and
+decode_message give a record or a one-line DecodeError / dead letter, never another exception. Property tests run a
+bounded, derandomized number of examples here; tests/fuzz/run_atheris.py runs the same targets (tests/fuzz/targets.py)
+for longer."""
 
 from __future__ import annotations
 
@@ -11,14 +12,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from processors.messages import MAX_KEPT_BYTES, Message, Produced, dead_letter
-from schemas import codec, topics
-from schemas.fast_codec import long_bytes
+from schemas import single_object, topics
+from schemas.cpu_batch_writer import long_bytes
 from tests.fuzz import targets
 from tests.fuzz.records import EDITS, mutate, record_of
 
 FUZZ = settings(max_examples=60, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-SCHEMAS = [name.split(".", 1)[1] for name in codec.default_registry().names()]
+SCHEMAS = [name.split(".", 1)[1] for name in single_object.default_registry().names()]
 SEEDS = sorted(p for p in targets.CORPUS.glob("*/*") if p.is_file())
 
 
@@ -36,7 +37,7 @@ def test_hostile_records_round_trip_and_their_mutations_decode_or_fail_cleanly(s
     @FUZZ
     @given(record_of(schema), EDITS)
     def check(record, edits):
-        data = codec.encode(schema, record)
+        data = single_object.encode(schema, record)
         assert targets.check_decode(data) is not None  # a valid message decodes (and re-encodes) whatever it holds
         mutated = mutate(data, edits)
         targets.check_decode(mutated)
@@ -83,7 +84,7 @@ def test_random_bodies_to_the_columnar_decoder(data):
 
 
 def test_an_unknown_fingerprint_names_itself():
-    data = codec.encode("GpuKernel", {"node": "n", "pid": 1, "process_start_ns": 0, "correlation_id": 1,
+    data = single_object.encode("GpuKernel", {"node": "n", "pid": 1, "process_start_ns": 0, "correlation_id": 1,
                                       "start_ns": 0, "end_ns": 1, "device_id": 0, "stream_id": 0, "kernel_name": "k",
                                       "simulated": False})
     wrong = data[:2] + bytes.fromhex("0123456789abcdef") + data[10:]
@@ -96,7 +97,7 @@ def test_a_dead_letter_fits_a_kafka_message_whatever_it_wraps():
     small = dead_letter("s", "cpu.stacks", 0, 5, b"k", b"x" * 1000, "bad\nsecond line")
     assert small.record["value"] == b"x" * 1000 and small.record["reason"] == "bad"
     big = dead_letter("s", "cpu.stacks", 0, 5, b"k", b"x" * (MAX_KEPT_BYTES + 1), "x" * 10_000)
-    assert big.record["value"] is None and len(codec.encode(big.schema, big.record)) < 1_000_000
+    assert big.record["value"] is None and len(single_object.encode(big.schema, big.record)) < 1_000_000
     assert big.record["reason"].endswith(f"[the message's {MAX_KEPT_BYTES + 1} bytes are not kept: over the "
                                          f"{MAX_KEPT_BYTES}-byte dead letter limit]")
     assert dead_letter("s", "t", 0, 0, None, None, "").record["reason"] == "unknown"
@@ -108,13 +109,14 @@ def test_an_int_field_beyond_32_bits_is_a_decode_error():
     from tests.fuzz.make_corpus import RECORDS
 
     poll = {**RECORDS["GpuMetrics"], "processes": []}
-    head = codec.encode("GpuMetrics", {**poll, "devices": [{**poll["devices"][0], "index": 0}]})
-    index_at = len(codec.encode("GpuMetrics", {**poll, "devices": []})) - 1  # the device count, then its index
+    head = single_object.encode("GpuMetrics", {**poll, "devices": [{**poll["devices"][0], "index": 0}]})
+    index_at = len(single_object.encode("GpuMetrics", {**poll, "devices": []})) - 1  # the device count, then its index
     assert head[index_at - 1:index_at + 1] == long_bytes(1) + long_bytes(0)
     for value in (2**31, -(2**31) - 1, -(2**62)):
         bad = head[:index_at] + long_bytes(value) + head[index_at + 1:]
-        with pytest.raises(codec.DecodeError, match="an int field of fleetprof.GpuMetrics holds a value outside 32"):
-            codec.decode(bad)
+        with pytest.raises(single_object.DecodeError,
+                           match="an int field of fleetprof.GpuMetrics holds a value outside 32"):
+            single_object.decode(bad)
         assert isinstance(targets.check_decode_message(bad, "gpu.metrics"), Produced)
     edge = head[:index_at] + long_bytes(2**31 - 1) + head[index_at + 1:]
-    assert codec.decode(edge)[1]["devices"][0]["index"] == 2**31 - 1
+    assert single_object.decode(edge)[1]["devices"][0]["index"] == 2**31 - 1

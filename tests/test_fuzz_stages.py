@@ -13,7 +13,7 @@ from processors.correlate import MAX_NODE
 from processors.runner import MAX_OUTPUT_BYTES, encode_produced
 from processors.symbol_tables import BadChunk, SymbolTables
 from processors.symbolize import LONG_MAX
-from schemas import codec
+from schemas import single_object
 from tests.fuzz import targets
 from tests.fuzz.records import record_of
 
@@ -179,7 +179,7 @@ def test_an_inconsistent_symbol_chunk_is_refused(chunk, reason):
             "load_segments": [], "addrs": [16], "sizes": [0], "names": ["f"]}
     tables = SymbolTables()
     with pytest.raises(BadChunk, match=reason):
-        tables.add_chunk(codec.decode(codec.encode("SymbolChunk", {**good, **chunk}))[1])
+        tables.add_chunk(single_object.decode(single_object.encode("SymbolChunk", {**good, **chunk}))[1])
     assert len(tables.add_chunk(good)) == 1 and "ab" * 20 in tables
 
 

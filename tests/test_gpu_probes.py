@@ -29,7 +29,7 @@ from producers.kafka_link import KafkaLink
 from producers.outbox import Outbox
 from producers.outbox_encoder import OutboxEncoder
 from producers.publisher import Publisher
-from schemas.codec import decode
+from schemas.single_object import decode
 from tests.elf_helpers import unavailable
 from tests.pipeline_helpers import read_topic
 from tests.probe_emitters import (

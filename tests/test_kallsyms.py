@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from processors.symbol_tables import table_from_chunks
-from producers.kallsyms import KERNEL_BINARY, kernel_build_id, kernel_symbol_chunks, parse_kallsyms, read_kallsyms
-from schemas.codec import encode
+from producers.kallsyms import kernel_build_id, kernel_symbol_chunks, parse_kallsyms, read_kallsyms
+from schemas.single_object import encode
+from schemas.wire import KERNEL_BINARY
 from tests.elf_helpers import unavailable
 
 SAMPLE = """\

@@ -17,8 +17,8 @@ from fleetprof.cli import cli
 from fleetprof.commands import COMMANDS
 from producers.publisher import PublishError, check_broker
 from schemas import topics
-from schemas.codec import decode, encode
-from schemas.fast_codec import LaunchEncoder
+from schemas.gpu_launch_writer import LaunchEncoder
+from schemas.single_object import decode, encode
 from simulate.loadgen import LoadgenReport, run_loadgen
 from simulate.synthetic_fleet import SyntheticFleet
 from tests.test_synthetic_fleet import reference_symbolize, reference_symbolize_kernel, tables_from_chunks

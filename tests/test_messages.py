@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from processors.messages import Message, Produced, decode_message
-from schemas import codec
-from schemas.fast_codec import PackedStacks
+from schemas import single_object
+from schemas.packed_stacks import PackedStacks
 
 
 class Raw:
@@ -35,7 +35,7 @@ EXPECT = {"gpu.kernels": "GpuKernel"}
 
 
 def test_good_message_decodes_with_position():
-    m = decode_message("s", Raw(codec.encode("GpuKernel", KERNEL)), EXPECT, 1 << 20)
+    m = decode_message("s", Raw(single_object.encode("GpuKernel", KERNEL)), EXPECT, 1 << 20)
     assert isinstance(m, Message)
     assert (m.topic, m.partition, m.offset, m.record) == ("gpu.kernels", 2, 40, KERNEL)
 
@@ -46,15 +46,15 @@ def _reason(value, limit=1 << 20, topic="gpu.kernels") -> Produced:
     assert d.record["value"] == value and d.record["key"] == b"k"
     assert (d.record["source_topic"], d.record["source_partition"], d.record["source_offset"]) == (topic, 2, 40)
     assert d.record["stage"] == "stage-x"
-    codec.encode(d.schema, d.record)  # the dead letter itself is a valid message
+    single_object.encode(d.schema, d.record)  # the dead letter itself is a valid message
     return d.record["reason"]
 
 
 def test_oversize_empty_wrong_schema_and_garbage_are_dead_letters():
-    data = codec.encode("GpuKernel", KERNEL)
+    data = single_object.encode("GpuKernel", KERNEL)
     assert _reason(data, limit=10) == f"oversize message: {len(data)} bytes > limit 10"
     assert _reason(None) == "empty message (no value)"
-    wrong = codec.encode("GpuKernel", KERNEL)
+    wrong = single_object.encode("GpuKernel", KERNEL)
     assert "expected fleetprof.CpuStackBatch" in decode_message(
         "s", Raw(wrong, topic="cpu.stacks"), {"cpu.stacks": "CpuStackBatch"}, 1 << 20).record["reason"]
     assert "missing C3 01 marker" in _reason(b"garbage")
@@ -66,7 +66,7 @@ def test_columnar_cpu_batches_keep_the_raw_bytes():
              "simulated": True, "processes": [{"pid": 1, "comm": "c", "exe": "", "cgroup": "", "container_id": "",
                                                "mappings": [], "stacks": [{"tid": 1, "user_addrs": [-1, 5],
                                                                            "kernel_addrs": [], "count": 3}]}]}
-    value = codec.encode("CpuStackBatch", batch)
+    value = single_object.encode("CpuStackBatch", batch)
     raw = Raw(value, topic="cpu.stacks")
     m = decode_message("s", raw, {"cpu.stacks": "CpuStackBatch"}, 1 << 20, columnar=True)
     assert isinstance(m, Message) and m.value == value

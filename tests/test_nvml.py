@@ -32,7 +32,7 @@ DRIVER = r"""
 import json, logging, sys, threading, time
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
 from producers.nvml_collector import NvmlCollector
-from schemas.codec import encode
+from schemas.single_object import encode
 plan = json.loads(sys.argv[1])
 c = NvmlCollector(plan["node"], deadline_s=plan.get("deadline"), proc_root=plan.get("proc_root", "/proc"))
 t0 = time.time_ns()

@@ -30,7 +30,7 @@ from producers.perf_map import (
     read_perf_map,
 )
 from producers.process_info import Mapping, ProcessCache, ProcessInfo
-from schemas import codec
+from schemas import single_object
 from tests.elf_helpers import unavailable
 
 BASE = 0x7F0000000000
@@ -52,8 +52,8 @@ def _symbolized(pub: Queued) -> dict:
     tables = SymbolTables()
     for topic, _, value in pub.messages:
         if topic == "symbols":
-            tables.add_chunk(codec.decode(value, "SymbolChunk")[1])
-    batches = [codec.decode(v, "CpuStackBatch")[1] for t, _, v in pub.messages if t == "cpu.stacks"]
+            tables.add_chunk(single_object.decode(value, "SymbolChunk")[1])
+    batches = [single_object.decode(v, "CpuStackBatch")[1] for t, _, v in pub.messages if t == "cpu.stacks"]
     assert len(batches) == 1
     return symbolize_batch(batches[0], tables.get)
 
@@ -132,13 +132,13 @@ def test_chunks_round_trip_to_an_identity_lookup_table() -> None:
     high = 0xFFFFFFFFFF600000  # above 2**63: carried in Avro longs with the same bits
     text = b"".join(b"%x %x f%d\n" % (BASE + 0x100 * i, 0x40 if i % 2 else 0, i) for i in range(5))
     pm = parse_perf_map(text + b"%x 10 vsyscall_jit\n" % high)
-    limit = len(codec.encode("SymbolChunk", perf_map_chunks(pm, None)[0])) - 40  # too small for all six
+    limit = len(single_object.encode("SymbolChunk", perf_map_chunks(pm, None)[0])) - 40  # too small for all six
     chunks = perf_map_chunks(pm, max_bytes=limit)
     n = len(chunks)
     assert n > 1 and [c["chunk_index"] for c in chunks] == list(range(n)) and {c["chunk_count"] for c in chunks} == {n}
-    assert all(len(codec.encode("SymbolChunk", c)) <= limit for c in chunks)
+    assert all(len(single_object.encode("SymbolChunk", c)) <= limit for c in chunks)
     assert {(c["kind"], c["binary"], c["build_id"]) for c in chunks} == {("PERFMAP", JIT_BINARY, pm.build_id)}
-    decoded = [codec.decode(codec.encode("SymbolChunk", c), "SymbolChunk")[1] for c in reversed(chunks)]
+    decoded = [single_object.decode(single_object.encode("SymbolChunk", c), "SymbolChunk")[1] for c in reversed(chunks)]
     table = table_from_chunks(decoded)
     assert table.kind == "PERFMAP" and len(table.seg_offsets) == 0
     addrs = np.array([BASE, BASE + 0xFF, BASE + 0x13F, BASE + 0x140, BASE + 0x2FF, high + 4], dtype=np.uint64)

@@ -6,7 +6,7 @@ import time
 import uuid
 from collections import Counter
 
-from schemas import codec
+from schemas import single_object
 from tests.pipeline_helpers import (
     build_id_for,
     cpu_batch,
@@ -52,7 +52,7 @@ def test_known_batches_are_stored_exactly_and_bad_messages_dead_lettered(kafka_b
     items = [("symbols", f"{c['build_id']}/{c['chunk_index']}", encode("SymbolChunk", c)) for c in symbol_chunks(bid)]
     good = [encode("CpuStackBatch", cpu_batch(node, bid, ts, [stack(p, n, tid) for p, n, tid in st]))
             for node, ts, st in paths]
-    unknown_fp = codec.MARKER + b"\x01\x02\x03\x04\x05\x06\x07\x08" + b"\x00" * 8
+    unknown_fp = single_object.MARKER + b"\x01\x02\x03\x04\x05\x06\x07\x08" + b"\x00" * 8
     bad = [unknown_fp, good[0][: len(good[0]) // 2], b"not avro at all"]
     bad_keys = [f"bad-{run}-{i}" for i in range(len(bad))]
     # bad messages sit between good ones on the same partition (same key → same partition as node_a)
@@ -86,11 +86,11 @@ def test_known_batches_are_stored_exactly_and_bad_messages_dead_lettered(kafka_b
                       lambda m: m.key() is not None and (m.key().decode().startswith(f"bad-{run}")
                                                          or m.key().decode() == node_a),
                       want=3)
-    reasons = sorted(codec.decode(m.value())[1]["reason"] for m in dead)
+    reasons = sorted(single_object.decode(m.value())[1]["reason"] for m in dead)
     assert len(reasons) == 3
     assert any(r.startswith("unknown schema fingerprint") for r in reasons)
     assert any(r.startswith("truncated or corrupt Avro body") for r in reasons)
     assert any("missing C3 01 marker" in r for r in reasons)
-    letters = [codec.decode(m.value())[1] for m in dead]
+    letters = [single_object.decode(m.value())[1] for m in dead]
     assert {bytes(d["value"]) for d in letters} == set(bad)
     assert all(d["source_topic"] == "cpu.stacks" and d["stage"] == "symbolize" for d in letters)

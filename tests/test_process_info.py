@@ -19,8 +19,9 @@ from producers.process_info import (
     parse_maps,
     process_info,
 )
-from schemas.codec import decode, u64_to_long
-from schemas.fast_codec import encode_cpu_batch
+from schemas.cpu_batch_writer import encode_cpu_batch
+from schemas.single_object import decode
+from schemas.wire import u64_to_long
 
 DOCKER_ID = "3f2b" + "a" * 60
 

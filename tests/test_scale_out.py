@@ -24,7 +24,7 @@ from confluent_kafka.admin import AdminClient
 
 from processors.alerts import alert_id
 from processors.sink import SINK_INPUTS
-from schemas import codec, topics
+from schemas import single_object, topics
 from tests.conftest import free_ports
 from tests.pipeline_helpers import (
     build_id_for,
@@ -283,7 +283,7 @@ def test_alerters_share_gpus_through_a_join_and_a_kill_and_each_drop_alerts_exac
     def alerts() -> list[dict]:
         found = read_topic(kafka_bootstrap, topics.ALERTS.name, lambda m: m.key().decode().startswith(f"al-{run}-"),
                            2 * len(nodes) + 1, timeout=3)
-        return [codec.decode(m.value(), expect="Alert")[1] for m in found]
+        return [single_object.decode(m.value(), expect="Alert")[1] for m in found]
 
     every = {(metrics_topic, p) for p in range(topics.GPU_METRICS.partitions)}
     with Fleet(kafka_bootstrap, "alerts", tmp_path, batch_size=20) as fleet:

@@ -157,7 +157,8 @@ def test_default_addresses_are_loopback(monkeypatch):
 
 
 def test_the_api_and_the_ui_serve_on_loopback_by_default(store):
-    from fleetprof.api import serve_api, serve_app
+    from fleetprof.api import serve_api
+    from fleetprof.app_server import serve_app
     from fleetprof.query_client import StoreTarget
     from fleetprof.webui.routes import ui_app
 
@@ -167,7 +168,7 @@ def test_the_api_and_the_ui_serve_on_loopback_by_default(store):
         assert httpx.get(f"http://127.0.0.1:{api.port}/healthz", timeout=10).status_code == 200
     finally:
         api.stop()
-    from fleetprof.api import parse_address
+    from fleetprof.addresses import parse_address
     from fleetprof.commands.ui import DEFAULT_LISTEN
 
     host, _ = parse_address(DEFAULT_LISTEN)

@@ -8,8 +8,8 @@ import numpy as np
 from processors.symbol_tables import table_from_chunks
 from producers.elf_symbols import ElfSymbols, symbol_chunks
 from producers.kallsyms import KernelSymbols, kernel_symbol_chunks
-from schemas.codec import encode
-from schemas.fast_codec import DEFAULT_MAX_BYTES
+from schemas.single_object import encode
+from schemas.wire import DEFAULT_MAX_BYTES
 
 
 def _rust_like(count: int, name_len: int) -> ElfSymbols:

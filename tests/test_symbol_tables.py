@@ -3,7 +3,7 @@
 import numpy as np
 
 from processors.symbol_tables import SymbolTables, as_u64, table_from_chunks
-from schemas.codec import u64_to_long
+from schemas.wire import u64_to_long
 
 
 def chunk(build_id="b", index=0, count=1, addrs=(), sizes=(), names=(), segments=()):

@@ -6,9 +6,10 @@ from __future__ import annotations
 from processors.stack_ids import frame_id
 from processors.symbol_tables import SymbolTables
 from processors.symbolize import FrameMemo, SymbolizeStats, symbolize_batch
-from schemas import codec
-from schemas.codec import u64_to_long
-from schemas.fast_codec import PackedStacks
+from schemas import single_object
+from schemas.cpu_batch_reader import decode_columnar
+from schemas.packed_stacks import PackedStacks
+from schemas.wire import u64_to_long
 from simulate.synthetic_binaries import KERNEL_BUILD_ID
 from simulate.synthetic_fleet import FREQUENCY_HZ, SyntheticFleet
 
@@ -50,7 +51,7 @@ def _symbolize(batch: dict, tables: SymbolTables, memo: FrameMemo | None = None,
     memo_cols, stats_cols = FrameMemo(), SymbolizeStats()
     stats = stats if stats is not None else SymbolizeStats()
     out = symbolize_batch(batch, tables.get, memo if memo is not None else FrameMemo(), stats)
-    _, cols = codec.decode(codec.encode("CpuStackBatch", batch), columnar=True)
+    _, cols = decode_columnar(single_object.encode("CpuStackBatch", batch))
     assert all(isinstance(p["stacks"], PackedStacks) for p in cols["processes"])
     assert symbolize_batch(cols, tables.get, memo_cols, stats_cols) == out
     assert vars(stats_cols) == vars(stats)
@@ -117,7 +118,6 @@ def test_ids_are_stable_across_memos():
 
 def test_large_outputs_split_by_samples_and_keep_every_count():
     from processors.symbolize import estimated_bytes, split_samples
-    from schemas import codec
 
     base = 0x7F0000000000
     stacks = [{"tid": i, "user_addrs": [base + 0x410 + (i % 8), base + 0x110, base + 0x10 + i % 3],
@@ -129,7 +129,7 @@ def test_large_outputs_split_by_samples_and_keep_every_count():
     assert len(parts) > 5
     assert sum(s["count"] for p in parts for s in p["samples"]) == sum(s["count"] for s in rec["samples"])
     for part in parts:
-        assert len(codec.encode("CpuSamples", part)) <= max(estimated_bytes(part), 400) + 64
+        assert len(single_object.encode("CpuSamples", part)) <= max(estimated_bytes(part), 400) + 64
         ids = {s["stack_id"] for s in part["samples"]}
         assert {s["stack_id"] for s in part["stacks"]} == ids
         assert {f["frame_id"] for f in part["frames"]} == {i for s in part["stacks"] for i in s["frame_ids"]}

@@ -13,17 +13,17 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from schemas.codec import decode, encode, long_to_u64
-from schemas.fast_codec import (
-    DEFAULT_MAX_BYTES,
-    PackedStacks,
+from schemas.cpu_batch_writer import (
     encode_cpu_batch,
     encode_cpu_batches,
     long_bytes,
     split_cpu_batch,
     varints,
 )
-from simulate.synthetic_binaries import KERNEL_BINARY, KERNEL_BUILD_ID, PAGE, mangle
+from schemas.packed_stacks import PackedStacks
+from schemas.single_object import decode, encode
+from schemas.wire import DEFAULT_MAX_BYTES, KERNEL_BINARY, long_to_u64
+from simulate.synthetic_binaries import KERNEL_BUILD_ID, PAGE, mangle
 from simulate.synthetic_fleet import FREQUENCY_HZ, SyntheticFleet
 from simulate.synthetic_workload import GPU_KERNELS, GPU_NAME
 

@@ -26,6 +26,7 @@ from producers.outbox_encoder import OutboxEncoder
 from producers.process_info import ProcessCache, ProcessFilter
 from producers.publisher import Publisher
 from schemas import topics
+from schemas.wire import hex_u64
 
 EXIT_WAIT_S = 10.0  # at exit, how long to wait for a Kafka that is away before counting what is held as dropped
 FLUSH_S = 60.0  # at exit, how long Kafka may take to acknowledge what is held
@@ -222,12 +223,8 @@ def _summary(options: CollectorOptions, report: AgentReport, outbox: Outbox, enc
 # --- the dry run ------------------------------------------------------------------------------------------------
 
 
-def _hex(v: int) -> str:
-    return f"0x{v & 0xFFFFFFFFFFFFFFFF:x}"
-
-
 def _hex_mappings(mappings: list[dict]) -> list[dict]:
-    return [{**m, "start": _hex(m["start"]), "limit": _hex(m["limit"]), "file_offset": _hex(m["file_offset"])}
+    return [{**m, "start": hex_u64(m["start"]), "limit": hex_u64(m["limit"]), "file_offset": hex_u64(m["file_offset"])}
             for m in mappings]
 
 
@@ -243,7 +240,7 @@ class DryRunOutlet:
 
     def put(self, records: Records) -> None:
         (self.cpu if records.kind == "cpu" else self.gpu).extend(
-            {**r, "user_addrs": [_hex(a) for a in r["user_addrs"]], "mappings": _hex_mappings(r["mappings"])}
+            {**r, "user_addrs": [hex_u64(a) for a in r["user_addrs"]], "mappings": _hex_mappings(r["mappings"])}
             if records.kind == "gpu_launches" else r for r in records.records)
 
     def pump(self) -> None:
@@ -257,8 +254,8 @@ class DryRunOutlet:
                 total += sum(s["count"] for s in proc["stacks"])
                 line = {**batch, "processes": [{
                     **proc, "mappings": _hex_mappings(proc["mappings"]),
-                    "stacks": [{**s, "user_addrs": [_hex(a) for a in s["user_addrs"]],
-                                "kernel_addrs": [_hex(a) for a in s["kernel_addrs"]]} for s in proc["stacks"]]}]}
+                    "stacks": [{**s, "user_addrs": [hex_u64(a) for a in s["user_addrs"]],
+                                "kernel_addrs": [hex_u64(a) for a in s["kernel_addrs"]]} for s in proc["stacks"]]}]}
                 sys.stdout.write(json.dumps(line, separators=(",", ":")) + "\n")
         for rec in self.gpu:
             sys.stdout.write(json.dumps(rec, separators=(",", ":")) + "\n")

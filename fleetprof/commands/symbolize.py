@@ -13,8 +13,7 @@ import numpy as np
 from processors.debuginfod import DebuginfodClient
 from processors.symbol_tables import SymbolTable, table_from_chunks
 from producers.elf_symbols import ElfError, ElfSymbols, read_elf_symbols, symbol_chunks
-
-_U64_MAX = (1 << 64) - 1
+from schemas.wire import U64_MAX
 
 
 def parse_address(text: str) -> int:
@@ -24,7 +23,7 @@ def parse_address(text: str) -> int:
     if not digits or any(c not in "0123456789abcdef" for c in digits):
         raise ValueError(f"not a hex address: {text!r}")
     value = int(digits, 16)
-    if value > _U64_MAX:
+    if value > U64_MAX:
         raise ValueError(f"address does not fit in 64 bits: {text!r}")
     return value
 

@@ -12,7 +12,8 @@ import webbrowser
 
 import click
 
-from fleetprof.api import ApiServer, is_loopback, parse_address, serve_app
+from fleetprof.addresses import is_loopback, parse_address
+from fleetprof.app_server import AppServer, serve_app
 from fleetprof.query_client import QueryError, query_target
 from fleetprof.settings import Settings
 
@@ -52,7 +53,7 @@ def ui(settings: Settings, listen: str, open_browser: bool) -> None:
         target.close()
 
 
-def _serve_until_stopped(server: ApiServer, where: str, open_browser: bool) -> None:
+def _serve_until_stopped(server: AppServer, where: str, open_browser: bool) -> None:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -12,8 +12,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from schemas import codec  # noqa: E402
-from schemas.fast_codec import long_bytes  # noqa: E402
+from schemas import single_object  # noqa: E402
+from schemas.cpu_batch_writer import long_bytes  # noqa: E402
 from tests.fuzz.targets import CORPUS, STAGE_SEPARATOR  # noqa: E402
 
 MAPPING = {"start": 0x7F0000000000, "limit": 0x7F0000100000, "file_offset": 4096, "path": "/usr/lib/libc.so.6",
@@ -66,20 +66,20 @@ def _write(target: str, name: str, data: bytes) -> None:
 
 
 def avro_seeds() -> None:
-    reg = codec.default_registry()
+    reg = single_object.default_registry()
     names = reg.names()
     for schema, rec in RECORDS.items():
-        full = codec.encode(schema, rec)
-        body = full[codec.HEADER_LEN:]
+        full = single_object.encode(schema, rec)
+        body = full[single_object.HEADER_LEN:]
         index = bytes([names.index(f"fleetprof.{schema}")])
         _write("avro", f"{schema}.bin", index + body)
         _write("avro", f"{schema}-truncated.bin", index + body[: len(body) // 2])
         _write("decode_message", f"{schema}.bin", full)
         _write("decode_message", f"{schema}-wrong-fingerprint.bin", full[:2] + bytes(8) + full[10:])
         _write("decode_message", f"{schema}-trailing.bin", full + b"\x00")
-    _write("decode_message", "huge-string-length.bin", codec.encode("GpuKernel", RECORDS["GpuKernel"])[:10]
+    _write("decode_message", "huge-string-length.bin", single_object.encode("GpuKernel", RECORDS["GpuKernel"])[:10]
            + long_bytes(2**62) + b"n1")
-    batch = codec.encode("CpuStackBatch", RECORDS["CpuStackBatch"])[codec.HEADER_LEN:]
+    batch = single_object.encode("CpuStackBatch", RECORDS["CpuStackBatch"])[single_object.HEADER_LEN:]
     _write("columnar", "batch.bin", batch)
     _write("columnar", "negative-count.bin", b"\x02n1" + long_bytes(1) + long_bytes(2) + long_bytes(3) + b"\x00\x00"
            + long_bytes(-1) + long_bytes(2**40))
@@ -88,7 +88,7 @@ def avro_seeds() -> None:
 
 def stage_seeds() -> None:
     def body(schema: str, rec: dict, topic_index: int) -> bytes:
-        return bytes([topic_index]) + codec.encode(schema, rec)[codec.HEADER_LEN:]
+        return bytes([topic_index]) + single_object.encode(schema, rec)[single_object.HEADER_LEN:]
 
     launch, kernel = RECORDS["GpuLaunch"], RECORDS["GpuKernel"]
     low = {**RECORDS["GpuMetrics"], "time_ns": 10**18 + 10**9,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from schemas import codec
+from schemas import single_object
 
 INT_EDGES = [0, 1, -1, 2, 255, 256, 65535, 65536, 2**31 - 1, -(2**31)]
 LONG_EDGES = INT_EDGES + [2**32, 2**32 - 1, 2**62, 2**63 - 1, -(2**63), -(2**63) + 1,
@@ -69,7 +69,7 @@ def for_schema(schema: object, named: dict | None = None, big: bool = False, max
 
 def record_of(name: str, big: bool = False, max_items: int = 4) -> st.SearchStrategy[dict]:
     """Hostile but decodable records of the newest version of schema `name`."""
-    return for_schema(codec.default_registry().latest(name).parsed, big=big, max_items=max_items)
+    return for_schema(single_object.default_registry().latest(name).parsed, big=big, max_items=max_items)
 
 
 def mutate(data: bytes, edits: list[tuple[int, int, str]]) -> bytes:

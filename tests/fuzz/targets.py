@@ -21,9 +21,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from processors.messages import Message, Produced, decode_message
-from schemas import codec, topics
-from schemas.columnar_decode import CPU_BATCH_V1_FINGERPRINT, decode_cpu_batch_columnar
-from schemas.fast_codec import PackedStacks
+from schemas import single_object, topics
+from schemas.cpu_batch_layout import LAYOUT
+from schemas.cpu_batch_reader import decode_cpu_batch_columnar
+from schemas.packed_stacks import PackedStacks
 
 CORPUS = Path(__file__).parent / "corpus"
 STEP_LIMIT_S = 20.0  # far above any normal call: reaching it means a hang or a blow-up
@@ -85,26 +86,27 @@ def one_line(reason: str) -> None:
 # ---- decoders -------------------------------------------------------------------------------------------------
 
 def check_decode(data: bytes) -> tuple[str, dict] | None:
-    """codec.decode: a record that encodes again and decodes to itself, or DecodeError."""
+    """single_object.decode: a record that encodes again and decodes to itself, or DecodeError."""
     try:
-        name, record = codec.decode(data)
-    except codec.DecodeError as exc:
+        name, record = single_object.decode(data)
+    except single_object.DecodeError as exc:
         one_line(str(exc))
         return None
-    again = codec.encode(name, record)
-    assert codec.encode(*codec.decode(again)) == again  # bytes, not records: a NaN is not equal to itself
+    again = single_object.encode(name, record)
+    # bytes, not records: a NaN is not equal to itself
+    assert single_object.encode(*single_object.decode(again)) == again
     return name, record
 
 
 def check_columnar(data: bytes) -> None:
-    """The columnar CpuStackBatch decoder agrees with codec.decode or refuses with DecodeError."""
+    """The columnar CpuStackBatch decoder agrees with single_object.decode or refuses with DecodeError."""
     try:
         rec = decode_cpu_batch_columnar(data)
-    except codec.DecodeError as exc:
+    except single_object.DecodeError as exc:
         one_line(str(exc))
         return
     rec = {**rec, "processes": [{**p, "stacks": p["stacks"].records()} for p in rec["processes"]]}
-    assert rec == codec.decode(data)[1], "the columnar decoder read what fastavro reads otherwise"
+    assert rec == single_object.decode(data)[1], "the columnar decoder read what fastavro reads otherwise"
 
 
 def check_decode_message(data: bytes, topic: str = "cpu.stacks", columnar: bool = True) -> Message | Produced:
@@ -115,7 +117,7 @@ def check_decode_message(data: bytes, topic: str = "cpu.stacks", columnar: bool 
         assert item.topic == "deadletter"
         one_line(item.record["reason"])
         assert item.record["value"] == data
-        codec.encode(item.schema, item.record)
+        single_object.encode(item.schema, item.record)
     else:
         assert item.topic == topic and item.name == f"fleetprof.{expect[topic]}"
         if columnar and item.name == "fleetprof.CpuStackBatch":
@@ -125,20 +127,20 @@ def check_decode_message(data: bytes, topic: str = "cpu.stacks", columnar: bool 
 
 def with_header(schema: str, body: bytes) -> bytes:
     """A message body behind the single-object header of the newest version of `schema`."""
-    return codec.MARKER + codec.default_registry().latest(schema).fingerprint + body
+    return single_object.MARKER + single_object.default_registry().latest(schema).fingerprint + body
 
 
 def check_avro_body(data: bytes) -> None:
     """The first byte picks a schema; the rest is its body: the mutations land in the body, past the header."""
     if not data:
         return
-    names = codec.default_registry().names()
+    names = single_object.default_registry().names()
     name = names[data[0] % len(names)]
     message = with_header(name, data[1:])
     check_decode(message)
     check_decode_message(message, topic=next((t.name for t in topics.ALL if f"fleetprof.{t.schema}" == name),
                                              "cpu.stacks"))
-    if codec.default_registry().latest(name).fingerprint == CPU_BATCH_V1_FINGERPRINT:
+    if single_object.default_registry().latest(name) is LAYOUT.schema:
         check_columnar(message)
 
 
@@ -164,7 +166,7 @@ def check_elf(data: bytes, directory: str | None = None) -> None:
             assert all(syms.addrs[1:] > syms.addrs[:-1]), "addresses sorted and unique"
             chunks = symbol_chunks(syms)
             for c in chunks:
-                codec.encode("SymbolChunk", c)
+                single_object.encode("SymbolChunk", c)
             assert len(table_from_chunks(chunks)) == len(syms)
         try:
             build_id = read_build_id(path)
@@ -186,7 +188,7 @@ def check_perf_map(data: bytes) -> None:
     assert all("\n" not in n and n == n.strip(" \t\r") and n for n in found.names)
     assert is_perf_map_id(found.build_id) and found.build_id == parse_perf_map(data, max_entries=10_000).build_id
     for c in perf_map_chunks(found):
-        codec.encode("SymbolChunk", c)
+        single_object.encode("SymbolChunk", c)
 
 
 def check_kallsyms(data: bytes) -> None:
@@ -196,7 +198,7 @@ def check_kallsyms(data: bytes) -> None:
     addrs, names, hidden = parse_kallsyms(data.decode("utf-8", "replace"))
     assert addrs == sorted(set(addrs)) and len(addrs) == len(names) and hidden >= 0
     for c in kernel_symbol_chunks(KernelSymbols("kernel-fuzz", addrs, names, hidden)):
-        codec.encode("SymbolChunk", c)
+        single_object.encode("SymbolChunk", c)
 
 
 def check_demangle(data: bytes) -> None:
@@ -332,7 +334,7 @@ def as_messages(topic: str, records: list[dict], columnar: bool = False) -> list
     schema = topics.BY_NAME[topic].schema
     out = []
     for i, rec in enumerate(records):
-        item = decode_message("fuzz", Raw(codec.encode(schema, rec), topic, offset=i), {topic: schema}, 1 << 30,
+        item = decode_message("fuzz", Raw(single_object.encode(schema, rec), topic, offset=i), {topic: schema}, 1 << 30,
                               columnar=columnar)
         assert isinstance(item, Message), item.record["reason"]
         out.append(item)

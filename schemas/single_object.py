@@ -1,7 +1,9 @@
-"""The one Avro codec: single-object encoding (C3 01 + CRC-64-AVRO fingerprint, little endian) over fastavro.
+"""Avro single-object encoding of any fleetprof record: the marker C3 01, the CRC-64-AVRO fingerprint of the writer
+schema (little endian), then the Avro body, written and read with fastavro.
 
 A reader resolves the writer schema by its fingerprint and reads the record into the newest known version of the
-same record name, so schemas evolve without a registry server.
+same record name, so schemas evolve without a registry server. This module knows no record in particular: the fast
+paths for the hot messages (schemas/cpu_batch_writer.py, cpu_batch_reader.py, gpu_launch_writer.py) build on it.
 """
 
 from __future__ import annotations
@@ -20,8 +22,6 @@ from fastavro.schema import fingerprint, to_parsing_canonical_form
 MARKER = b"\xc3\x01"
 HEADER_LEN = len(MARKER) + 8
 SCHEMA_DIR = Path(__file__).resolve().parent
-_U64 = 1 << 64
-_S64_MAX = (1 << 63) - 1
 
 
 class DecodeError(ValueError):
@@ -142,11 +142,15 @@ def default_registry() -> SchemaRegistry:
 def encode(name: str, record: dict, registry: SchemaRegistry | None = None, version: int | None = None) -> bytes:
     """Encode `record` with the newest (or the given) version of schema `name`."""
     reg = registry or default_registry()
-    sv = reg.latest(name) if version is None else reg.version(name, version)
+    return encode_as(reg.latest(name) if version is None else reg.version(name, version), record)
+
+
+def encode_as(schema: SchemaVersion, record: dict) -> bytes:
+    """Encode `record` with the given schema version."""
     buf = io.BytesIO()
     buf.write(MARKER)
-    buf.write(sv.fingerprint)
-    fastavro.schemaless_writer(buf, sv.parsed, record)
+    buf.write(schema.fingerprint)
+    fastavro.schemaless_writer(buf, schema.parsed, record)
     return buf.getvalue()
 
 
@@ -161,25 +165,21 @@ def writer_of(data: bytes, registry: SchemaRegistry | None = None) -> SchemaVers
     return sv
 
 
-def decode(data: bytes, expect: str | None = None, registry: SchemaRegistry | None = None, *,
-           columnar: bool = False) -> tuple[str, dict]:
-    """Decode one message into (record name, record) read with the newest version of its schema.
-
-    columnar: a CpuStackBatch v1 read as v1 comes back with each process's stacks as a `PackedStacks`
-    (schemas/fast_codec.py, vectorized); every other message is read as usual.
-    """
+def writer_and_reader(data: bytes, expect: str | None = None,
+                      registry: SchemaRegistry | None = None) -> tuple[SchemaVersion, SchemaVersion]:
+    """The writer schema of an encoded message and the schema it is read with (the newest of its record name), or
+    DecodeError saying why not. expect: the record name the message must have."""
     reg = registry or default_registry()
     writer = writer_of(data, reg)
-    reader = reg.latest(writer.name)
     if expect is not None:
         want = expect if "." in expect else f"fleetprof.{expect}"
         if writer.name != want:
             raise DecodeError(f"expected {want}, got {writer.name}")
-    if columnar and writer is reader:  # a newer reader version would add or drop fields: fastavro resolves those
-        from schemas import columnar_decode  # imported here: it imports this module
+    return writer, reg.latest(writer.name)
 
-        if writer.fingerprint == columnar_decode.CPU_BATCH_V1_FINGERPRINT:
-            return writer.name, columnar_decode.decode_cpu_batch_columnar(data)
+
+def read_body(data: bytes, writer: SchemaVersion, reader: SchemaVersion) -> dict:
+    """The record after the header of `data`, written with `writer`, read as `reader`; or DecodeError."""
     buf = io.BytesIO(data)
     buf.seek(HEADER_LEN)
     try:
@@ -190,13 +190,11 @@ def decode(data: bytes, expect: str | None = None, registry: SchemaRegistry | No
         raise DecodeError(f"{len(data) - buf.tell()} trailing bytes after {writer.name} record")
     if reader.ints_fit is not None and not reader.ints_fit(record):
         raise DecodeError(f"an int field of {writer.name} holds a value outside 32 bits")
-    return writer.name, record
+    return record
 
 
-def u64_to_long(value: int) -> int:
-    """An unsigned 64-bit address as the Avro long with the same bits."""
-    return value - _U64 if value > _S64_MAX else value
-
-
-def long_to_u64(value: int) -> int:
-    return value + _U64 if value < 0 else value
+def decode(data: bytes, expect: str | None = None, registry: SchemaRegistry | None = None) -> tuple[str, dict]:
+    """Decode one message into (record name, record) read with the newest version of its schema. For CPU stack
+    batches with their stacks left columnar, see schemas/cpu_batch_reader.py."""
+    writer, reader = writer_and_reader(data, expect, registry)
+    return writer.name, read_body(data, writer, reader)

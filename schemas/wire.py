@@ -1,0 +1,47 @@
+"""Facts of the wire that every stage shares, said once: 64-bit values in Avro's signed longs and ints, how large a
+message may be, and the names of the pseudo-binaries frames are attributed to."""
+
+from __future__ import annotations
+
+# --- 64-bit values in Avro longs -----------------------------------------------------------------------------------
+
+U64 = 1 << 64
+U64_MAX = U64 - 1
+LONG_MIN, LONG_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def u64_to_long(value: int) -> int:
+    """An unsigned 64-bit value (an address: kernel ones are above 2**63) as the Avro long with the same bits."""
+    return value - U64 if value > LONG_MAX else value
+
+
+def u64_to_longs(values: list[int]) -> list[int]:
+    return [v - U64 if v > LONG_MAX else v for v in values]
+
+
+def long_to_u64(value: int) -> int:
+    """The unsigned 64-bit value an Avro long carries."""
+    return value + U64 if value < 0 else value
+
+
+def u32_to_int(value: int) -> int:
+    """An unsigned 32-bit value (a device or stream id from the probes) as the Avro int with the same bits."""
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def hex_u64(value: int) -> str:
+    """An address as people read it: unsigned hex, whatever the sign of the long that carried it."""
+    return f"0x{value & U64_MAX:x}"
+
+
+# --- message sizes -------------------------------------------------------------------------------------------------
+
+MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's default message.max.bytes (brokers take 1 MiB by default)
+DEFAULT_MAX_BYTES = 900 * 1024  # what a producer puts in one message: under the limit with room for the framing
+STAGE_OUTPUT_MAX_BYTES = 600 * 1024  # a processor's output before encoding (symbolized names make it grow)
+
+# --- pseudo-binaries -----------------------------------------------------------------------------------------------
+
+KERNEL_BINARY = "[kernel.kallsyms]"  # kernel frames, named as perf names them
+JIT_BINARY = "[jit]"  # code a perf map names (JIT compilers, CPython's -X perf)
+UNKNOWN_BINARY = "[unknown]"  # a frame in no known mapping
