@@ -26,6 +26,7 @@ from producers.agent import EXIT_NOTHING_TO_COLLECT
 log = logging.getLogger("fleetprof.up")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+START_RETRIES = 2  # a child that exits while the pipeline starts is started again this often before up gives up
 
 
 class PartFailed(RuntimeError):
@@ -197,7 +198,11 @@ class LocalPipeline:
                     if on_ready is not None:
                         on_ready(child)
                 elif state != "starting":
-                    raise PartFailed(f"{child.what or child.name} did not start: {state}")
+                    if child.restarts >= START_RETRIES:
+                        raise PartFailed(f"{child.what or child.name} did not start: {state}")
+                    log.warning("%s %s; starting it again", child.what or child.name, state)
+                    child.restarts += 1
+                    self._spawn(child)
             if self.failure:
                 raise PartFailed(self.failure)
             if pending and time.monotonic() > deadline:

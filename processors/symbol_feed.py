@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
 from processors.runner import client_config
 from processors.symbol_tables import BadChunk, SymbolTables
@@ -48,8 +48,7 @@ class SymbolFeed:
         if not force and now - self._last_catch_up < self.min_interval:
             return 0
         self._last_catch_up = now
-        ends = {tp.partition: self.consumer.get_watermark_offsets(tp, timeout=timeout)[1]
-                for tp in self.partitions}
+        ends = {tp.partition: self._end_offset(tp, now + timeout) for tp in self.partitions}
         positions = {tp.partition: tp.offset for tp in self.consumer.position(self.partitions)}
         pending = {p for p, end in ends.items() if max(positions.get(p, 0), 0) < end}
         read = 0
@@ -67,6 +66,16 @@ class SymbolFeed:
                     pending.discard(tp.partition)
         self.chunks_read += read
         return read
+
+    def _end_offset(self, tp: TopicPartition, deadline: float) -> int:
+        """The partition's high watermark, asked again while its leader is not known yet (a topic just created)."""
+        while True:
+            try:
+                return self.consumer.get_watermark_offsets(tp, timeout=max(0.1, deadline - time.monotonic()))[1]
+            except KafkaException as exc:
+                if not exc.args[0].retriable() or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.1)
 
     def _take(self, value: bytes | None, partition: int, offset: int) -> dict | None:
         if value is None:  # a tombstone: compaction removed that chunk on purpose

@@ -133,23 +133,19 @@ def test_up_starts_the_registry_stages(kafka_bootstrap, store, chdb_dir):
     pipeline.store = store
     try:
         pipeline.start_processors()
-        assert [(c.stage, c.index, c.log_path.name) for c in pipeline.children] == [
+        assert [(c.name, c.index, c.log_path.name) for c in pipeline.children] == [
             ("symbolize", 0, "symbolize-0.log"), ("symbolize", 1, "symbolize-1.log"),
             ("correlate", 0, "correlate-0.log"), ("alerts", 0, "alerts-0.log")]
         assert [c.env["FLEETPROF_ALERT_BELOW"] if c.env else None for c in pipeline.children] == \
             [None, None, None, "12.5"]
         assert pipeline.sink.store is store and pipeline.sink_thread.name == "sink"
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and not all(
-                f'"msg": "starting stage {c.stage} against {kafka_bootstrap}"' in c.log_path.read_text()
-                for c in pipeline.children):
-            assert all(c.proc.poll() is None for c in pipeline.children), [c.log_path.read_text()
-                                                                             for c in pipeline.children]
-            time.sleep(0.5)
+        pipeline.wait_ready(90)  # each child's "stage NAME running" line
+        assert all(f'"msg": "stage {c.name} running"' in c.log_path.read_text() for c in pipeline.children)
+        assert all(c.proc.poll() is None and c.restarts == 0 for c in pipeline.children)
         assert pipeline.sink_thread.is_alive()
     finally:
         pipeline.store = None  # the fixture's: it closes it
         pipeline.stop()
     for child in pipeline.children:
         assert child.proc.returncode == 0, child.log_path.read_text()
-        assert f'"msg": "stage {child.stage} stopped"' in child.log_path.read_text()
+        assert f'"msg": "stage {child.name} stopped"' in child.log_path.read_text()
