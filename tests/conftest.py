@@ -180,7 +180,7 @@ def procs(tmp_path) -> Iterator[object]:
         e.close()
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def bpf_ok() -> None:
     """Skips (fails on CI) unless BPF programs can load here."""
     from producers.cpu_sampler import BpfUnavailable, check_bpf

@@ -20,7 +20,6 @@ from processors.alert_webhook import AlertWebhook, webhook_thread
 from processors.alerts import SECOND_NS, AlertConfig
 from processors.alerts_stage import build_alerts
 from processors.runner import TopicRunner
-from producers.cpu_sampler import BpfUnavailable, check_bpf
 from simulate.gpu_demo import PERF_PYTHON
 from simulate.nvml import Segment, SimDevice, SimProcess, sim_env, write_scenario
 from tests.elf_helpers import unavailable
@@ -48,15 +47,7 @@ data_loader()
 """
 
 
-@pytest.fixture
-def bpf() -> None:
-    try:
-        check_bpf()
-    except BpfUnavailable as exc:
-        unavailable(f"BPF unavailable: {exc}")
-
-
-def test_a_simulated_drop_reaches_the_webhook_with_cpu_evidence_within_15_s(bpf, kafka_bootstrap, store,
+def test_a_simulated_drop_reaches_the_webhook_with_cpu_evidence_within_15_s(bpf_ok, kafka_bootstrap, store,
                                                                             tmp_path: Path) -> None:
     if not PERF_PYTHON.exists():
         unavailable(f"no CPython with -X perf at {PERF_PYTHON} (bash infra/setup.sh builds it): Python frames "

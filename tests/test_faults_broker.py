@@ -22,9 +22,8 @@ from confluent_kafka import Consumer, TopicPartition
 
 from fleetprof.broker import LocalBroker
 from processors.runner import EXIT_STUCK
-from producers.cpu_sampler import BpfUnavailable, check_bpf
 from schemas import single_object, topics
-from tests.elf_helpers import need, unavailable
+from tests.elf_helpers import need
 from tests.pipeline_helpers import Running, sink, wait_for
 from tests.test_agent_outage import Agent, broker  # noqa: F401 - the module's own broker (a fixture)
 from tests.test_cpu_sampler import WORKLOAD_C
@@ -34,15 +33,7 @@ BROKER_RESTARTS = 2  # each costs ~15-20 s here (the broker's JVM start, mostly)
 
 
 @pytest.fixture(scope="module")
-def bpf() -> None:
-    try:
-        check_bpf()
-    except BpfUnavailable as exc:
-        unavailable(f"BPF unavailable: {exc}")
-
-
-@pytest.fixture(scope="module")
-def long_workload_binary(bpf, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def long_workload_binary(bpf_ok, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tests/test_cpu_sampler.py's C workload, alive for 4 minutes instead of 30 s: these tests run agents longer."""
     need("gcc")
     assert "alarm(30);" in WORKLOAD_C

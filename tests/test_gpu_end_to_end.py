@@ -16,12 +16,9 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-import pytest
-
 from processors.correlate_stage import build_correlate
 from processors.demangle import demangle
 from processors.runner import TopicRunner
-from producers.cpu_sampler import BpfUnavailable, check_bpf
 from simulate.gpu_demo import PERF_PYTHON
 from simulate.nvml import Segment, SimDevice, SimProcess, sim_env, write_scenario
 from tests.elf_helpers import unavailable
@@ -45,15 +42,7 @@ def _correlator(bootstrap: str, group: str) -> Running:
     return Running(TopicRunner(build_correlate(kafka), kafka, group=group, poll_timeout=0.2), stop)
 
 
-@pytest.fixture
-def bpf() -> None:
-    try:
-        check_bpf()
-    except BpfUnavailable as exc:
-        unavailable(f"BPF unavailable: {exc}")
-
-
-def test_simulated_gpu_node_end_to_end(bpf, kafka_bootstrap, store, tmp_path: Path) -> None:
+def test_simulated_gpu_node_end_to_end(bpf_ok, kafka_bootstrap, store, tmp_path: Path) -> None:
     if not PERF_PYTHON.exists():
         unavailable(f"no CPython with -X perf at {PERF_PYTHON} (bash infra/setup.sh builds it): Python launch paths "
                     "cannot show")
