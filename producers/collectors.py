@@ -44,20 +44,26 @@ class OpenedCollectors:
 
 
 def open_collectors(options: CollectorOptions, processes: ProcessCache) -> OpenedCollectors:
-    """Start what can run here: CPU stacks, then CUDA kernels, then NVML."""
+    """Start what can run here: CPU stacks, then CUDA kernels, then NVML; one warning line for each that cannot."""
     found = OpenedCollectors()
-    bpf = True
     try:
         sampler = CpuSampler(options.frequency_hz, options.pid, options.count_entries, options.stack_entries)
         sampler.start()
         found.collectors.append(CpuCollector(sampler, processes, options.node, options.keep, options.kernel_build_id))
     except BpfUnavailable as exc:
-        bpf = False
-        found.notes.append(f"CPU sampling off: BPF unavailable: {exc}")
-    if not options.gpu:
-        for note in found.notes:
-            log.warning("%s", note)
-        return found
+        _off(found, f"CPU sampling off: BPF unavailable: {exc}")
+    if options.gpu:
+        _open_gpu(found, options, processes, bpf=bool(found.collectors))
+    return found
+
+
+def _off(found: OpenedCollectors, note: str, said: bool = False) -> None:
+    found.notes.append(note)
+    if not said:
+        log.warning("%s", note)
+
+
+def _open_gpu(found: OpenedCollectors, options: CollectorOptions, processes: ProcessCache, bpf: bool) -> None:
     if bpf:
         from producers.gpu_probes import GpuProbeCollector
 
@@ -66,20 +72,16 @@ def open_collectors(options: CollectorOptions, processes: ProcessCache) -> Opene
             probes.start()
             found.collectors.append(probes)
         except BpfUnavailable as exc:
-            found.notes.append(f"CUDA kernel timing off: {exc}")
+            _off(found, f"CUDA kernel timing off: {exc}")
     else:
-        found.notes.append("CUDA kernel timing off: it needs BPF too")
+        _off(found, "CUDA kernel timing off: it needs BPF too")
     try:
         from producers.nvml_collector import NvmlCollector
     except ImportError as exc:  # nvidia-ml-py missing from this install
-        found.notes.append(f"GPU metrics off: {exc}")
+        _off(found, f"GPU metrics off: {exc}")
+        return
+    nvml = NvmlCollector(options.node, period_s=options.nvml_period_s)
+    if nvml.open():
+        found.collectors.append(nvml)
     else:
-        nvml = NvmlCollector(options.node, period_s=options.nvml_period_s)
-        if nvml.open():
-            found.collectors.append(nvml)
-        else:
-            found.notes.append(f"GPU metrics off: {nvml.reason}")  # the collector said so itself
-            return found
-    for note in found.notes:
-        log.warning("%s", note)
-    return found
+        _off(found, f"GPU metrics off: {nvml.reason}", said=True)  # the collector said why itself
