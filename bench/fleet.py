@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 from bench.fleet_report import extrapolate, lag_summary, latency_summary, throughput  # noqa: E402
 from bench.local_ports import free_ports  # noqa: E402
 from fleetprof.broker import LocalBroker, create_topics  # noqa: E402
-from fleetprof.commands.loadgen import Duration  # noqa: E402
+from fleetprof.durations import Duration  # noqa: E402
 from schemas import topics  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")

@@ -36,9 +36,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from producers.cpu import ProcessCache  # noqa: E402
-from producers.gpu_probes import GpuProbeCollector, ProbeFinder  # noqa: E402
+from producers.gpu_probes import GpuProbeCollector  # noqa: E402
 from producers.native_build import NATIVE, PROBES_INCLUDE  # noqa: E402
+from producers.probe_finder import ProbeFinder  # noqa: E402
+from producers.process_info import ProcessCache  # noqa: E402
 
 # Every launcher answers "run N" with: wall ns and CPU ns (the whole process: the simulator's device thread too)
 # per launch, launches sampled, weight sum (of this round).

@@ -293,8 +293,8 @@ class NvmlCollector:
     def look(self) -> None:
         """Nothing to find: the devices are known from open()."""
 
-    def due_in(self) -> float:
-        return ((self._next_ns or 0) - time.time_ns()) / 1e9
+    def due_in(self) -> float | None:
+        return ((self._next_ns or 0) - time.time_ns()) / 1e9 if self._on else None
 
     def drain(self) -> list[Records]:
         record = self.poll(time.time_ns())

@@ -211,3 +211,29 @@ def test_tables_reach_kafka_before_the_records_that_need_them_through_an_outage(
     assert [m.value()[0] for m in got] == [0, 2, 3, 4]
     (table,) = read_topic(broker.bootstrap, tables.name, lambda m: True, want=1, timeout=30)
     assert table.timestamp()[1] <= got[1].timestamp()[1]  # the table was in Kafka before the records needing it
+
+
+def test_an_agent_started_before_its_topics_exist_waits_and_then_sends_everything(tmp_path) -> None:
+    """A DaemonSet agent often starts before the cluster is ready: it samples, holds, says so once, and sends it all
+    once the topics are there."""
+    port, controller_port = free_ports(2)
+    bare = LocalBroker(tmp_path / "bare-kafka", port=port, controller_port=controller_port)
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    agent = None
+    try:
+        bare.start()  # no topics yet
+        agent = Agent(bare.bootstrap, busy.pid, f"early-{uuid.uuid4().hex[:8]}", dict(os.environ), "--no-gpu")
+        agent.wait_for("lacks topic(s)", 120)
+        agent.wait_for("window 3:", 60)  # sampling goes on meanwhile
+        create_topics(bare.bootstrap)
+        agent.wait_for("is back", 60)
+        summary = agent.stop()
+    finally:
+        busy.kill()
+        busy.wait()
+        if agent is not None and agent.proc.poll() is None:
+            agent.proc.kill()
+        bare.stop()
+    assert summary["samples"] == summary["produced_samples"] > 0 and summary["dropped_samples"] == 0
+    assert summary["kafka"] == "ready" and summary["kafka_state_changes"] == 1
+    assert sum(1 for line in agent.lines if "lacks topic(s)" in line) == 1  # one line per change of state
