@@ -103,6 +103,7 @@ class Agent:
         self.on_window = on_window
         self.align = align
         self.report = AgentReport()
+        self._begun = False
 
     def _put(self, found: list[Records]) -> None:
         for records in found:
@@ -110,10 +111,17 @@ class Agent:
                 self.report.records[records.kind] = self.report.records.get(records.kind, 0) + len(records.records)
                 self.outbox.put(records)
 
+    def begin(self) -> None:
+        """Start counting in every collector (run() does it when not done yet): once this returns, the CPU sampler
+        counts for the first window and the GPU probes are attached to every object that has them."""
+        if not self._begun:
+            self._begun = True
+            for c in self.collectors:
+                c.begin()
+
     def run(self, stop: Event, once: bool = False) -> AgentReport:
         """Windows until `stop` is set (it ends the current window early; its records still go), or one."""
-        for c in self.collectors:
-            c.begin()
+        self.begin()
         while True:
             window = self._window(stop)
             self.report.windows += 1

@@ -62,10 +62,10 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
 class Agent:
     """`fleetprof agent` in a subprocess, its stderr lines collected as they come, its RSS sampled."""
 
-    def __init__(self, bootstrap: str, pid: int, node: str, env: dict, *extra: str) -> None:
+    def __init__(self, bootstrap: str, pid: int, node: str, *extra: str, env: dict | None = None) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "fleetprof", "agent", "--window", "1s", "--frequency",
                                       "99", "--pid", str(pid), "--node", node, "--format", "json", *extra],
-                                     env=dict(env, FLEETPROF_KAFKA=bootstrap), stdout=subprocess.PIPE,
+                                     env=dict(env or os.environ, FLEETPROF_KAFKA=bootstrap), stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -118,7 +118,7 @@ def test_every_kind_of_record_is_held_through_a_60s_outage_within_the_bound(brok
     work = subprocess.Popen([sys.executable, "-m", "simulate.gpu_workload", "--seconds", "150",
                              "--launches-per-s", str(LAUNCHES_PER_S)], env=env, stdout=subprocess.PIPE, text=True,
                             cwd=REPO)
-    agent = Agent(broker.bootstrap, work.pid, node, sim_env(scenario, env), "--buffer-mb", str(BUFFER_MB))
+    agent = Agent(broker.bootstrap, work.pid, node, "--buffer-mb", str(BUFFER_MB), env=sim_env(scenario, env))
     try:
         agent.wait_for("window 3:", 120)  # Kafka up: the tables of the workload's binaries and the kernel are out
         before = agent.rss_bytes()
@@ -222,7 +222,7 @@ def test_an_agent_started_before_its_topics_exist_waits_and_then_sends_everythin
     agent = None
     try:
         bare.start()  # no topics yet
-        agent = Agent(bare.bootstrap, busy.pid, f"early-{uuid.uuid4().hex[:8]}", dict(os.environ), "--no-gpu")
+        agent = Agent(bare.bootstrap, busy.pid, f"early-{uuid.uuid4().hex[:8]}", "--no-gpu")
         agent.wait_for("lacks topic(s)", 120)
         agent.wait_for("window 3:", 60)  # sampling goes on meanwhile
         create_topics(bare.bootstrap)

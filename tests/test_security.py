@@ -120,7 +120,7 @@ def test_processor_children_get_secrets_only_through_their_environment(kafka_boo
                 child.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 child.proc.kill()
-    logs = {c.stage: c.log_path.read_text() for c in children}
+    logs = {c.name: c.log_path.read_text() for c in children}
     assert "starting stage symbolize" in logs["symbolize"] and "stage symbolize stopped" in logs["symbolize"]
     assert "starting stage sink" in logs["sink"] and "Connection refused" in logs["sink"]  # the store's server
     assert "starting stage correlate" in logs["correlate"] and "Failed to get metadata" in logs["correlate"]  # SASL

@@ -144,6 +144,7 @@ def _publish(settings: Settings, options: CollectorOptions, window_s: float, onc
     lines = WindowLines(outbox, opened)
     agent = Agent(opened.collectors, outbox, window_s, on_window=lines.print, align=not once)
     link.start()
+    agent.begin()  # the probes are attached before the line that says so: a workload started after it is seen whole
     click.echo(f"collecting {_parts(opened, options)}; {window_s:g} s windows, sending to "
                f"{config['bootstrap.servers']}" + (" (one window)" if once else " (until SIGTERM/SIGINT)"), err=True)
     try:
@@ -194,8 +195,9 @@ class WindowLines:
         dropped = cpu.sampler.dropped_samples if cpu is not None else 0
         click.echo(f"window {window.index}: {now['cpu']} samples, {now['symbols']} symbol chunks, "
                    f"{now['gpu_launches']} launches, {now['gpu_kernels']} kernels, {now['gpu_metrics']} GPU metric "
-                   f"polls; {self.outbox.pending_bytes} bytes waiting for Kafka ({self.outbox.link.state}); "
-                   f"{lost} lost stacks, {dropped} dropped (map full)", err=True)
+                   f"polls; {self.outbox.sent['cpu'].records} samples delivered so far, {self.outbox.pending_bytes} "
+                   f"bytes waiting for Kafka ({self.outbox.link.state}); {lost} lost stacks, {dropped} dropped (map "
+                   "full)", err=True)
 
 
 def _summary(options: CollectorOptions, report: AgentReport, outbox: Outbox, encoder: OutboxEncoder,
@@ -268,8 +270,10 @@ def _dry_run(options: CollectorOptions, window_s: float) -> None:
     opened = _open(options, processes)
     outlet = DryRunOutlet()
     try:
+        agent = Agent(opened.collectors, outlet, window_s)
+        agent.begin()
         click.echo(f"collecting {_parts(opened, options)} for {window_s:g} s ...", err=True)
-        report = Agent(opened.collectors, outlet, window_s).run(threading.Event(), once=True)
+        report = agent.run(threading.Event(), once=True)
         counters = {c.name: c.counters() for c in opened.collectors}
     finally:
         opened.close()
