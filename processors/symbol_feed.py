@@ -16,6 +16,7 @@ from processors.symbol_tables import BadChunk, SymbolTables
 from schemas import single_object, topics
 
 log = logging.getLogger("fleetprof.symbols")
+BROKER_WAIT_S = 120.0  # how long a catch-up waits for a broker that is away before the stage gives up (and exits)
 
 
 class SymbolFeed:
@@ -48,7 +49,7 @@ class SymbolFeed:
         if not force and now - self._last_catch_up < self.min_interval:
             return 0
         self._last_catch_up = now
-        ends = {tp.partition: self._end_offset(tp, now + timeout) for tp in self.partitions}
+        ends = {tp.partition: self._end_offset(tp, timeout) for tp in self.partitions}
         positions = {tp.partition: tp.offset for tp in self.consumer.position(self.partitions)}
         pending = {p for p, end in ends.items() if max(positions.get(p, 0), 0) < end}
         read = 0
@@ -67,15 +68,18 @@ class SymbolFeed:
         self.chunks_read += read
         return read
 
-    def _end_offset(self, tp: TopicPartition, deadline: float) -> int:
-        """The partition's high watermark, asked again while its leader is not known yet (a topic just created)."""
+    def _end_offset(self, tp: TopicPartition, timeout: float) -> int:
+        """The partition's high watermark; asked again while the broker is away or the partition has no leader (a
+        topic just created, a broker restarting) for up to BROKER_WAIT_S: no batch can be symbolized without it."""
+        deadline = time.monotonic() + max(timeout, BROKER_WAIT_S)
         while True:
             try:
-                return self.consumer.get_watermark_offsets(tp, timeout=max(0.1, deadline - time.monotonic()))[1]
+                return self.consumer.get_watermark_offsets(tp, timeout=timeout)[1]
             except KafkaException as exc:
-                if not exc.args[0].retriable() or time.monotonic() >= deadline:
+                if time.monotonic() >= deadline:
                     raise
-                time.sleep(0.1)
+                log.warning("symbols topic not answering (%s): asking again", exc.args[0].str())
+                time.sleep(0.5)
 
     def _take(self, value: bytes | None, partition: int, offset: int) -> dict | None:
         if value is None:  # a tombstone: compaction removed that chunk on purpose

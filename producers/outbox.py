@@ -147,14 +147,14 @@ class Outbox:
             DROPPED.labels(unit.kind).inc(unit.records)
             DROPPED_BYTES.labels(unit.kind).inc(unit.size)
 
-    def _log_drops(self, now: dict[str, Tally]) -> None:
-        if time.monotonic() - self._drop_log_at < 10.0:  # at most a line per 10 s, with the totals
+    def _log_drops(self, now: dict[str, Tally], why: str = "") -> None:
+        if not why and time.monotonic() - self._drop_log_at < 10.0:  # at most a line per 10 s, with the totals
             return
         self._drop_log_at = time.monotonic()
         what = ", ".join(f"{t.records} {RECORD_NAMES[k]}" for k, t in now.items() if t.units)
         total = ", ".join(f"{t.records} {RECORD_NAMES[k]}" for k, t in self.dropped.items() if t.units)
-        log.warning("outbox full (%.1f MiB, --buffer-mb): dropped the oldest records: %s; so far %s",
-                    self.max_bytes / 2**20, what, total)
+        why = why or f"outbox full ({self.max_bytes / 2**20:.1f} MiB, --buffer-mb): dropped the oldest records"
+        log.warning("%s: %s; so far %s", why, what, total)
 
     def _note_size(self, after_put: bool = False) -> None:
         if after_put and self._away_since:  # only a put adds bytes; a pump moves or retires them
@@ -192,6 +192,8 @@ class Outbox:
             step.size += unit.size
         self.held_bytes -= step.size
         self._inflight += step.size
+        if not self._steps:  # the stall clock runs from the oldest message without a report, not the newest
+            self._last_ack = time.monotonic()
         self._steps.append(step)
         for unit in step.units:
             for topic, key, value, _ in unit.messages:
@@ -202,7 +204,6 @@ class Outbox:
                 except PublishError as exc:  # refused before it left (larger than the producer allows, say)
                     step.unacked -= 1
                     self._refused(unit.kind, str(exc))
-        self._last_ack = time.monotonic()
 
     def pump(self) -> bool:
         """Serve delivery reports; hand over what may go (see _may_hand_over). Never waits. True when it moved
@@ -246,5 +247,4 @@ class Outbox:
         dropped = _tallies()
         self._drop(list(self.held), dropped)
         if any(t.units for t in dropped.values()):
-            self._drop_log_at = 0.0
-            self._log_drops(dropped)
+            self._log_drops(dropped, "stopping while Kafka is away: dropped what the outbox held")
