@@ -6,15 +6,19 @@ is the only place that decides when a collector is looked at and drained:
 - every `look_every_s` each collector looks around (the CPU sampler empties its kernel maps, so fewer stacks
   collide, and reads newly sampled processes; the GPU probes attach to new objects);
 - a collector that says it is due (the GPU probes' rings every 100 ms while something is attached, NVML on its
-  period) is drained then, and every collector at the window's end;
+  period, the CPU sampler when a new process was announced: it wakes the loop from its ring's thread) is drained
+  then, and every collector at the window's end;
 - whatever a drain returns goes to the outbox at once, and the outbox is pumped on every tick (it never waits).
-One thread on purpose: the process cache is shared by the collectors and not locked, and nothing here blocks for
-long (an NVML call that hangs is cut off by the collector's own deadline; Kafka is watched by a thread of its own).
+Between those the loop sleeps: an idle agent wakes about once a second. One thread on purpose (the collectors' ring
+readers only hand over pids and wake it): the process cache is shared by the collectors and not locked, and nothing
+here blocks for long (an NVML call that hangs is cut off by the collector's own deadline; Kafka is watched by a thread
+of its own).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,8 +49,9 @@ class Collector(Protocol):
 
     name: str  # "cpu", "gpu", "nvml": said in logs and counters
 
-    def begin(self) -> None:
-        """Start the first window now: what was counted while the others started is dropped."""
+    def begin(self, wake: Callable[[], None]) -> None:
+        """Start the first window now: what was counted while the others started is dropped. `wake` (callable from
+        any thread) makes the agent ask due_in() now rather than at its next planned tick."""
 
     def look(self) -> None:
         """Every second or so: find what is new (processes, loaded objects)."""
@@ -104,6 +109,7 @@ class Agent:
         self.align = align
         self.report = AgentReport()
         self._begun = False
+        self._wake = threading.Event()  # set by a collector, or by `stop`
 
     def _put(self, found: list[Records]) -> None:
         for records in found:
@@ -117,11 +123,14 @@ class Agent:
         if not self._begun:
             self._begun = True
             for c in self.collectors:
-                c.begin()
+                c.begin(self._wake.set)
 
     def run(self, stop: Event, once: bool = False) -> AgentReport:
         """Windows until `stop` is set (it ends the current window early; its records still go), or one."""
         self.begin()
+        # the loop sleeps on its wake event: `stop` sets it through a thread that waits for nothing else
+        threading.Thread(target=lambda: (stop.wait(), self._wake.set()), name="fleetprof-agent-stop",
+                         daemon=True).start()
         while True:
             window = self._window(stop)
             self.report.windows += 1
@@ -149,7 +158,9 @@ class Agent:
             if self.outbox.pending:
                 due.append(self.tick_s)
             wait = min([left, max(0.0, next_look - time.monotonic()), *due])
-            if stop.wait(max(0.0, wait)):
+            if self._wake.wait(max(0.0, wait)):
+                self._wake.clear()
+            if stop.is_set():
                 break
             for c in self.collectors:
                 d = c.due_in()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from producers.agent import Records, Window
 from producers.cpu_sampler import CpuSampler, Sample
@@ -11,16 +12,16 @@ from producers.perf_map import is_anonymous
 from producers.process_info import KEEP_ALL, ProcessCache, ProcessFilter, batch_mappings
 from schemas.wire import u64_to_long
 
-NEW_PIDS_EVERY_S = 0.1  # how often the first-sample ring is read: a process that lives 0.3 s is read while it runs
 # Reading a process (its maps, its files' build ids) takes milliseconds, seconds for hundreds on a busy machine; the
 # kernel maps are emptied only between reads, and the fuller they get the more stacks collide: read for at most this
-# long per tick, the rest at the next one.
+# long at a time, the rest this much later.
 READ_BUDGET_S = 0.05
+READ_AGAIN_S = 0.1
 
 
 class CpuCollector:
-    """The Collector for CPU stacks: the sampler's kernel maps emptied every look, new processes read at their first
-    sample, one batch per window."""
+    """The Collector for CPU stacks: the sampler's kernel maps emptied every look, new processes read as soon as
+    their first sample announces them (the sampler wakes the agent), one batch per window."""
 
     name = "cpu"
 
@@ -32,12 +33,13 @@ class CpuCollector:
         self.keep = keep
         self.kernel_build_id = kernel_build_id
         self.lost_samples = self.dropped_samples = 0  # in all windows so far
-        self._next_pids = 0.0
+        self._read_again = 0.0
         self._to_read: dict[int, None] = {}  # pids to read, in the order announced
 
-    def begin(self) -> None:
+    def begin(self, wake: Callable[[], None]) -> None:
         self.sampler.drain()  # what was counted while the BPF programs compiled is not this window's
         self.sampler.new_pids()
+        self.sampler.on_new_pid = wake
 
     def look(self) -> None:
         self.sampler.collect()
@@ -45,12 +47,15 @@ class CpuCollector:
             if not self.processes.has(pid):
                 self._to_read.setdefault(pid)
 
-    def due_in(self) -> float:
-        return self._next_pids - time.monotonic()
+    def due_in(self) -> float | None:
+        """Now when a process was announced; soon while a backlog of them waits to be read; else at the window's end."""
+        if self.sampler.announced:
+            return 0.0
+        return self._read_again - time.monotonic() if self._to_read else None
 
     def drain(self) -> list[Records]:
         """Read the processes sampled for the first time (or first since exec) now, while they still run."""
-        self._next_pids = time.monotonic() + NEW_PIDS_EVERY_S
+        self._read_again = time.monotonic() + READ_AGAIN_S
         for pid in self.sampler.new_pids():
             self._to_read.pop(pid, None)
             self._to_read[pid] = None

@@ -12,7 +12,9 @@ import logging
 import os
 import platform
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ BPF_SOURCE = Path(__file__).resolve().parent / "bpf" / "cpu_sampler.bpf.c"
 # Field names of `struct key_t` in BPF_SOURCE, in order (tests check the compiled struct against this).
 KEY_FIELDS = ("pid", "tid", "user_stack_id", "kernel_stack_id")
 DEFAULT_MAX_ENTRIES = 10240
+RING_POLL_MS = 1000  # the new-pid reader's longest wait: how soon close() gets it back
 MIN_STACK_ENTRIES, MAX_STACK_ENTRIES = 16384, 1 << 20
 # A stack map is a hash table without chaining: a stack whose bucket holds another stack is lost (-EEXIST). With
 # D distinct stacks in E buckets about D/(2E) of the samples collide, and D is at most the samples of one look (the
@@ -95,6 +98,10 @@ class CpuSampler:
         self.max_entries = max_entries
         self.stack_entries = stack_entries or default_stack_entries(frequency_hz)
         self._announced: list[int] = []
+        self._announced_lock = threading.Lock()
+        self.on_new_pid: Callable[[], None] | None = None  # called on the ring's thread when a pid is announced
+        self._ring_thread: threading.Thread | None = None
+        self._closing = threading.Event()
         self.lost_samples = 0  # last drain: samples whose stack did not fit the stack map (collision)
         self.dropped_samples = 0  # last drain: samples not counted because the counts map was full
         self._bpf: Any = None
@@ -123,6 +130,15 @@ class CpuSampler:
         bpf[b"new_pids"].open_ring_buffer(self._on_new_pid)
         self._bcc, self._bpf = bcc, bpf
         release_after_compile()  # LLVM's pages and heap are not needed again: the agent's RSS drops by ~130 MB
+        self._ring_thread = threading.Thread(target=self._read_new_pids, args=(bpf,), name="fleetprof-new-pids",
+                                             daemon=True)
+        self._ring_thread.start()
+
+    def _read_new_pids(self, bpf: Any) -> None:
+        """Wait on the new-pid ring (epoll: the BPF side wakes it) and take each announcement as it comes. A thread
+        of its own, so the agent's loop sleeps until something happens instead of looking every 100 ms."""
+        while not self._closing.is_set():
+            bpf.ring_buffer_poll(RING_POLL_MS)
 
     def _flip(self) -> int:
         """Send new samples to the other map pair; returns the generation whose maps now hold the finished window."""
@@ -136,15 +152,23 @@ class CpuSampler:
 
     def _on_new_pid(self, _ctx: Any, data: Any, size: int) -> int:
         if size >= 4:
-            self._announced.append(ctypes.c_uint32.from_address(data).value)
+            with self._announced_lock:
+                self._announced.append(ctypes.c_uint32.from_address(data).value)
+            if self.on_new_pid is not None:
+                self.on_new_pid()
         return 0
+
+    @property
+    def announced(self) -> bool:
+        """Whether new_pids() has something to return."""
+        return bool(self._announced)
 
     def new_pids(self) -> list[int]:
         """Processes whose first sample (or first after exec) came since the last call, in order."""
         if self._bpf is None:
             raise RuntimeError("CpuSampler.new_pids() before start()")
-        self._bpf.ring_buffer_consume()
-        found, self._announced = self._announced, []
+        with self._announced_lock:
+            found, self._announced = self._announced, []
         return found
 
     def pids(self) -> set[int]:
@@ -211,6 +235,9 @@ class CpuSampler:
         if self._bpf is None:
             return
         bpf, self._bpf = self._bpf, None
+        self._closing.set()
+        if self._ring_thread is not None:  # it polls the ring that cleanup() frees
+            self._ring_thread.join()
         try:
             bpf.detach_perf_event(ev_type=self._bcc.PerfType.SOFTWARE, ev_config=self._bcc.PerfSWConfig.CPU_CLOCK)
         finally:

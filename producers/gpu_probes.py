@@ -28,6 +28,7 @@ import struct
 import time
 from array import array
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -412,8 +413,8 @@ class GpuProbeCollector:
 
     # the agent's Collector protocol (producers/agent.py)
 
-    def begin(self) -> None:
-        self.rescan()
+    def begin(self, wake: Callable[[], None]) -> None:
+        self.rescan()  # its rings are drained on a timer while something is attached (due_in): no wake-ups
 
     def look(self) -> None:
         self.rescan()

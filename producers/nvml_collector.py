@@ -287,8 +287,8 @@ class NvmlCollector:
 
     name = "nvml"
 
-    def begin(self) -> None:
-        """Nothing to start: open() did."""
+    def begin(self, wake: Callable[[], None]) -> None:
+        """Nothing to start: open() did; polls come on a period (due_in)."""
 
     def look(self) -> None:
         """Nothing to find: the devices are known from open()."""

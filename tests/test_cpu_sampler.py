@@ -194,7 +194,7 @@ def test_a_process_that_exits_mid_window_keeps_its_metadata(workload_binary: Pat
 
 def test_processes_that_live_a_third_of_a_second_are_read_while_they_run(short_binary: Path) -> None:
     """Like a compiler or a test runner: each lives 0.3 s, so the once-a-second look would miss most of them; the
-    first sample announces each, and it is read within ~100 ms."""
+    first sample announces each, and it is read as soon as the ring wakes the agent."""
     pids: list[int] = []
 
     def short_lived() -> None:

@@ -9,8 +9,8 @@
 // sample counted during a drain is lost and no stack id is freed while a new count still refers to it.
 //
 // The first sample of a process (and the first after it ran exec) also puts its pid on the `new_pids` ring, which
-// user space reads every ~100 ms: a process that lives a fraction of a second is read from /proc while it still
-// runs, not at the next once-a-second look, when it may be gone.
+// wakes user space (new processes are rare, so the wake-ups are too): a process that lives a fraction of a second is
+// read from /proc while it still runs, not at the next once-a-second look, when it may be gone.
 #include <uapi/linux/ptrace.h>
 #include <uapi/linux/bpf_perf_event.h>
 
@@ -45,7 +45,7 @@ static inline void announce(u32 tgid) {
     u8 one = 1;
     // insert fails when the pid is known already (or the map is full: then the once-a-second look finds it)
     if (known_pids.insert(&tgid, &one) == 0)
-        new_pids.ringbuf_output(&tgid, sizeof(tgid), BPF_RB_NO_WAKEUP);
+        new_pids.ringbuf_output(&tgid, sizeof(tgid), 0);  // 0: wake the reader if it waits
 }
 
 // A process that runs exec has new mappings: announce it again at its next sample.
