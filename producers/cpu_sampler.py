@@ -207,13 +207,18 @@ class CpuSampler:
         # bcc's StackTrace.clear() does nothing, so the stack ids are deleted one by one: a stack map never emptied
         # fills up within minutes, and then most new stacks collide (-EEXIST) and are lost.
         counts.clear()
-        for sid in list(stacks.keys()):
-            del stacks[sid]
         dropped_table = self._bpf[b"dropped"]
         dropped = int(dropped_table[done].value)
         if dropped:
             dropped_table[done] = dropped_table.Leaf(0)
             self._dropped += dropped
+        # The counts name every stack id in use, except those of samples the full counts map dropped: listing the
+        # map's keys (a syscall and a Python object each) is left for then.
+        for key in list(stacks.keys()) if dropped else [stacks.Key(sid) for sid in resolved]:
+            try:
+                del stacks[key]
+            except KeyError:
+                pass
 
     def drain(self) -> list[Sample]:
         """Counts since the last drain, with stacks resolved to addresses; starts the next window."""
