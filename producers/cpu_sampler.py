@@ -204,16 +204,16 @@ class CpuSampler:
             whole = (int(key.pid), int(key.tid), addrs[0], addrs[1])
             self._pending[whole] = self._pending.get(whole, 0) + int(count)
         # Nothing writes to this pair until the next flip: clearing it loses nothing, and frees the stack slots.
-        # bcc's StackTrace.clear() does nothing, so the stack ids are deleted one by one: a stack map never emptied
-        # fills up within minutes, and then most new stacks collide (-EEXIST) and are lost.
         counts.clear()
         dropped_table = self._bpf[b"dropped"]
         dropped = int(dropped_table[done].value)
         if dropped:
             dropped_table[done] = dropped_table.Leaf(0)
             self._dropped += dropped
-        # The counts name every stack id in use, except those of samples the full counts map dropped: listing the
-        # map's keys (a syscall and a Python object each) is left for then.
+        # bcc's StackTrace.clear() does nothing, so the stack ids are deleted one by one: a stack map never emptied
+        # fills up within minutes, and then most new stacks collide (-EEXIST) and are lost. The counts name every id
+        # in use, except those of samples the full counts map dropped: listing the map's keys (a syscall and a Python
+        # object each) is left for then.
         for key in list(stacks.keys()) if dropped else [stacks.Key(sid) for sid in resolved]:
             try:
                 del stacks[key]
