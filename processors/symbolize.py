@@ -16,7 +16,7 @@ from processors.demangle import demangle
 from processors.stack_ids import frame_id, stack_id
 from processors.symbol_tables import SymbolTable, as_u64
 from schemas.packed_stacks import PackedStacks
-from schemas.wire import KERNEL_BINARY, LONG_MAX, LONG_MIN, UNKNOWN_BINARY
+from schemas.wire import KERNEL_BINARY, LONG_MAX, LONG_MIN, TRUNCATED_BINARY, TRUNCATED_FRAME, UNKNOWN_BINARY
 
 _DELETED = " (deleted)"
 
@@ -63,6 +63,7 @@ class FrameMemo:
 class SymbolizeStats:
     frames: int = 0
     unknown_frames: int = 0
+    truncated_stacks: int = 0  # user stacks the agent marked as not walked to their root
     missing_build_ids: set[str] = field(default_factory=set)
     # user-space build ids with frames left unknown (table missing, or no symbol covers the address): what a
     # second symbol source such as debuginfod may improve
@@ -115,7 +116,11 @@ def _user_frames(group: np.ndarray, file_off: np.ndarray, is_leaf: np.ndarray, g
     order = np.argsort(group, kind="stable")
     bounds = np.searchsorted(group[order], np.arange(-1, len(groups) + 1))
     orphans = order[bounds[0]:bounds[1]]
+    cut = orphans[file_off[orphans] == TRUNCATED_FRAME]  # the agent's mark: the stack did not reach its root
+    orphans = orphans[file_off[orphans] != TRUNCATED_FRAME]
     stats.unknown_frames += len(orphans)
+    stats.truncated_stacks += len(cut)
+    _resolve(ids, cut, file_off[cut], lambda _: memo.frame("truncated", TRUNCATED_BINARY, TRUNCATED_BINARY, "UNKNOWN"))
     _resolve(ids, orphans, file_off[orphans],
              lambda a: memo.frame(("?", a), f"{UNKNOWN_BINARY} 0x{a:x}", UNKNOWN_BINARY, "UNKNOWN"))
     for (build_id, binary), g in groups.items():

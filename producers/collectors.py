@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from producers.agent import Collector
 from producers.cpu import CpuCollector
 from producers.cpu_sampler import DEFAULT_MAX_ENTRIES, BpfUnavailable, CpuSampler
 from producers.process_info import KEEP_ALL, ProcessCache, ProcessFilter
+from producers.unwind_maps import DEFAULT_ROWS, UnwindLoader
+from producers.unwind_program import TABLES
 
 log = logging.getLogger("fleetprof.agent")
 
@@ -28,6 +31,8 @@ class CollectorOptions:
     stack_entries: int | None = None  # None: sized from the CPU count and frequency
     count_entries: int = DEFAULT_MAX_ENTRIES
     kernel_build_id: str = ""
+    unwind_dir: Path | None = None  # where call-frame tables are cached; None: user stacks by frame pointers only
+    unwind_rows: int = DEFAULT_ROWS
 
 
 @dataclass
@@ -46,14 +51,16 @@ class OpenedCollectors:
 def open_collectors(options: CollectorOptions, processes: ProcessCache) -> OpenedCollectors:
     """Start what can run here: CPU stacks, then CUDA kernels, then NVML; one warning line for each that cannot."""
     found = OpenedCollectors()
+    unwind = UnwindLoader(options.unwind_dir, options.unwind_rows) if options.unwind_dir is not None else None
     try:
-        sampler = CpuSampler(options.frequency_hz, options.pid, options.count_entries, options.stack_entries)
+        sampler = CpuSampler(options.frequency_hz, options.pid, options.count_entries, options.stack_entries, unwind)
         sampler.start()
-        found.collectors.append(CpuCollector(sampler, processes, options.node, options.keep, options.kernel_build_id))
+        found.collectors.append(CpuCollector(sampler, processes, options.node, options.keep, options.kernel_build_id,
+                                             unwind if sampler.unwinding == TABLES else None))
     except BpfUnavailable as exc:
         _off(found, f"CPU sampling off: BPF unavailable: {exc}")
     if options.gpu:
-        _open_gpu(found, options, processes, bpf=bool(found.collectors))
+        _open_gpu(found, options, processes, bpf=bool(found.collectors), unwind=unwind)
     return found
 
 
@@ -63,11 +70,12 @@ def _off(found: OpenedCollectors, note: str, said: bool = False) -> None:
         log.warning("%s", note)
 
 
-def _open_gpu(found: OpenedCollectors, options: CollectorOptions, processes: ProcessCache, bpf: bool) -> None:
+def _open_gpu(found: OpenedCollectors, options: CollectorOptions, processes: ProcessCache, bpf: bool,
+              unwind: UnwindLoader | None) -> None:
     if bpf:
         from producers.gpu_probes import GpuProbeCollector
 
-        probes = GpuProbeCollector(options.node, processes, keep=options.keep, pid=options.pid)
+        probes = GpuProbeCollector(options.node, processes, keep=options.keep, pid=options.pid, unwind=unwind)
         try:
             probes.start()
             found.collectors.append(probes)

@@ -3,20 +3,33 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from producers.agent import Records, Window
 from producers.cpu_sampler import CpuSampler, Sample
 from producers.perf_map import is_anonymous
 from producers.process_info import KEEP_ALL, ProcessCache, ProcessFilter, batch_mappings
-from schemas.wire import u64_to_long
+from schemas.wire import TRUNCATED_FRAME, u64_to_long
+
+if TYPE_CHECKING:
+    from producers.unwind_maps import UnwindLoader
+
+log = logging.getLogger("fleetprof.agent")
 
 # Reading a process (its maps, its files' build ids) takes milliseconds, seconds for hundreds on a busy machine; the
 # kernel maps are emptied only between reads, and the fuller they get the more stacks collide: read for at most this
 # long at a time, the rest this much later.
 READ_BUDGET_S = 0.05
 READ_AGAIN_S = 0.1
+PRELOAD_BUDGET_S = 10.0  # at start, how long the tables of running processes may take before the first window
+
+
+def _running_pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
 
 
 class CpuCollector:
@@ -26,8 +39,9 @@ class CpuCollector:
     name = "cpu"
 
     def __init__(self, sampler: CpuSampler, processes: ProcessCache, node: str, keep: ProcessFilter = KEEP_ALL,
-                 kernel_build_id: str = "") -> None:
+                 kernel_build_id: str = "", unwind: UnwindLoader | None = None) -> None:
         self.sampler = sampler
+        self.unwind = unwind  # loads the call-frame tables of each process read
         self.processes = processes
         self.node = node
         self.keep = keep
@@ -37,9 +51,28 @@ class CpuCollector:
         self._to_read: dict[int, None] = {}  # pids to read, in the order announced
 
     def begin(self, wake: Callable[[], None]) -> None:
+        if self.unwind is not None:
+            self.preload()
         self.sampler.drain()  # what was counted while the BPF programs compiled is not this window's
         self.sampler.new_pids()
         self.sampler.on_new_pid = wake
+
+    def preload(self, budget_s: float = PRELOAD_BUDGET_S) -> int:
+        """Load the tables of the processes already running (those the filters keep) before the first window, so
+        its stacks are walked by table from the start; at most `budget_s` (the rest load as they are sampled).
+        Returns the processes queued."""
+        pids = [self.sampler.pid_filter] if self.sampler.pid_filter is not None else _running_pids()
+        queued = 0
+        for pid in pids:
+            if pid == os.getpid():
+                continue
+            info = self.processes.refresh(pid)
+            if info is not None and info.mappings and self.keep.accepts(info):
+                self.unwind.load(pid, info.mappings)
+                queued += 1
+        if not self.unwind.wait_idle(budget_s):
+            log.info("call-frame tables of running processes still loading after %.0f s", budget_s)
+        return queued
 
     def look(self) -> None:
         self.sampler.collect()
@@ -65,12 +98,16 @@ class CpuCollector:
             # agent's start) has been running for a while and likely keeps running
             pid = next(reversed(self._to_read))
             del self._to_read[pid]
-            self.processes.refresh(pid)
+            info = self.processes.refresh(pid)
+            if self.unwind is not None and info is not None and self.keep.accepts(info):
+                self.unwind.load(pid, info.mappings)
         return []
 
     def end_window(self, window: Window) -> list[Records]:
         samples = self.sampler.drain()
         self._to_read.clear()  # the batch reads whatever is still unread
+        if self.unwind is not None:
+            self.unwind.forget_exited()
         self.lost_samples += self.sampler.lost_samples
         self.dropped_samples += self.sampler.dropped_samples
         batch = build_cpu_batch(samples, self.processes, self.node, window.start_ns, window.end_ns - window.start_ns,
@@ -78,11 +115,16 @@ class CpuCollector:
         return [Records("cpu", [batch])]
 
     def counters(self) -> dict[str, int]:
-        return {"lost_stacks": self.lost_samples, "map_full_samples": self.dropped_samples,
-                "processes_read": self.processes.reads}
+        found = {"lost_stacks": self.lost_samples, "map_full_samples": self.dropped_samples,
+                 "processes_read": self.processes.reads}
+        if self.unwind is not None:
+            found.update({f"unwind_{k}": v for k, v in self.unwind.counters().items()})
+        return found
 
     def close(self) -> None:
         self.sampler.close()
+        if self.unwind is not None:
+            self.unwind.close()
 
 
 def build_cpu_batch(samples: list[Sample], processes: ProcessCache, node: str, window_start_ns: int,
@@ -94,7 +136,7 @@ def build_cpu_batch(samples: list[Sample], processes: ProcessCache, node: str, w
     by_pid: dict[int, list[dict]] = {}
     user_addrs: dict[int, set[int]] = {}
     for pid, tid, user, kernel, count in samples:
-        user_addrs.setdefault(pid, set()).update(user)
+        user_addrs.setdefault(pid, set()).update(a for a in user if a != TRUNCATED_FRAME)
         by_pid.setdefault(pid, []).append({
             "tid": tid, "user_addrs": [u64_to_long(a) for a in user],
             "kernel_addrs": [u64_to_long(a) for a in kernel], "count": count})

@@ -16,15 +16,19 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from producers.memory import release_after_compile
+from producers.unwind_program import FRAME_POINTERS, load_unwinding_program
+
+if TYPE_CHECKING:
+    from producers.unwind_maps import UnwindLoader
 
 log = logging.getLogger("fleetprof.cpu_sampler")
 
 BPF_SOURCE = Path(__file__).resolve().parent / "bpf" / "cpu_sampler.bpf.c"
 # Field names of `struct key_t` in BPF_SOURCE, in order (tests check the compiled struct against this).
-KEY_FIELDS = ("pid", "tid", "user_stack_id", "kernel_stack_id")
+KEY_FIELDS = ("pid", "tid", "user_stack", "user_status", "kernel_stack_id")
 DEFAULT_MAX_ENTRIES = 10240
 RING_POLL_MS = 1000  # the new-pid reader's longest wait: how soon close() gets it back
 MIN_STACK_ENTRIES, MAX_STACK_ENTRIES = 16384, 1 << 20
@@ -90,13 +94,16 @@ class CpuSampler:
     processes sampled for the first time since the last call."""
 
     def __init__(self, frequency_hz: int = 19, pid_filter: int | None = None,
-                 max_entries: int = DEFAULT_MAX_ENTRIES, stack_entries: int | None = None) -> None:
+                 max_entries: int = DEFAULT_MAX_ENTRIES, stack_entries: int | None = None,
+                 unwind: UnwindLoader | None = None) -> None:
         if not 1 <= frequency_hz <= 10_000:
             raise ValueError(f"frequency must be 1..10000 Hz, got {frequency_hz}")
         self.frequency_hz = frequency_hz
         self.pid_filter = pid_filter
         self.max_entries = max_entries
         self.stack_entries = stack_entries or default_stack_entries(frequency_hz)
+        self.unwind = unwind  # None: user stacks are walked by frame pointers
+        self.unwinding = FRAME_POINTERS  # how user stacks are walked, once started
         self._announced: list[int] = []
         self._announced_lock = threading.Lock()
         self.on_new_pid: Callable[[], None] | None = None  # called on the ring's thread when a pid is announced
@@ -112,13 +119,15 @@ class CpuSampler:
         self._dropped = 0
 
     def start(self) -> None:
-        """Compile, load and attach; BpfUnavailable when that cannot work here."""
+        """Compile, load and attach; BpfUnavailable when that cannot work here. When the kernel refuses the table
+        unwinder, one line says why and user stacks are walked by frame pointers."""
         bcc = check_bpf()
         cflags = [f"-DMAX_ENTRIES={int(self.max_entries)}", f"-DSTACK_ENTRIES={int(self.stack_entries)}"]
         if self.pid_filter is not None:
             cflags.append(f"-DFILTER_PID={int(self.pid_filter)}")
         try:
-            bpf = bcc.BPF(src_file=str(BPF_SOURCE).encode(), cflags=cflags)
+            bpf, self.unwinding = load_unwinding_program(bcc, BPF_SOURCE, cflags, b"cpu_unwind", bcc.BPF.PERF_EVENT,
+                                                         self.unwind, "user stacks")
         except Exception as exc:  # bcc raises plain Exception; its compiler output already went to stderr
             raise BpfUnavailable(f"BPF program failed to compile or load: {exc}") from None
         try:
@@ -183,27 +192,39 @@ class CpuSampler:
             raise RuntimeError("CpuSampler.collect() before start()")
         done = self._flip()
         counts, stacks = self._bpf[f"counts{done}".encode()], self._bpf[f"stacks{done}".encode()]
+        ustacks = self._bpf[f"ustacks{done}".encode()]
         items = [(k, v.value) for k, v in counts.items()]
-        resolved: dict[int, tuple[int, ...]] = {}
+        kernel: dict[int, tuple[int, ...]] = {}
+        user: dict[int, tuple[int, ...]] = {}
         for key, count in items:
-            addrs = []
-            for sid in (key.user_stack_id, key.kernel_stack_id):
-                if sid < 0:
-                    # -EFAULT: no stack of that kind (user-mode sample, kernel thread); anything else was lost
-                    self._lost += count if sid != -errno.EFAULT else 0
-                    addrs.append(())
-                    continue
-                if sid not in resolved:
+            if key.user_status == 0:
+                if key.user_stack not in user:
                     try:
-                        resolved[sid] = tuple(stacks.walk(sid))
+                        leaf = ustacks[ustacks.Key(key.user_stack)]
+                        user[key.user_stack] = tuple(leaf.addrs[:min(leaf.len, len(leaf.addrs))])
                     except KeyError:
-                        resolved[sid] = ()
-                if not resolved[sid]:
-                    self._lost += count
-                addrs.append(resolved[sid])
-            whole = (int(key.pid), int(key.tid), addrs[0], addrs[1])
+                        user[key.user_stack] = ()
+                user_addrs = user[key.user_stack]
+                self._lost += count if not user_addrs else 0
+            else:  # -EFAULT: no user stack (a kernel thread); anything else was lost (the stack map was full)
+                user_addrs = ()
+                self._lost += count if key.user_status != -errno.EFAULT else 0
+            sid = key.kernel_stack_id
+            if sid < 0:
+                # -EFAULT: no kernel stack (a user-mode sample); anything else was lost
+                self._lost += count if sid != -errno.EFAULT else 0
+                kernel_addrs: tuple[int, ...] = ()
+            else:
+                if sid not in kernel:
+                    try:
+                        kernel[sid] = tuple(stacks.walk(sid))
+                    except KeyError:
+                        kernel[sid] = ()
+                kernel_addrs = kernel[sid]
+                self._lost += count if not kernel_addrs else 0
+            whole = (int(key.pid), int(key.tid), user_addrs, kernel_addrs)
             self._pending[whole] = self._pending.get(whole, 0) + int(count)
-        # Nothing writes to this pair until the next flip: clearing it loses nothing, and frees the stack slots.
+        # Nothing writes to this set until the next flip: clearing it loses nothing, and frees the stack slots.
         counts.clear()
         dropped_table = self._bpf[b"dropped"]
         dropped = int(dropped_table[done].value)
@@ -212,13 +233,14 @@ class CpuSampler:
             self._dropped += dropped
         # bcc's StackTrace.clear() does nothing, so the stack ids are deleted one by one: a stack map never emptied
         # fills up within minutes, and then most new stacks collide (-EEXIST) and are lost. The counts name every id
-        # in use, except those of samples the full counts map dropped: listing the map's keys (a syscall and a Python
+        # in use, except those of samples the full counts map dropped: listing the maps' keys (a syscall and a Python
         # object each) is left for then.
-        for key in list(stacks.keys()) if dropped else [stacks.Key(sid) for sid in resolved]:
-            try:
-                del stacks[key]
-            except KeyError:
-                pass
+        for table, ids in ((stacks, kernel), (ustacks, user)):
+            for key in list(table.keys()) if dropped else [table.Key(i) for i in ids]:
+                try:
+                    del table[key]
+                except KeyError:
+                    pass
 
     def drain(self) -> list[Sample]:
         """Counts since the last drain, with stacks resolved to addresses; starts the next window."""

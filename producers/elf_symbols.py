@@ -253,3 +253,17 @@ def symbol_chunks(path_or_tables: str | os.PathLike | ElfSymbols,
             zip(_longs(syms.seg_offsets), _longs(syms.seg_vaddrs), _longs(syms.seg_memsz), strict=True)]
     return chunk_symbol_table(syms.build_id, syms.binary, "ELF", segs, _longs(syms.addrs), _longs(syms.sizes),
                               syms.names, max_bytes)
+
+
+def _read_load_segments(path: str) -> list[tuple[int, int, int]]:
+    with open(path, "rb") as f:
+        if f.read(4) != b"\x7fELF":
+            raise ElfError("not an ELF file")
+        f.seek(0)
+        return sorted((int(s["p_offset"]), int(s["p_vaddr"]), int(s["p_filesz"]))
+                      for s in ELFFile(f).iter_segments() if s["p_type"] == "PT_LOAD")
+
+
+def read_load_segments(path: str | os.PathLike) -> list[tuple[int, int, int]]:
+    """(file offset, virtual address, size in the file) of each PT_LOAD segment, by offset."""
+    return _guarded(path, _read_load_segments)

@@ -31,7 +31,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from producers.agent import Records, Window
 from producers.cpu_sampler import BpfUnavailable, check_bpf
@@ -39,14 +39,18 @@ from producers.memory import release_after_compile
 from producers.perf_map import is_anonymous
 from producers.probe_finder import ProbeFinder, ProbeObject
 from producers.process_info import KEEP_ALL, ProcessCache, ProcessFilter, batch_mappings, process_start_ns
+from producers.unwind_program import FRAME_POINTERS, load_unwinding_program
 from producers.usdt_notes import MAX_REG, PROBES, PROVIDER
 from schemas.wire import u32_to_int, u64_to_long
+
+if TYPE_CHECKING:
+    from producers.unwind_maps import UnwindLoader
 
 log = logging.getLogger("fleetprof.gpu_probes")
 
 BPF_SOURCE = Path(__file__).resolve().parent / "bpf" / "gpu_probes.bpf.c"
 KERNEL_NAME_MAX = 4096  # characters of a kernel name kept (KERNEL_NAME_MAX in BPF_SOURCE)
-MAX_STACK = 127  # user frames of a launch at most (MAX_STACK in BPF_SOURCE)
+MAX_STACK = 129  # user stack entries of a launch at most: 128 frames and the [truncated] mark (MAX_STACK in BPF_SOURCE)
 MAX_SITES_LIMIT = 64  # wrappers written out in BPF_SOURCE
 ATTACH_TRIES = 3  # rescans that may try an object whose attach failed (it may have been a process going away)
 UPROBE_REF_CTR = Path("/sys/bus/event_source/devices/uprobe/format/ref_ctr_offset")
@@ -124,7 +128,7 @@ class GpuProbeCollector:
     def __init__(self, node: str, processes: ProcessCache, max_sites: int = 32, ring_pages: int = 512,
                  idle_scans: int = 6, finder: ProbeFinder | None = None, max_pending: int = 200_000,
                  full_scan_every: int = 10, keep: ProcessFilter = KEEP_ALL, pid: int | None = None,
-                 tick_s: float = 0.1) -> None:
+                 tick_s: float = 0.1, unwind: UnwindLoader | None = None) -> None:
         if not 1 <= max_sites <= MAX_SITES_LIMIT:
             raise ValueError(f"max_sites must be 1..{MAX_SITES_LIMIT}, got {max_sites}")
         if ring_pages < 1 or ring_pages & (ring_pages - 1):
@@ -132,6 +136,8 @@ class GpuProbeCollector:
         self.node = node
         self.processes = processes
         self.keep = keep
+        self.unwind = unwind  # None: launch stacks are walked by frame pointers
+        self.unwinding = FRAME_POINTERS  # how launch stacks are walked, once started
         self.pid = pid  # only this process's records (None: all the filter keeps)
         self.tick_s = tick_s  # how often the rings are drained while something is attached (they are bounded)
         self._next_tick = 0.0
@@ -173,7 +179,8 @@ class GpuProbeCollector:
         cflags = [f"-DMAX_SITES={self.max_sites}", f"-DLAUNCH_RING_PAGES={self.ring_pages}",
                   f"-DKERNEL_RING_PAGES={self.ring_pages}", f"-DMAX_REG={MAX_REG[arch]}"]
         try:
-            bpf = bcc.BPF(src_file=str(BPF_SOURCE).encode(), cflags=cflags)
+            bpf, self.unwinding = load_unwinding_program(bcc, BPF_SOURCE, cflags, b"gpu_unwind", bcc.BPF.KPROBE,
+                                                         self.unwind, "GPU launch stacks")
         except Exception as exc:  # bcc raises plain Exception; its compiler output already went to stderr
             raise BpfUnavailable(f"GPU probe program failed to compile or load: {exc}") from None
         if (stale := remove_stale_events()):
@@ -361,7 +368,8 @@ class GpuProbeCollector:
         if stack_bytes <= 8:  # the probe's own address only: no caller's frame could be read
             self.stats["stacks_missing"] += 1
         body = raw[LAUNCH_HEADER.size:LAUNCH_HEADER.size + max(stack_bytes, 0)]
-        stack = array("Q", body[:len(body) // 8 * 8]).tolist()  # user addresses: below 2**63, valid Avro longs
+        # user addresses, below 2**63, and the walk's [truncated] mark (TRUNCATED_FRAME): as Avro longs, same bits
+        stack = array("q", body[:len(body) // 8 * 8]).tolist()
         if not 1 <= weight < 1 << 31:
             self.stats["weights_invalid"] += 1
             weight = 1
@@ -379,7 +387,7 @@ class GpuProbeCollector:
         addrs: dict[int, set[int]] = {}
         first: dict[int, dict] = {}
         for rec in launches:
-            addrs.setdefault(rec["pid"], set()).update(rec["user_addrs"])
+            addrs.setdefault(rec["pid"], set()).update(a for a in rec["user_addrs"] if a >= 0)  # not the mark
             first.setdefault(rec["pid"], rec)
         for pid, rec in first.items():
             info = self.processes.covering(pid, list(addrs[pid]))

@@ -25,6 +25,7 @@ from producers.outbox import RECORD_NAMES, Outbox
 from producers.outbox_encoder import OutboxEncoder
 from producers.process_info import ProcessCache, ProcessFilter
 from producers.publisher import Publisher
+from producers.unwind_maps import DEFAULT_ROWS
 from schemas import topics
 from schemas.wire import hex_u64
 
@@ -61,6 +62,19 @@ FLUSH_S = 60.0  # at exit, how long Kafka may take to acknowledge what is held
               default=DEFAULT_MAX_ENTRIES, show_default=True,
               help="Distinct (thread, stack) pairs counted per second; beyond it samples are dropped, and counted. "
                    "[env FLEETPROF_AGENT_COUNT_ENTRIES]")
+@click.option("--unwind", type=click.Choice(["tables", "frame-pointers"]), envvar="FLEETPROF_AGENT_UNWIND",
+              default="tables", show_default=True,
+              help="How user stacks are walked: from each binary's call-frame tables (.eh_frame, compiled once per "
+                   "build id and cached under the data directory; frame pointers where a file has none), or by "
+                   "frame pointers only. [env FLEETPROF_AGENT_UNWIND]")
+@click.option("--unwind-rows", type=click.IntRange(1024, 1 << 26), envvar="FLEETPROF_AGENT_UNWIND_ROWS",
+              default=DEFAULT_ROWS, show_default=True,
+              help="Call-frame table rows of all loaded binaries together (16 bytes of kernel memory each, per BPF "
+                   "program); a binary that does not fit is walked by frame pointers, and counted. "
+                   "[env FLEETPROF_AGENT_UNWIND_ROWS]")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=0, show_default=True,
+              help="Serve Prometheus /metrics on this port (0: off).")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address /metrics listens on.")
 @click.option("--format", "fmt", type=click.Choice(["json", "text"]), default=None,
               help="Dry run: json (the default) prints one CpuStackBatch per line, one process each, addresses as "
                    "hex strings, then any GpuLaunch, GpuKernel and GpuMetrics records, one per line. Publishing: "
@@ -68,7 +82,8 @@ FLUSH_S = 60.0  # at exit, how long Kafka may take to acknowledge what is held
 @click.pass_obj
 def agent(settings: Settings, dry_run: bool, once: bool, window: float, frequency: int, pid: int | None,
           comm: str | None, cgroup: str | None, node: str | None, gpu: bool, nvml_period: float, buffer_mb: float,
-          stack_entries: int | None, count_entries: int, fmt: str | None) -> None:
+          stack_entries: int | None, count_entries: int, unwind: str, unwind_rows: int, metrics_port: int,
+          metrics_host: str, fmt: str | None) -> None:
     """Run the node agent: CPU stacks (eBPF, needs root), CUDA kernel time with launching stacks (USDT) and NVML
     metrics, published to Kafka with the symbol tables they need sent first. Whatever cannot run here is said in
     one line and the rest keeps running; while Kafka is unreachable (or lacks its topics) records wait in memory and
@@ -78,11 +93,13 @@ def agent(settings: Settings, dry_run: bool, once: bool, window: float, frequenc
     if dry_run and fmt == "text":
         raise click.UsageError("--dry-run prints JSON only")
     options = CollectorOptions(node or socket.gethostname(), frequency, pid, ProcessFilter(comm=comm, cgroup=cgroup),
-                               gpu, nvml_period, stack_entries, count_entries)
+                               gpu, nvml_period, stack_entries, count_entries,
+                               unwind_dir=settings.data_dir / "agent" / "unwind" if unwind == "tables" else None,
+                               unwind_rows=unwind_rows)
     if dry_run:
         _dry_run(options, window)
     else:
-        _publish(settings, options, window, once, fmt or "text", int(buffer_mb * 2**20))
+        _publish(settings, options, window, once, fmt or "text", int(buffer_mb * 2**20), (metrics_host, metrics_port))
 
 
 class NothingToCollect(click.ClickException):
@@ -119,7 +136,7 @@ def _read_kernel() -> KernelSymbols | None:
 
 
 def _publish(settings: Settings, options: CollectorOptions, window_s: float, once: bool, fmt: str,
-             buffer_bytes: int) -> None:
+             buffer_bytes: int, metrics: tuple[str, int] = ("127.0.0.1", 0)) -> None:
     lock = AgentLock(settings.data_dir, options.node)
     try:
         lock.acquire()
@@ -132,6 +149,8 @@ def _publish(settings: Settings, options: CollectorOptions, window_s: float, onc
     config = settings.kafka_config()
     processes = ProcessCache()
     opened = _open(options, processes)
+    if metrics[1]:
+        _serve_metrics(opened, *metrics)
     wanted = [topics.SYMBOLS.name, topics.CPU_STACKS.name]
     if "gpu" in opened.names():
         wanted += [topics.GPU_LAUNCHES.name, topics.GPU_KERNELS.name]
@@ -173,6 +192,19 @@ def _publish(settings: Settings, options: CollectorOptions, window_s: float, onc
                                    f"{outbox.unconfirmed} messages not confirmed")
 
 
+def _serve_metrics(opened: OpenedCollectors, host: str, port: int) -> None:
+    from prometheus_client import REGISTRY, start_http_server
+
+    from producers.unwind_metrics import UnwindMetrics
+
+    if host not in ("127.0.0.1", "::1", "localhost"):
+        click.echo(f"warning: Prometheus /metrics listens on {host}, beyond this machine", err=True)
+    cpu = next((c for c in opened.collectors if c.name == "cpu"), None)
+    if cpu is not None and cpu.unwind is not None:
+        REGISTRY.register(UnwindMetrics(cpu.unwind))
+    start_http_server(port, addr=host)
+
+
 def _tally(tallies: dict) -> str:
     return ", ".join(f"{t.records} {RECORD_NAMES[k]}" for k, t in tallies.items() if t.units) or "nothing"
 
@@ -203,12 +235,15 @@ class WindowLines:
 def _summary(options: CollectorOptions, report: AgentReport, outbox: Outbox, encoder: OutboxEncoder,
              opened: OpenedCollectors, counters: dict[str, dict[str, int]]) -> dict:
     cpu = counters.get("cpu", {})
+    sampler = next((c.sampler for c in opened.collectors if c.name == "cpu"), None)
     sent, dropped, put = outbox.sent, outbox.dropped, outbox.put_tally
     return {"node": options.node, "windows": report.windows,
             "samples": sent["cpu"].records, "produced_samples": put["cpu"].records,
             "batches": put["cpu"].messages, "symbol_chunks": put["symbols"].records,
             "build_ids": encoder.new_build_ids, "unreadable_files": encoder.unreadable,
             "lost_stacks": cpu.get("lost_stacks", 0), "map_full_samples": cpu.get("map_full_samples", 0),
+            "user_stacks_by": sampler.unwinding if sampler is not None else "",
+            "unwind": {k.removeprefix("unwind_"): v for k, v in cpu.items() if k.startswith("unwind_")},
             "dropped_windows": dropped["cpu"].units, "dropped_samples": dropped["cpu"].records,
             "dropped_messages": sum(t.messages for t in dropped.values()),
             "dropped_bytes": sum(t.bytes for t in dropped.values()),

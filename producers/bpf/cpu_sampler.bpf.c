@@ -1,18 +1,22 @@
 // bcc C: CPU stack sampling on a software perf_event (CPU clock), aggregated in the kernel (as bcc's tools/profile.py).
-// producers/cpu_sampler.py compiles it with -D settings: MAX_ENTRIES, STACK_ENTRIES, KNOWN_PIDS, and FILTER_PID when
-// filtering.
+// producers/cpu_sampler.py compiles it with -D settings: MAX_ENTRIES, STACK_ENTRIES, KNOWN_PIDS, FILTER_PID when
+// filtering, UNWIND_TABLES (and UNWIND_ROWS, UNWIND_PROCS) when user stacks are unwound from the agent's call-frame
+// tables (unwind.bpf.h; without it, by frame pointers).
 // Only helpers read the task: the headers bcc compiles against may be older than the running kernel, so struct
 // offsets (task_struct->...) could be silently wrong.
 //
-// Double-buffered: samples go to the maps of the current generation (counts0/stacks0 or counts1/stacks1). User
+// Double-buffered: samples go to the maps of the current generation (counts0/stacks0/ustacks0 or the 1s). User
 // space flips `generation`, lets in-flight samples finish, then reads and clears the other pair at leisure, so no
 // sample counted during a drain is lost and no stack id is freed while a new count still refers to it.
 //
 // The first sample of a process (and the first after it ran exec) also puts its pid on the `new_pids` ring, which
 // wakes user space (new processes are rare, so the wake-ups are too): a process that lives a fraction of a second is
-// read from /proc while it still runs, not at the next once-a-second look, when it may be gone.
+// read from /proc while it still runs, not at the next once-a-second look, when it may be gone. A process whose stack
+// reached a pc in no mapping its tables know (a library it loaded since) is announced again, at most once a second,
+// so its mappings are read again.
 #include <uapi/linux/ptrace.h>
 #include <uapi/linux/bpf_perf_event.h>
+#include "unwind.bpf.h"
 
 #ifndef MAX_ENTRIES
 #define MAX_ENTRIES 10240
@@ -23,29 +27,47 @@
 #ifndef KNOWN_PIDS
 #define KNOWN_PIDS 65536
 #endif
+#define ANNOUNCE_AGAIN_NS 1000000000ULL
 
 // Keep in step with KEY_FIELDS in producers/cpu_sampler.py (a test compares the two).
 struct key_t {
     u32 pid;  // tgid: the process
     u32 tid;
-    s32 user_stack_id;    // negative: -errno from get_stackid (-EFAULT: no stack of that kind, else lost)
-    s32 kernel_stack_id;
+    u64 user_stack;      // the user stack's hash: its key in ustacks
+    s32 user_status;     // 0, -EFAULT (no user stack: a kernel thread), or -errno: its stack was lost
+    s32 kernel_stack_id; // negative: -errno from get_stackid (-EFAULT: no kernel stack, else lost)
+};
+
+// Keep in step with USER_STACK in producers/cpu_sampler.py.
+struct user_stack {
+    u32 len;  // entries used, an UNWIND_TRUNCATED mark included
+    u32 pad;
+    u64 addrs[UNWIND_MAX_FRAMES + 1];
 };
 
 BPF_HASH(counts0, struct key_t, u64, MAX_ENTRIES);
 BPF_HASH(counts1, struct key_t, u64, MAX_ENTRIES);
-BPF_STACK_TRACE(stacks0, STACK_ENTRIES);
+BPF_STACK_TRACE(stacks0, STACK_ENTRIES);  // kernel stacks
 BPF_STACK_TRACE(stacks1, STACK_ENTRIES);
-BPF_ARRAY(generation, u32, 1);  // which pair samples go to: its low bit
+BPF_HASH(ustacks0, u64, struct user_stack, STACK_ENTRIES);
+BPF_HASH(ustacks1, u64, struct user_stack, STACK_ENTRIES);
+BPF_PERCPU_ARRAY(ustack_scratch, struct user_stack, 1);
+BPF_ARRAY(generation, u32, 1);  // which set samples go to: its low bit
 BPF_ARRAY(dropped, u64, 2);  // per generation: samples lost because that generation's counts map was full
-BPF_HASH(known_pids, u32, u8, KNOWN_PIDS);  // processes whose first sample was announced on new_pids
+BPF_HASH(known_pids, u32, u64, KNOWN_PIDS);  // processes announced on new_pids, with when (bpf_ktime_get_ns)
 BPF_RINGBUF_OUTPUT(new_pids, 4);  // 16 KiB: 4,096 announcements between two reads
 
-static inline void announce(u32 tgid) {
-    u8 one = 1;
-    // insert fails when the pid is known already (or the map is full: then the once-a-second look finds it)
-    if (known_pids.insert(&tgid, &one) == 0)
-        new_pids.ringbuf_output(&tgid, sizeof(tgid), 0);  // 0: wake the reader if it waits
+static inline void announce(u32 tgid, int again) {
+    u64 now = bpf_ktime_get_ns();
+    u64 *last = known_pids.lookup(&tgid);
+    if (last) {
+        if (!again || now - *last < ANNOUNCE_AGAIN_NS)
+            return;
+        *last = now;
+    } else if (known_pids.insert(&tgid, &now) != 0) {  // the map is full: the once-a-second look finds it
+        return;
+    }
+    new_pids.ringbuf_output(&tgid, sizeof(tgid), 0);  // 0: wake the reader if it waits
 }
 
 // A process that runs exec has new mappings: announce it again at its next sample.
@@ -64,6 +86,67 @@ TRACEPOINT_PROBE(sched, sched_process_exit) {
     return 0;
 }
 
+// The thread's user registers: the sample's own when it interrupted user mode, else those saved at its entry into
+// the kernel. 0 when there are none (a kernel thread).
+static __always_inline int user_regs(struct bpf_perf_event_data *ctx, u64 *pc, u64 *sp, u64 *bp) {
+    struct pt_regs regs = {};
+    // read through the helper: the verifier refuses loads at computed offsets into the context
+    bpf_probe_read_kernel(&regs, sizeof(regs), &ctx->regs);
+    if ((regs.cs & 3) != 3) {
+        void *saved = (void *)bpf_task_pt_regs(bpf_get_current_task_btf());
+        if (!saved || bpf_probe_read_kernel(&regs, sizeof(regs), saved) < 0 || (regs.cs & 3) != 3)
+            return 0;
+    }
+    if (regs.ip == 0)
+        return 0;
+    *pc = regs.ip;
+    *sp = regs.sp;
+    *bp = regs.bp;
+    return 1;
+}
+
+BPF_PROG_ARRAY(unwind_progs, 1);  // [0]: cpu_unwind, put there by user space
+BPF_PERCPU_ARRAY(sample_keys, struct key_t, 1);  // the sample's key while its walk spans programs
+
+// Records the sample whose walk has ended: its user stack, kernel stack and count.
+static __always_inline void count_sample(struct bpf_perf_event_data *ctx, struct key_t *key, struct unwind_state *s) {
+    int zero = 0;
+    struct user_stack *ustack = ustack_scratch.lookup(&zero);
+    if (!ustack)
+        return;
+    if (s) {
+        unwind_finish(s);
+        key->user_stack = s->hash;
+        ustack->len = s->n;
+        bpf_probe_read_kernel(ustack->addrs, sizeof(ustack->addrs), s->stack);
+    }
+    announce(key->pid, s ? s->unmapped : 0);
+    u32 *gen = generation.lookup(&zero);
+    int slot = gen ? (*gen & 1) : 0;
+    u64 none = 0, *count;
+    int stored = 0;
+    // written out twice: bcc rewrites map calls only outside macros
+    if (slot) {
+        if (s)
+            stored = ustacks1.insert(&key->user_stack, ustack);
+        key->kernel_stack_id = stacks1.get_stackid(&ctx->regs, 0);
+    } else {
+        if (s)
+            stored = ustacks0.insert(&key->user_stack, ustack);
+        key->kernel_stack_id = stacks0.get_stackid(&ctx->regs, 0);
+    }
+    if (stored < 0 && stored != -EEXIST)  // the same stack is there already: fine
+        key->user_status = stored;
+    count = slot ? counts1.lookup_or_try_init(key, &none) : counts0.lookup_or_try_init(key, &none);
+    if (count) {
+        __sync_fetch_and_add(count, 1);
+    } else {
+        u64 *lost = dropped.lookup(&slot);
+        if (lost)
+            __sync_fetch_and_add(lost, 1);
+    }
+}
+
 int on_cpu_clock(struct bpf_perf_event_data *ctx) {
     u64 pid_tgid = bpf_get_current_pid_tgid();
     u32 tgid = pid_tgid >> 32;
@@ -73,30 +156,38 @@ int on_cpu_clock(struct bpf_perf_event_data *ctx) {
     if (tgid != FILTER_PID)
         return 0;
 #endif
-    announce(tgid);
-    struct key_t key = {};
-    key.pid = tgid;
-    key.tid = (u32)pid_tgid;
-    int idx = 0;
-    u32 *gen = generation.lookup(&idx);
-    int slot = gen ? (*gen & 1) : 0;
-    u64 zero = 0, *count;
-    // written out twice: bcc rewrites map calls only outside macros
-    if (slot) {
-        key.user_stack_id = stacks1.get_stackid(&ctx->regs, BPF_F_USER_STACK);
-        key.kernel_stack_id = stacks1.get_stackid(&ctx->regs, 0);
-        count = counts1.lookup_or_try_init(&key, &zero);
-    } else {
-        key.user_stack_id = stacks0.get_stackid(&ctx->regs, BPF_F_USER_STACK);
-        key.kernel_stack_id = stacks0.get_stackid(&ctx->regs, 0);
-        count = counts0.lookup_or_try_init(&key, &zero);
+    int zero = 0;
+    struct key_t *key = sample_keys.lookup(&zero);
+    if (!key)
+        return 0;
+    __builtin_memset(key, 0, sizeof(*key));
+    key->pid = tgid;
+    key->tid = (u32)pid_tgid;
+    u64 pc = 0, sp = 0, bp = 0;
+    if (!user_regs(ctx, &pc, &sp, &bp)) {
+        unwind_count(US_NO_USER, 1);
+        key->user_status = -EFAULT;
+        count_sample(ctx, key, 0);
+        return 0;
     }
-    if (count) {
-        __sync_fetch_and_add(count, 1);
-    } else {
-        u64 *lost = dropped.lookup(&slot);
-        if (lost)
-            __sync_fetch_and_add(lost, 1);
-    }
+    struct unwind_state *s = unwind_begin(tgid, pc, sp, bp);
+    if (!s)
+        return 0;
+    if (!unwind_frames(s))
+        unwind_progs.call(ctx, 0);  // cpu_unwind goes on; returns here only if the tail call failed
+    count_sample(ctx, key, s);
+    return 0;
+}
+
+// The rest of a walk, UNWIND_FRAMES_PER_CALL frames at a time.
+int cpu_unwind(struct bpf_perf_event_data *ctx) {
+    int zero = 0;
+    struct key_t *key = sample_keys.lookup(&zero);
+    struct unwind_state *s = unwind_states.lookup(&zero);
+    if (!key || !s)
+        return 0;
+    if (!unwind_frames(s) && ++s->calls < UNWIND_MAX_CALLS)
+        unwind_progs.call(ctx, 0);
+    count_sample(ctx, key, s);
     return 0;
 }

@@ -1,6 +1,8 @@
 // bcc C: the fleetprof USDT probes (native/include/fleetprof_probes.h) as uprobes, one record per event into two
 // BPF ring buffers. producers/gpu_probes.py compiles it (-D settings: MAX_SITES, LAUNCH_RING_PAGES,
-// KERNEL_RING_PAGES, WEIGHT_ENTRIES, MAX_REG) and attaches each probe site of each ELF object by path.
+// KERNEL_RING_PAGES, WEIGHT_ENTRIES, MAX_REG, UNWIND_TABLES) and attaches each probe site of each ELF object by path.
+// The launching thread's user stack is unwound by unwind.bpf.h (the agent's call-frame tables, else frame
+// pointers): `launch_<slot>` starts the walk and `gpu_unwind` (tail calls) finishes it and sends the record.
 //
 // One compiled program serves every object: where a probe's arguments live (register, memory, constant) differs
 // per site and per build, so user space decodes the site's note into `sites[slot]`, and attaches the wrapper
@@ -11,6 +13,7 @@
 // it reads the ring (see producers/gpu_probes.py). kernel_executed's times are passed through as the probe gives
 // them.
 #include <uapi/linux/ptrace.h>
+#include "unwind.bpf.h"
 
 #ifndef MAX_SITES
 #define MAX_SITES 32
@@ -32,8 +35,7 @@
 #define API_NAME_MAX 64
 #define KERNEL_NAME_MAX 4096            // characters of a kernel name kept
 #define NAME_READ (KERNEL_NAME_MAX + 2)  // read one more than kept (and the NUL): a longer name is known to be cut
-#define MAX_STACK 127                   // user frames walked at most (the kernel's default perf_event_max_stack)
-#define PAGE_BYTES 4096                 // the smallest page size: a copy up to the end of one never crosses it
+#define MAX_STACK (UNWIND_MAX_FRAMES + 1)  // user frames walked at most, and the [truncated] mark
 
 #define ARG_NONE 0
 #define ARG_REG 1
@@ -89,10 +91,6 @@ struct kernel_event {
     char name[NAME_READ];  // only name_bytes of it are sent
 };
 
-struct stack_page {
-    u8 bytes[PAGE_BYTES];
-};
-
 struct weight_t {
     u32 correlation_id;
     u32 weight;
@@ -105,7 +103,7 @@ BPF_TABLE("lru_hash", u32, struct weight_t, weights, WEIGHT_ENTRIES);
 // Records are built here (a kernel name is 4 KB, too big for the BPF stack) and sent with their used length only.
 BPF_PERCPU_ARRAY(launch_scratch, struct launch_event, 1);
 BPF_PERCPU_ARRAY(kernel_scratch, struct kernel_event, 1);
-BPF_PERCPU_ARRAY(stack_scratch, struct stack_page, 1);
+BPF_PROG_ARRAY(unwind_progs, 1);  // [0]: gpu_unwind, put there by user space
 // Written with BPF_RB_NO_WAKEUP: while the reader keeps up, each record would otherwise queue a wake-up (an irq_work:
 // a self-interrupt, on a VM an exit to the hypervisor), measured at +200 ns of program time alone per launch here,
 // paid by the launching thread. The reader polls on a timer instead; a full ring loses records, counted.
@@ -148,50 +146,18 @@ static __always_inline u64 read_arg(struct pt_regs *ctx, struct arg_spec *arg) {
     return value;
 }
 
-// The user stack, leaf first, by its frame pointers: the probe's address, then each frame's return address.
-// Walked here rather than with bpf_get_stack, whose user callchain cost ~140 ns a frame on the machine measured
-// (bench/RESULTS.md). The stack is copied a page at a time, from a frame to the end of its page (mapped, since the
-// frame is there, so the copy cannot fault), and the frames inside are read from the copy: a read per page, not per
-// frame. Ends at a frame that cannot be read, a zero return address, or a frame pointer that does not move up the
-// stack (so it always ends).
-static __always_inline int user_stack(struct pt_regs *ctx, u64 *stack) {
-    int zero = 0;
-    struct stack_page *page = stack_scratch.lookup(&zero);
-    if (!page)
-        return 0;
-    u64 fp = PT_REGS_FP(ctx);
-    stack[0] = PT_REGS_IP(ctx);
-    int n = 1;
-    u64 base = 0, have = 0;  // page->bytes holds the user memory [base, base + have)
-#pragma clang loop unroll(disable)
-    for (int i = 1; i < MAX_STACK; i++) {
-        u64 frame[2];  // the saved frame pointer, then the return address
-        if (fp >= base && fp + sizeof(frame) <= base + have) {
-            u64 off = (fp - base) & (PAGE_BYTES - 1);
-            if (off > PAGE_BYTES - sizeof(frame))
-                break;
-            frame[0] = *(u64 *)(page->bytes + off);
-            frame[1] = *(u64 *)(page->bytes + off + 8);
-        } else {
-            u32 rest = PAGE_BYTES - (fp & (PAGE_BYTES - 1));
-            if (rest >= sizeof(frame) && bpf_probe_read_user(page->bytes, rest, (void *)fp) == 0) {
-                base = fp;
-                have = rest;
-                frame[0] = *(u64 *)(page->bytes);
-                frame[1] = *(u64 *)(page->bytes + 8);
-            } else if (bpf_probe_read_user(frame, sizeof(frame), (void *)fp) < 0) {  // a frame across pages
-                break;
-            }
-        }
-        if (frame[1] == 0)
-            break;
-        stack[i] = frame[1];
-        n = i + 1;
-        if (frame[0] <= fp)
-            break;
-        fp = frame[0];
-    }
-    return n;
+static __always_inline void send_launch(struct launch_event *e, struct unwind_state *s) {
+    unwind_finish(s);
+    u32 n = s->n;
+    if (n > MAX_STACK)
+        n = MAX_STACK;
+    bpf_probe_read_kernel(e->stack, sizeof(e->stack), s->stack);  // a constant size: the verifier's choice
+    e->stack_bytes = n * sizeof(e->stack[0]);
+    u64 size = sizeof(*e) - sizeof(e->stack) + e->stack_bytes;
+    if (size > sizeof(*e))
+        size = sizeof(*e);
+    if (launches.ringbuf_output(e, size, BPF_RB_NO_WAKEUP) < 0)
+        count(LOST_LAUNCHES);
 }
 
 static __always_inline int on_launch(struct pt_regs *ctx, u32 slot) {
@@ -219,13 +185,25 @@ static __always_inline int on_launch(struct pt_regs *ctx, u32 slot) {
             count(WEIGHTS_UNUSED);
         weights.delete(&e->tid);
     }
-    int frames = user_stack(ctx, e->stack);
-    e->stack_bytes = frames * sizeof(e->stack[0]);
-    u64 size = sizeof(*e) - sizeof(e->stack) + e->stack_bytes;
-    if (size > sizeof(*e))
-        size = sizeof(*e);
-    if (launches.ringbuf_output(e, size, BPF_RB_NO_WAKEUP) < 0)
-        count(LOST_LAUNCHES);
+    struct unwind_state *s = unwind_begin(e->pid, PT_REGS_IP(ctx), PT_REGS_SP(ctx), PT_REGS_FP(ctx));
+    if (!s)
+        return 0;
+    // The walk itself is gpu_unwind's: one copy of it for every site, instead of one per site to verify and load.
+    unwind_progs.call(ctx, 0);
+    send_launch(e, s);  // only if the tail call failed: a stack of just the mark
+    return 0;
+}
+
+// The rest of a launch's walk, UNWIND_FRAMES_PER_CALL frames at a time; the last one sends the record.
+int gpu_unwind(struct pt_regs *ctx) {
+    int zero = 0;
+    struct launch_event *e = launch_scratch.lookup(&zero);
+    struct unwind_state *s = unwind_states.lookup(&zero);
+    if (!e || !s)
+        return 0;
+    if (!unwind_frames(s) && ++s->calls < UNWIND_MAX_CALLS)
+        unwind_progs.call(ctx, 0);
+    send_launch(e, s);
     return 0;
 }
 

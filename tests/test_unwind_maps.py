@@ -1,0 +1,211 @@
+"""The call-frame tables in the BPF maps, and the in-kernel walk over them, against a real program built without
+frame pointers (needs root, bcc and kernel headers: skipped with the reason without them, a failure on CI).
+
+The agreement with `perf record --call-graph dwarf` through the whole pipeline is tests/test_unwind_truth.py's; here:
+what the loader writes, frees and counts, and what the sampler's stacks hold.
+"""
+
+from __future__ import annotations
+
+import ctypes as ct
+import logging
+import os
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from producers.cpu_sampler import BpfUnavailable, CpuSampler, check_bpf
+from producers.elf_symbols import read_elf_symbols
+from producers.process_info import Mapping, process_info
+from producers.unwind_maps import MAX_MAPPINGS, RowSpace, UnwindLoader, _bias
+from producers.unwind_tables import compile_unwind_table
+from schemas.wire import TRUNCATED_FRAME
+from tests.elf_helpers import need, unavailable
+
+# main -> run -> middle -> leaf, each with locals on the stack (a frame the walker must measure from the CFA rules,
+# not from RBP), built -O2 -fomit-frame-pointer as distributions build.
+NOFP_C = r"""
+#include <unistd.h>
+volatile unsigned long sink, extra;
+__attribute__((noinline)) void leaf(int n) {
+    volatile char pad[200];
+    for (int i = 0; i < n; i++) { pad[i % 200] = i; sink += pad[(i * 7) % 200]; }
+}
+__attribute__((noinline)) void middle(int n) { volatile long pad[9]; pad[n % 9] = n; leaf(n); extra += pad[0]; }
+__attribute__((noinline)) void run(void) { middle(200000); extra++; }
+int main(void) { alarm(60); for (;;) run(); }
+"""
+
+
+def test_row_space_takes_first_fit_and_merges_what_is_given_back() -> None:
+    space = RowSpace(100)
+    a, b, c = space.take(30), space.take(30), space.take(30)
+    assert (a, b, c, space.take(20), space.used) == (0, 30, 60, None, 90)
+    space.give(b, 30)
+    assert space.take(40) is None  # 30 + 10 free, not together
+    space.give(a, 30)
+    assert space.take(60) == 0  # a and b merged again
+    space.give(0, 60)
+    space.give(c, 30)
+    assert space.used == 0 and space.take(100) == 0
+
+
+def test_bias_maps_a_pc_to_the_files_virtual_address() -> None:
+    text = [(0, 0, 0x1000), (0x1000, 0x1000, 0x5000), (0x6000, 0x7000, 0x100)]  # offset, vaddr, size
+    # a PIE's text mapped at 0x5555_0000_1000 from offset 0x1000: pc - bias is its vaddr
+    assert _bias(text, 0x5555_0000_1000, 0x1000) == 0x5555_0000_0000
+    # a segment whose vaddr and offset differ (data after a gap)
+    assert _bias(text, 0x7f00_0000_0000, 0x6000) == 0x7f00_0000_0000 - 0x7000
+    assert _bias(text, 0x1000, 0x9000) is None  # an offset in no segment
+
+
+@pytest.fixture(scope="module")
+def nofp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    try:
+        check_bpf()
+    except BpfUnavailable as exc:
+        unavailable(f"BPF unavailable: {exc}")
+    need("gcc")
+    folder = tmp_path_factory.mktemp("unwind_maps")
+    (folder / "w.c").write_text(NOFP_C)
+    subprocess.run(["gcc", "-O2", "-fomit-frame-pointer", "-o", str(folder / "nofp"), str(folder / "w.c")],
+                   check=True)
+    return folder / "nofp"
+
+
+@pytest.fixture
+def workload(nofp: Path) -> Iterator[subprocess.Popen]:
+    proc = subprocess.Popen([str(nofp)])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _names(binary: Path, mappings: list[Mapping], stack: list[int]) -> list[str]:
+    """Root first, names from the program's own symbols; other files by basename, the mark as [truncated]."""
+    syms = read_elf_symbols(binary)
+    out = []
+    for i, addr in enumerate(stack):
+        if addr == TRUNCATED_FRAME:
+            out.append("[truncated]")
+            continue
+        m = next((m for m in mappings if m.start <= addr < m.limit), None)
+        if m is None or os.path.realpath(m.path) != os.path.realpath(binary):
+            out.append(os.path.basename(m.path) if m else "?")
+            continue
+        vaddr = addr - m.start + m.file_offset - (0 if i == 0 else 1)
+        j = int(np.searchsorted(syms.addrs, vaddr, side="right")) - 1
+        out.append(syms.names[j] if j >= 0 else "?")
+    return out[::-1]
+
+
+def test_loaded_tables_walk_code_without_frame_pointers_to_the_root(nofp: Path, workload: subprocess.Popen,
+                                                                   tmp_path: Path) -> None:
+    loader = UnwindLoader(tmp_path / "cache")
+    sampler = CpuSampler(99, pid_filter=workload.pid, unwind=loader)
+    sampler.start()
+    try:
+        assert sampler.unwinding == "call-frame tables"
+        info = process_info(workload.pid)
+        loader.load(workload.pid, info.mappings)
+        assert loader.wait_idle() and loader.loaded(workload.pid)
+        sampler.drain()  # what was walked before the tables were in
+        time.sleep(2)
+        samples = sampler.drain()
+        counters = loader.counters()
+    finally:
+        sampler.close()
+        loader.close()
+    chains: Counter[tuple[str, ...]] = Counter()
+    for _, _, user, _, n in samples:
+        chains[tuple(_names(nofp, info.mappings, user))] += n
+    total = sum(chains.values())
+    whole = sum(n for chain, n in chains.items()
+                if chain[-4:] == ("main", "run", "middle", "leaf") and chain[0] == "_start")
+    assert total >= 100 and whole >= 0.95 * total, chains.most_common(5)
+    # from _start through libc's start code (frames named by their file above) to main
+    assert chains.most_common(1)[0][0][1].startswith("libc"), chains.most_common(1)
+    assert counters["stacks_reached_root"] >= 0.95 * total and counters["frames_by_table"] > 0, counters
+    assert counters["files"] >= 2 and counters["processes"] == 1
+
+
+def test_rows_are_written_as_compiled_and_freed_when_the_process_exits(nofp: Path, tmp_path: Path) -> None:
+    proc = subprocess.Popen([str(nofp)])
+    loader = UnwindLoader(tmp_path / "cache")
+    sampler = CpuSampler(99, pid_filter=proc.pid, unwind=loader)
+    sampler.start()
+    try:
+        info = process_info(proc.pid)
+        loader.load(proc.pid, info.mappings)
+        assert loader.wait_idle()
+        entry = sampler._bpf[b"unwind_procs"][ct.c_uint32(proc.pid)]
+        maps = [(m.start, m.end, m.bias, m.rows_start, m.rows_len) for m in entry.maps[:entry.count]]
+        assert [m[0] for m in maps] == sorted(m.start for m in info.mappings)
+        own = next(m for m in info.mappings if os.path.realpath(m.path) == str(nofp.resolve()))
+        start, _, bias, rows_start, rows_len = next(m for m in maps if m[0] == own.start)
+        table = compile_unwind_table(nofp)
+        assert rows_len == table.count
+        rows = sampler._bpf[b"unwind_rows"]
+        got = [(rows[ct.c_int(rows_start + i)].pc, rows[ct.c_int(rows_start + i)].cfa_kind) for i in range(rows_len)]
+        assert got == [(int(r["pc"]), int(r["cfa_kind"])) for r in table.array()]
+        main = read_elf_symbols(nofp)
+        assert start - bias <= int(main.addrs[list(main.names).index("main")]) < own.limit - bias
+        used = loader.counters()["rows_used"]
+        assert used >= rows_len
+        proc.kill()
+        proc.wait()
+        assert loader.forget_exited() == 1
+        assert loader.counters()["rows_used"] == 0 and loader.counters()["files"] == 0
+        with pytest.raises(KeyError):
+            sampler._bpf[b"unwind_procs"][ct.c_uint32(proc.pid)]
+    finally:
+        proc.kill()
+        sampler.close()
+        loader.close()
+
+
+def test_a_table_that_does_not_fit_is_walked_by_frame_pointers_and_counted(nofp: Path, workload: subprocess.Popen,
+                                                                         tmp_path: Path) -> None:
+    loader = UnwindLoader(tmp_path / "cache", rows=1024)  # libc's table alone is bigger
+    sampler = CpuSampler(19, pid_filter=workload.pid, unwind=loader)
+    sampler.start()
+    try:
+        info = process_info(workload.pid)
+        many = info.mappings + [Mapping((1 << 40) + i * 4096, (1 << 40) + i * 4096 + 4096, 0, "", "")
+                                for i in range(MAX_MAPPINGS)]
+        loader.load(workload.pid, many)
+        assert loader.wait_idle()
+        counters = loader.counters()
+        entry = sampler._bpf[b"unwind_procs"][ct.c_uint32(workload.pid)]
+    finally:
+        sampler.close()
+        loader.close()
+    assert counters["rows_exhausted"] >= 1 and counters["mappings_over_limit"] == len(many) - MAX_MAPPINGS
+    assert entry.count == MAX_MAPPINGS
+    libc = next(m for m in info.mappings if "libc" in os.path.basename(m.path))
+    assert all(m.rows_len == 0 for m in entry.maps[:entry.count] if m.start == libc.start)
+
+
+class _RefusedLoader(UnwindLoader):
+    def cflags(self) -> list[str]:
+        return [*super().cflags(), "-DUNWIND_ROWS=0"]  # a map of no entries: the kernel refuses to create it
+
+
+def test_a_refused_unwinder_falls_back_to_frame_pointers_in_one_line(nofp: Path, tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, "fleetprof.unwind")
+    sampler = CpuSampler(19, pid_filter=os.getpid(), unwind=_RefusedLoader(tmp_path / "cache"))
+    sampler.start()
+    try:
+        assert sampler.unwinding == "frame pointers"
+    finally:
+        sampler.close()
+    said = [r.getMessage() for r in caplog.records if "table unwinder did not load" in r.getMessage()]
+    assert len(said) == 1 and "\n" not in said[0], said
