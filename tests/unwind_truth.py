@@ -172,15 +172,17 @@ def our_chain(frames: list[tuple[str, str, str]], binaries: Binaries) -> Chain:
 
 
 def perf_chains(pids: Iterable[int], seconds: float, frequency: int, out_dir: Path,
-                dump_size: int = DUMP_SIZE) -> dict[int, Counter[Chain]]:
-    """Record every thread of `pids` for `seconds` with `perf record --call-graph dwarf` (cpu-clock, as the agent
-    samples) and count each process's user call chains, normalized by frame_name. The processes must still run
-    when this returns (their maps name the files perf reads)."""
+                dump_size: int = DUMP_SIZE, event: str = "cpu-clock") -> dict[int, Counter[Chain]]:
+    """Record every thread of `pids` for `seconds` with `perf record --call-graph dwarf` (cpu-clock at `frequency`,
+    as the agent samples; another event, such as a uprobe, at every hit) and count each process's user call chains,
+    normalized by frame_name. The processes must still run when this returns (their maps name the files perf
+    reads)."""
     pids = list(pids)
     out_dir.mkdir(parents=True, exist_ok=True)
     data = out_dir / "perf.data"
     env = dict(os.environ, PERF_BUILDID_DIR=str(out_dir / "buildid"))  # an empty cache: no file perf kept elsewhere
-    rec = subprocess.run(["perf", "record", "-q", "-N", "-e", "cpu-clock", "-F", str(frequency), "-m", "16M",
+    rate = ["-F", str(frequency)] if event == "cpu-clock" else ["-c", "1"]
+    rec = subprocess.run(["perf", "record", "-q", "-N", "-e", event, *rate, "-m", "16M",
                           "--call-graph", f"dwarf,{dump_size}", "-p", ",".join(map(str, pids)), "-o", str(data),
                           "--", "sleep", str(seconds)], capture_output=True, text=True, env=env)
     if rec.returncode != 0:
