@@ -21,7 +21,7 @@ from pathlib import Path
 from producers.unwind_tables import ROW, UnwindTable, compile_unwind_table
 
 MAGIC = b"FPUNWIND"
-VERSION = 1  # raise when the row format, or what the rules mean, changes
+VERSION = 2  # raise when the row format, or what the rules mean, changes
 _HEADER = struct.Struct("<8sIIQI")  # magic, version, stats length, row count, crc32 of the rest
 _SAFE_ID = re.compile(r"[0-9A-Za-z_:-]{1,128}")
 

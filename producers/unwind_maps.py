@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from producers.elf_symbols import ElfError, read_load_segments
-from producers.process_info import Mapping, mapped_file
+from producers.elf_symbols import ElfError, read_build_id, read_load_segments
+from producers.process_info import DELETED, Mapping, mapped_file
 from producers.unwind_cache import UnwindTableCache
 from producers.unwind_tables import ROW_DTYPE, UnwindTable, UnwindTableError, compile_unwind_table_bytes
 
@@ -222,10 +222,13 @@ class UnwindLoader:
             return self._vdso_table(m)
         if not m.path.startswith("/") or not m.build_id:
             return None
-        path = mapped_file(pid, m.start, m.limit, m.path)
         key = m.build_id
+        path: str | None = None
         segments = self._segments.get(key)
         if segments is None:
+            path = _file_of(pid, m)
+            if path is None:
+                return None
             try:
                 segments = self._segments[key] = read_load_segments(path)
             except ElfError:
@@ -236,10 +239,15 @@ class UnwindLoader:
         with self._lock:
             if key in self._files:
                 return key, bias
+        path = path or _file_of(pid, m)
+        if path is None:  # the segments were read when it was there
+            return None
         began = time.monotonic()
         try:
             table = self.tables.get(key, path)
         except (UnwindTableError, OSError) as exc:
+            if not os.path.exists(f"/proc/{pid}"):
+                return None  # it exited while its file was read: nothing wrong with the file, a later process loads it
             self.stats["tables_failed"] += 1
             log.info("no unwind table for %s: %s", m.path, exc)
             return None
@@ -314,6 +322,20 @@ class UnwindLoader:
 _PROC_DTYPE = np.dtype([("count", "<u4"), ("pad", "<u4"),
                         ("maps", [("start", "<u8"), ("end", "<u8"), ("bias", "<u8"), ("rows_start", "<u4"),
                                   ("rows_len", "<u4")], (MAX_MAPPINGS,))])
+
+
+def _file_of(pid: int, m: Mapping) -> str | None:
+    """Where the file a mapping maps is read: its path through the process's root, unless that path holds another
+    file by now (an upgrade renamed a new binary over it after the mappings were read: the table would be the new
+    file's, under the old build id), then the mapped inode itself through map_files. None when neither is it."""
+    for path in dict.fromkeys((mapped_file(pid, m.start, m.limit, m.path),
+                               mapped_file(pid, m.start, m.limit, m.path.removesuffix(DELETED) + DELETED))):
+        try:
+            if read_build_id(path) == m.build_id:
+                return path
+        except ElfError:
+            pass
+    return None
 
 
 def _bias(segments: list[tuple[int, int, int]], start: int, file_offset: int) -> int | None:

@@ -25,6 +25,7 @@ CFA_UNSUPPORTED = 8  # covered, but by a rule the walker cannot follow
 RBP_SAME = 0  # the caller's RBP is this frame's RBP
 RBP_SAVED = 1  # the caller's RBP is at CFA + rbp_offset
 RBP_UNKNOWN = 2  # any other rule
+RBP_AT_RBP = 3  # the caller's RBP is at RBP + rbp_offset: gcc's realigned stacks (DW_CFA_expression: breg6 N)
 
 REG_RBP, REG_RSP, REG_RA = 6, 7, 16  # DWARF register numbers of x86_64
 RA_OK, RA_UNDEFINED, RA_OTHER = 0, 1, 2  # the return address column: at CFA-8, undefined, anything else (or no rule)
@@ -53,7 +54,7 @@ SIGNAL_CODE = rule_code(CFA_SIGNAL)
 END_CODE = rule_code(CFA_END)
 UNSUPPORTED_CODE = rule_code(CFA_UNSUPPORTED)
 _RSP_KIND, _RBP_KIND, _PLT_KIND = CFA_RSP << 48, CFA_RBP << 48, CFA_PLT << 48
-_SAVED_KIND, _UNKNOWN_RBP = RBP_SAVED << 56, RBP_UNKNOWN << 56
+_SAVED_KIND, _UNKNOWN_RBP, _AT_RBP_KIND = RBP_SAVED << 56, RBP_UNKNOWN << 56, RBP_AT_RBP << 56
 
 
 class BadProgram(Exception):
@@ -116,6 +117,17 @@ def cfa_expression_code(expr: bytes) -> int:
 def _saved_rbp(offset: int) -> int:
     """The RBP part of a code for "saved at CFA + offset"."""
     return _SAVED_KIND | (offset & 0xFFFF) << 32 if -0x8000 <= offset < 0x8000 else _UNKNOWN_RBP
+
+
+def _at_rbp(d: bytes, start: int, end: int) -> int:
+    """The RBP part of a code for `DW_CFA_expression rbp: DW_OP_breg6 N` (the caller's RBP saved at RBP + N, as gcc
+    says it in functions that realign the stack), else RBP_UNKNOWN's."""
+    if end - start < 2 or d[start] != 0x76:  # DW_OP_breg6
+        return _UNKNOWN_RBP
+    offset, q = sleb(d, start + 1)
+    if q != end or not -0x8000 <= offset < 0x8000:
+        return _UNKNOWN_RBP
+    return _AT_RBP_KIND | (offset & 0xFFFF) << 32
 
 
 def state_code(cfa_reg: int, cfa_off: int, cfa_x: int, rbp: int, ra: int) -> int:
@@ -267,9 +279,9 @@ def execute(d: bytes, p: int, end: int, caf: int, daf: int, rules0: tuple[int, i
             elif op == 0x10 or op == 0x16:  # DW_CFA_expression, DW_CFA_val_expression
                 reg, p = uleb(d, p)
                 n, p = uleb(d, p)
-                p += n
+                expr_start, p = p, p + n
                 if reg == REG_RBP:
-                    rbp = _UNKNOWN_RBP
+                    rbp = _at_rbp(d, expr_start, p) if op == 0x10 else _UNKNOWN_RBP
                 elif reg == REG_RA:
                     ra = RA_OTHER
                 continue

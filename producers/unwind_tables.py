@@ -37,6 +37,7 @@ from producers.unwind_rules import (
     CFA_SIGNAL,
     CFA_UNSUPPORTED,
     NONE_CODE,
+    RBP_AT_RBP,
     RBP_SAME,
     RBP_SAVED,
     RBP_UNKNOWN,
@@ -45,13 +46,13 @@ from producers.unwind_rules import (
 )
 
 __all__ = ["CFA_DEREF_RBP", "CFA_DEREF_RSP", "CFA_END", "CFA_NONE", "CFA_PLT", "CFA_RBP", "CFA_RSP", "CFA_SIGNAL",
-           "CFA_UNSUPPORTED", "RBP_SAME", "RBP_SAVED", "RBP_UNKNOWN", "ROW", "ROW_DTYPE", "UnwindTable",
+           "CFA_UNSUPPORTED", "RBP_AT_RBP", "RBP_SAME", "RBP_SAVED", "RBP_UNKNOWN", "ROW", "ROW_DTYPE", "UnwindTable",
            "UnwindTableError", "compile_unwind_table", "compile_unwind_table_bytes", "rows_to_text"]
 
 ROW_DTYPE = np.dtype([("pc", "<u4"), ("cfa_offset", "<i4"), ("rbp_offset", "<i2"), ("cfa_kind", "u1"),
                       ("rbp_kind", "u1")])
 _PACKED = np.dtype([("pc", "<u4"), ("code", "<u8")])  # the same 12 bytes: the rule as one rule code
-SCATTER_ROWS = 1 << 20  # rows moved at a time into address order
+SCATTER_ROWS = 1 << 18  # rows moved at a time into address order
 CFA_NAMES = {CFA_NONE: "none", CFA_RSP: "rsp", CFA_RBP: "rbp", CFA_PLT: "plt", CFA_DEREF_RBP: "*rbp",
              CFA_DEREF_RSP: "*rsp", CFA_SIGNAL: "signal", CFA_END: "end", CFA_UNSUPPORTED: "unsupported"}
 
@@ -87,7 +88,8 @@ def rows_to_text(table: UnwindTable) -> str:
             cfa += f"{cfa_offset:+d}"
         elif cfa_kind == CFA_PLT:
             cfa = f"plt rsp{cfa_offset:+d} (+8 from rip&15 >= {rbp_offset})"
-        rbp = {RBP_SAME: "", RBP_SAVED: f" rbp=cfa{rbp_offset:+d}", RBP_UNKNOWN: " rbp=?"}.get(rbp_kind, "")
+        rbp = {RBP_SAME: "", RBP_SAVED: f" rbp=cfa{rbp_offset:+d}", RBP_UNKNOWN: " rbp=?",
+               RBP_AT_RBP: f" rbp=*(rbp{rbp_offset:+d})"}.get(rbp_kind, "")
         lines.append(f"0x{pc:x} {cfa}{rbp if cfa_kind != CFA_PLT else ''}")
     return "\n".join(lines) + ("\n" if lines else "")
 
@@ -134,29 +136,43 @@ def _paint(members: list[tuple[int, int, int, list[int], list[int]]]) -> tuple[l
 def _scattered(cfi: CfiRows, start: np.ndarray, end: np.ndarray, nrows: np.ndarray,
                order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The rows of FDEs that do not overlap (what linkers write, though not in address order: hot and cold text):
-    each FDE's rows moved as a block to its place in address order, a CFA_NONE after each. Nothing as big as the
-    rows is sorted, and the moves go a slice of FDEs at a time: a 500 MB binary has millions of rows."""
-    block = nrows[order] + 1
+    each FDE's rows moved as a block to its place in address order, a CFA_NONE after each unless the next FDE
+    starts there. Nothing as big as the rows is sorted, the moves go a slice at a time, and each big array goes as
+    soon as it has been used: a 500 MB binary has millions of rows."""
+    gap = np.ones(len(order), bool)  # the FDE's end needs a CFA_NONE row
+    gap[:-1] = end[order[:-1]] != start[order[1:]]
+    block = nrows[order] + gap
     first = np.cumsum(block) - block  # where each FDE's rows go, in address order
     row0 = np.cumsum(nrows) - nrows  # where they are
     shift = np.empty(len(order), np.int64)
     shift[order] = first - row0[order]
-    pc, code = np.empty(int(block.sum()), np.uint32), np.empty(int(block.sum()), np.uint64)
-    locs, codes = np.frombuffer(cfi.row_loc, np.uint32), np.frombuffer(cfi.row_code, np.uint64)
-    step = max(1, len(start) * SCATTER_ROWS // max(len(locs), 1))
-    for f0 in range(0, len(start), step):
-        f1 = min(f0 + step, len(start))
-        r0, r1 = int(row0[f0]), int(row0[f1 - 1] + nrows[f1 - 1])
-        dest = np.repeat(shift[f0:f1], nrows[f0:f1])
-        dest += np.arange(r0, r1)
+    step = max(1, len(start) * SCATTER_ROWS // max(int(row0[-1] + nrows[-1]), 1))
+
+    def slices():  # (rows r0:r1, where they go)
+        for f0 in range(0, len(start), step):
+            f1 = min(f0 + step, len(start))
+            r0, r1 = int(row0[f0]), int(row0[f1 - 1] + nrows[f1 - 1])
+            dest = np.repeat(shift[f0:f1], nrows[f0:f1])
+            dest += np.arange(r0, r1)
+            yield f0, f1, r0, r1, dest
+
+    total = int(block.sum())
+    ends, end_pcs = (first + block - 1)[gap], end[order][gap]
+    pc = np.empty(total, np.uint32)
+    locs = np.frombuffer(cfi.row_loc, np.uint32)
+    for f0, f1, r0, r1, dest in slices():
         moved = np.repeat(start[f0:f1], nrows[f0:f1])
         moved += locs[r0:r1]
         pc[dest] = moved
+    del locs
+    cfi.row_loc = array("I")
+    pc[ends] = end_pcs
+    code = np.empty(total, np.uint64)
+    codes = np.frombuffer(cfi.row_code, np.uint64)
+    for _, _, r0, r1, dest in slices():
         code[dest] = codes[r0:r1]
-    del locs, codes, dest, moved
-    cfi.row_loc, cfi.row_code = array("I"), array("Q")
-    ends = first + block - 1
-    pc[ends] = end[order]
+    del codes
+    cfi.row_code = array("Q")
     code[ends] = NONE_CODE
     return pc, code
 
@@ -200,7 +216,26 @@ def _sorted(cfi: CfiRows, start: np.ndarray, end: np.ndarray, nrows: np.ndarray,
     del parts_pc, parts_code, parts_rank
     order = np.argsort(key, kind="stable")
     del key
-    return pc[order], code[order]
+    pc, code = pc[order], code[order]
+    last = np.ones(len(pc), bool)  # of the rows at one pc, the last holds: the others cover nothing
+    last[:-1] = pc[1:] != pc[:-1]
+    return pc[last], code[last]
+
+
+def _pack(pc: np.ndarray, code: np.ndarray) -> bytearray:
+    """The rows as ROWs, each the first of its run of one rule; a slice at a time (no copy of pc or code)."""
+    keep = np.ones(len(code), bool)
+    keep[1:] = code[1:] != code[:-1]
+    out = bytearray(int(keep.sum()) * ROW.size)
+    packed = np.frombuffer(out, _PACKED)
+    at = 0
+    for c0 in range(0, len(code), SCATTER_ROWS):
+        k = keep[c0:c0 + SCATTER_ROWS]
+        n = int(k.sum())
+        packed["pc"][at:at + n] = pc[c0:c0 + SCATTER_ROWS][k]
+        packed["code"][at:at + n] = code[c0:c0 + SCATTER_ROWS][k]
+        at += n
+    return out
 
 
 def _assemble(cfi: CfiRows, eh_fdes: int, stats: dict[str, int]) -> bytes:
@@ -217,19 +252,13 @@ def _assemble(cfi: CfiRows, eh_fdes: int, stats: dict[str, int]) -> bytes:
     else:
         pc, code = _sorted(cfi, start, end, nrows, order, eh_fdes, stats)
     cfi.row_loc, cfi.row_code = array("I"), array("Q")
-    keep = np.ones(len(pc), bool)  # of the rows at one pc, the last holds: the others cover nothing
-    keep[:-1] = pc[1:] != pc[:-1]
-    code = code[keep]  # one array at a time, each old one gone before the next new one
-    pc = pc[keep]
-    keep = np.ones(len(pc), bool)  # of neighbours with one rule, the first
-    keep[1:] = code[1:] != code[:-1]
-    packed = np.empty(int(keep.sum()), _PACKED)
-    np.compress(keep, pc, out=packed["pc"])
-    del pc
-    np.compress(keep, code, out=packed["code"])
-    del code, keep
-    stats["unsupported_rows"] = int(((packed["code"] >> np.uint64(48)) & np.uint64(0xFF) == CFA_UNSUPPORTED).sum())
-    return packed.tobytes()
+    del start, end, nrows, order
+    out = _pack(pc, code)
+    del pc, code
+    kinds = np.frombuffer(out, _PACKED)["code"] >> np.uint64(48) & np.uint64(0xFF)
+    stats["unsupported_rows"] = int((kinds == CFA_UNSUPPORTED).sum())
+    del kinds
+    return bytes(out)
 
 
 def _compile(img: Image) -> UnwindTable:

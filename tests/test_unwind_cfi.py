@@ -19,6 +19,7 @@ from producers.unwind_tables import (
     CFA_RSP,
     CFA_SIGNAL,
     CFA_UNSUPPORTED,
+    RBP_AT_RBP,
     RBP_SAME,
     RBP_SAVED,
     RBP_UNKNOWN,
@@ -104,7 +105,9 @@ def test_every_rule_for_rbp():
             (b"\x07\x06", (CFA_RSP, 8, RBP_SAME, 0)),  # undefined
             (b"\x15\x06" + sleb(-2), (CFA_RSP, 8, RBP_UNKNOWN, 0)),  # val_offset_sf
             (b"\x06\x06", (CFA_RSP, 8, RBP_SAME, 0)),  # restore_extended: no rule in the CIE
-            (b"\x10\x06\x02\x76\x00", (CFA_RSP, 8, RBP_UNKNOWN, 0)),  # expression (gcc's DRAP frames say this)
+            (b"\x10\x06\x02\x76\x00", (CFA_RSP, 8, RBP_AT_RBP, 0)),  # expression breg6 0 (gcc's DRAP frames)
+            (b"\x10\x06\x02\x76\x70", (CFA_RSP, 8, RBP_AT_RBP, -16)),  # breg6 -16
+            (b"\x10\x06\x03\x76\x00\x06", (CFA_RSP, 8, RBP_UNKNOWN, 0)),  # breg6 0; deref: another rule
             (b"\x16\x06\x02\x76\x00", (CFA_RSP, 8, RBP_UNKNOWN, 0)),  # val_expression
             (offset(6, 5000), (CFA_RSP, 8, RBP_UNKNOWN, 0)),  # -40000 does not fit an s16
             (b"\xc6", (CFA_RSP, 8, RBP_SAME, 0)))  # restore

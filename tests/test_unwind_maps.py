@@ -42,6 +42,36 @@ int main(void) { alarm(60); for (;;) run(); }
 """
 
 
+# Stack realignment through a DRAP register (stack arguments, a 64-byte aligned local, alloca): the realigned
+# function's CFA is *(RBP - 16) and it keeps its caller's RBP at *(RBP + 0); its caller `framed` (alloca: it keeps
+# RBP as its frame base even without frame pointers) needs that RBP to find its own CFA.
+REALIGNED_C = r"""
+#include <alloca.h>
+#include <string.h>
+#include <unistd.h>
+volatile unsigned long sink, extra;
+__attribute__((noinline)) long spin(long *p, int n) {
+    for (int i = 0; i < 300000; i++) sink += p[i % n];
+    return (long)sink;
+}
+__attribute__((noinline)) long realigned(int n, long a, long b, long c, long d, long e, long g, long h) {
+    _Alignas(64) long buf[16];
+    long *p = alloca(n * sizeof(long));
+    memset(buf, n, sizeof buf);
+    p[0] = g + h + a + b + c + d + e;
+    buf[2] = spin(p, 1);
+    return spin(buf, 16);
+}
+__attribute__((noinline)) long framed(int n) {
+    long *q = alloca(n * sizeof(long));
+    q[0] = realigned(n, 1, 2, 3, 4, 5, 6, 7);
+    extra += q[0];
+    return q[n - 1];
+}
+int main(int argc, char **argv) { (void)argv; alarm(60); for (;;) framed(argc + 3); }
+"""
+
+
 def test_row_space_takes_first_fit_and_merges_what_is_given_back() -> None:
     space = RowSpace(100)
     a, b, c = space.take(30), space.take(30), space.take(30)
@@ -106,16 +136,17 @@ def _names(binary: Path, mappings: list[Mapping], stack: list[int]) -> list[str]
     return out[::-1]
 
 
-def test_loaded_tables_walk_code_without_frame_pointers_to_the_root(nofp: Path, workload: subprocess.Popen,
-                                                                   tmp_path: Path) -> None:
-    loader = UnwindLoader(tmp_path / "cache")
-    sampler = CpuSampler(99, pid_filter=workload.pid, unwind=loader)
+def _sampled_chains(binary: Path, pid: int, cache: Path) -> tuple[Counter[tuple[str, ...]], dict[str, int]]:
+    """Two seconds of `pid`'s stacks at 99 Hz once its tables are in, as name chains root first; the loader's
+    counters."""
+    loader = UnwindLoader(cache)
+    sampler = CpuSampler(99, pid_filter=pid, unwind=loader)
     sampler.start()
     try:
         assert sampler.unwinding == "call-frame tables"
-        info = process_info(workload.pid)
-        loader.load(workload.pid, info.mappings)
-        assert loader.wait_idle() and loader.loaded(workload.pid)
+        info = process_info(pid)
+        loader.load(pid, info.mappings)
+        assert loader.wait_idle() and loader.loaded(pid)
         sampler.drain()  # what was walked before the tables were in
         time.sleep(2)
         samples = sampler.drain()
@@ -125,7 +156,13 @@ def test_loaded_tables_walk_code_without_frame_pointers_to_the_root(nofp: Path, 
         loader.close()
     chains: Counter[tuple[str, ...]] = Counter()
     for _, _, user, _, n in samples:
-        chains[tuple(_names(nofp, info.mappings, user))] += n
+        chains[tuple(_names(binary, info.mappings, user))] += n
+    return chains, counters
+
+
+def test_loaded_tables_walk_code_without_frame_pointers_to_the_root(nofp: Path, workload: subprocess.Popen,
+                                                                   tmp_path: Path) -> None:
+    chains, counters = _sampled_chains(nofp, workload.pid, tmp_path / "cache")
     total = sum(chains.values())
     whole = sum(n for chain, n in chains.items()
                 if chain[-4:] == ("main", "run", "middle", "leaf") and chain[0] == "_start")
@@ -191,6 +228,22 @@ def test_a_table_that_does_not_fit_is_walked_by_frame_pointers_and_counted(nofp:
     assert entry.count == MAX_MAPPINGS
     libc = next(m for m in info.mappings if "libc" in os.path.basename(m.path))
     assert all(m.rows_len == 0 for m in entry.maps[:entry.count] if m.start == libc.start)
+
+
+def test_a_realigned_stack_is_walked_through_its_saved_frame_base(nofp: Path, tmp_path: Path) -> None:
+    (tmp_path / "r.c").write_text(REALIGNED_C)
+    binary = tmp_path / "realigned"
+    subprocess.run(["gcc", "-O2", "-fomit-frame-pointer", "-o", str(binary), str(tmp_path / "r.c")], check=True)
+    proc = subprocess.Popen([str(binary)])
+    try:
+        chains, _ = _sampled_chains(binary, proc.pid, tmp_path / "cache")
+    finally:
+        proc.kill()
+        proc.wait()
+    total = sum(chains.values())
+    whole = sum(n for chain, n in chains.items()
+                if chain[0] == "_start" and chain[-4:] == ("main", "framed", "realigned", "spin"))
+    assert total >= 100 and whole >= 0.95 * total, chains.most_common(5)
 
 
 class _RefusedLoader(UnwindLoader):

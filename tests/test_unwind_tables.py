@@ -25,6 +25,7 @@ from producers.unwind_tables import (
     CFA_RSP,
     CFA_SIGNAL,
     CFA_UNSUPPORTED,
+    RBP_AT_RBP,
     RBP_SAME,
     RBP_SAVED,
     RBP_UNKNOWN,
@@ -121,14 +122,14 @@ def test_a_function_without_one(programs):
 
 @pytest.mark.parametrize("build", ["fp", "nofp"])
 def test_a_realigned_stack(programs, build):
-    """gcc's DRAP: CFA = r10 for a few instructions (unsupported), then *(rbp - 16); the caller's rbp is an
-    expression (*(rbp + 0)), which the rows cannot say."""
+    """gcc's DRAP: CFA = r10 for a few instructions (unsupported), then *(rbp - 16); the caller's rbp is saved at
+    rbp + 0 (DW_CFA_expression: breg6 0)."""
     prog = Program(programs[build])
     addr, code = prog.code("realigned")
     lea = code.index(b"\x4c\x8d\x54\x24\x08")  # lea r10, [rsp + 8]
     assert prog.table.rule_at(addr) == (CFA_RSP, 8, RBP_SAME, 0)
     assert prog.table.rule_at(addr + lea + 5)[0] == CFA_UNSUPPORTED
-    assert (CFA_DEREF_RBP, -16, RBP_UNKNOWN, 0) in [r[1:] for r in prog.rules("realigned")]
+    assert (CFA_DEREF_RBP, -16, RBP_AT_RBP, 0) in [r[1:] for r in prog.rules("realigned")]
 
 
 def test_plt_stubs_and_the_outermost_frame(programs):
@@ -219,6 +220,9 @@ def _expected(line: dict, signal: bool, parser: DWARFExprParser) -> tuple[int, i
         return kind, off, RBP_SAME, 0
     if rbp.type == RegisterRule.OFFSET and -0x8000 <= rbp.arg < 0x8000:
         return kind, off, RBP_SAVED, rbp.arg
+    expr = bytes(rbp.arg) if rbp.type == RegisterRule.EXPRESSION else b""
+    if expr[:1] == b"\x76" and len(expr) == 2 and expr[1] < 0x80:  # breg6 N (one-byte sleb)
+        return kind, off, RBP_AT_RBP, expr[1] - 0x80 if expr[1] & 0x40 else expr[1]
     return kind, off, RBP_UNKNOWN, 0
 
 
@@ -267,7 +271,7 @@ def agreement(path: str, table: UnwindTable, every: int = 1, debug_frame: bool =
 
 
 def real_files() -> list[tuple[str, int]]:
-    files = [(libc_path(), 1), ("/usr/bin/gzip", 1), (os.path.realpath("/usr/bin/python3.11"), 5)]
+    files = [(libc_path(), 2), ("/usr/bin/gzip", 1), (os.path.realpath("/usr/bin/python3.11"), 5)]
     return [(p, every) for p, every in files if os.path.exists(p)]
 
 
@@ -292,6 +296,8 @@ def test_the_row_layout():
     first = ROW.unpack_from(table.rows, 0)
     assert first == tuple(table.array()[0].tolist())
     assert table.count == len(table.array()) == len(table.rows) // 12
+    for path, _ in real_files():  # sorted, strictly increasing pcs, no two neighbours alike, a CFA_NONE last
+        targets.check_unwind(Path(path).read_bytes())
 
 
 def test_the_cache_builds_once_and_rebuilds_what_does_not_check_out(programs, tmp_path):

@@ -51,6 +51,7 @@
 #define RBP_SAME 0
 #define RBP_SAVED 1        // the caller's RBP = *(CFA + rbp_offset)
 #define RBP_UNKNOWN 2
+#define RBP_AT_RBP 3       // the caller's RBP = *(RBP + rbp_offset): stack realignment
 
 // The interrupted registers in a signal frame: struct ucontext_t's uc_mcontext (x86_64 kernel ABI).
 #define SIGFRAME_RBP 120
@@ -308,8 +309,8 @@ static __always_inline int unwind_frames(struct unwind_state *s) {
                 s->end = US_READ_FAILED;
                 return 1;
             }
-            if (row->rbp_kind == RBP_SAVED) {
-                if (unwind_read(s, cfa + row->rbp_offset, &next_bp)) {
+            if (row->rbp_kind == RBP_SAVED || (row->rbp_kind == RBP_AT_RBP && s->bp_known)) {
+                if (unwind_read(s, (row->rbp_kind == RBP_SAVED ? cfa : bp) + row->rbp_offset, &next_bp)) {
                     s->end = US_READ_FAILED;
                     return 1;
                 }

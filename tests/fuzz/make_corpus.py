@@ -1,6 +1,6 @@
 """Write the seed corpora under tests/fuzz/corpus/<target>/: small valid inputs of every fuzz target, plus a few
 mutated ones (truncated, wrong fingerprint, bogus lengths). The files are checked in; run this again after a schema
-changes:  .venv/bin/python tests/fuzz/make_corpus.py   (needs gcc for the ELF seeds)."""
+changes:  .venv/bin/python tests/fuzz/make_corpus.py   (needs gcc for the ELF and unwind seeds)."""
 
 from __future__ import annotations
 
@@ -57,6 +57,87 @@ int other(int x) __attribute__((weak));
 int other(int x) { return local_fn(x); }
 void _start(void) { for (;;) other(1); }
 """
+
+# the unwind seeds: C whose CFI gcc writes (frame pointer, DRAP realignment), and assembly for the rules gcc writes
+# only elsewhere (glibc's _start and signal trampoline, ld's PLT stubs) or never (register rules, personality, LSDA)
+UNWIND_C = """long leaf(long x) { return x * 7 + 1; }
+__attribute__((noinline)) long framed(long *v, int n) { long s = 0; for (int i = 0; i < n; i++) s += v[i] * leaf(i);
+    return s; }
+__attribute__((noinline)) long realigned(int n, long a, long b, long c, long d, long e, long g, long h) {
+    _Alignas(64) long buf[16];
+    long *p = __builtin_alloca(n * sizeof(long));
+    for (int i = 0; i < 16; i++) buf[i] = n + i;
+    p[0] = g + h + a + b + c + d + e;
+    return framed(buf, n) + framed(p, 1);
+}
+long entry(int n) { return realigned(n, 1, 2, 3, 4, 5, 6, 7); }
+"""
+UNWIND_ASM = """  .text
+  .globl _start
+_start:
+  .cfi_startproc
+  .cfi_undefined rip
+  xor %ebp, %ebp
+  call entry
+  call rich
+  hlt
+  .cfi_endproc
+rich:
+  .cfi_startproc
+  .cfi_personality 0x3, rich
+  .cfi_lsda 0x3, lsda
+  push %rbp
+  .cfi_def_cfa_offset 16
+  .cfi_offset rbp, -16
+  mov %rsp, %rbp
+  .cfi_def_cfa_register rbp
+  push %rbx
+  .cfi_offset rbx, -24
+  test %rdi, %rdi
+  je 1f
+  .cfi_remember_state
+  pop %rbx
+  .cfi_restore rbx
+  pop %rbp
+  .cfi_def_cfa rsp, 8
+  .cfi_restore rbp
+  ret
+1:
+  .cfi_restore_state
+  .cfi_escape 0x2e, 0x10
+  .cfi_register rbp, r11
+  nop
+  .cfi_val_offset rbx, -32
+  nop
+  .cfi_escape 0x0f, 0x03, 0x76, 0x70, 0x06
+  nop
+  .cfi_escape 0x0f, 0x0b, 0x77, 0x08, 0x80, 0x00, 0x3f, 0x1a, 0x3b, 0x2a, 0x33, 0x24, 0x22
+  nop
+  .cfi_def_cfa r10, 0
+  nop
+  .cfi_escape 0x0f, 0x03, 0x77, 0x20, 0x06
+  nop
+  .cfi_def_cfa rsp, 8
+  .cfi_same_value rbp
+  .cfi_offset rip, -16
+  nop
+  .cfi_offset rip, -8
+  ret
+  .cfi_endproc
+  nop
+restore_rt:
+  .cfi_startproc simple
+  .cfi_signal_frame
+  .cfi_def_cfa rsp, 160
+  mov $15, %rax
+  syscall
+  .cfi_endproc
+  .section .rodata
+lsda:
+  .long 0
+"""
+UNWIND_FLAGS = ["-O2", "-nostdlib", "-static", "-fcf-protection=none", "-fno-omit-frame-pointer",
+                "-fno-tree-loop-distribute-patterns", "-Wl,-N", "-Wl,--build-id=none"]
 
 
 def _write(target: str, name: str, data: bytes) -> None:
@@ -137,9 +218,29 @@ def elf_seeds() -> None:
     _write("elf", "bad-shoff.elf", data[:0x28] + b"\xff" * 8 + data[0x30:])
 
 
+def unwind_seeds() -> None:
+    """Small static x86_64 programs with rich call-frame information: one with .eh_frame alone, one whose C parts
+    have theirs in .debug_frame (the other debug sections removed)."""
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        raise SystemExit("gcc is needed for the unwind seeds")
+    with tempfile.TemporaryDirectory() as tmp:
+        c, asm = Path(tmp) / "u.c", Path(tmp) / "u.s"
+        c.write_text(UNWIND_C)
+        asm.write_text(UNWIND_ASM)
+        for name, extra in {"eh_frame.elf": [], "debug_frame.elf": ["-g", "-fno-asynchronous-unwind-tables"]}.items():
+            out = Path(tmp) / name
+            subprocess.run([gcc, *UNWIND_FLAGS, *extra, "-o", str(out), str(c), str(asm)], check=True,
+                           capture_output=True)
+            if extra:
+                subprocess.run(["objcopy", "--strip-debug", "--keep-section=.debug_frame", str(out)], check=True)
+            _write("unwind", name, out.read_bytes())
+
+
 if __name__ == "__main__":
     avro_seeds()
     stage_seeds()
     text_seeds()
     elf_seeds()
+    unwind_seeds()
     print(f"wrote {sum(1 for _ in CORPUS.rglob('*') if _.is_file())} seed files under {CORPUS}")

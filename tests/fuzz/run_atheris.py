@@ -2,11 +2,11 @@
 
     .venv/bin/python tests/fuzz/run_atheris.py TARGET [WORK_DIR] [libFuzzer flags, e.g. -max_total_time=300]
 
-TARGET is one of tests/fuzz/targets.py's TARGETS (avro, decode_message, columnar, elf, perf_map, kallsyms,
-demangle, stage_symbolize, stage_correlate, stage_alerts). The checked-in seeds of tests/fuzz/corpus/<target>/ are
-read, never written: inputs found to reach new code go to WORK_DIR (default: a temporary directory), and a crash is
-saved by libFuzzer as crash-<sha1> in the current directory; replay one with `TARGET crash-<sha1>`. Copy small,
-interesting finds into the corpus folder to keep them as regression seeds.
+TARGET is one of tests/fuzz/targets.py's TARGETS (avro, decode_message, columnar, elf, unwind, perf_map,
+kallsyms, demangle, stage_symbolize, stage_correlate, stage_alerts). The checked-in seeds of
+tests/fuzz/corpus/<target>/ are read, never written: inputs found to reach new code go to WORK_DIR (default: a
+temporary directory), and a crash is saved by libFuzzer as crash-<sha1> in the current directory; replay one with
+`TARGET crash-<sha1>`. Copy small, interesting finds into the corpus folder to keep them as regression seeds.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ with atheris.instrument_imports(include=["schemas", "processors", "producers", "
     import producers.elf_symbols  # noqa: F401
     import producers.kallsyms  # noqa: F401
     import producers.perf_map  # noqa: F401
+    import producers.unwind_tables  # noqa: F401
     from tests.fuzz import targets
 
 
@@ -47,7 +48,7 @@ def main() -> None:
         work = dirs[0] if dirs else tempfile.mkdtemp(prefix=f"fuzz-{name}-")
         flags = [a for a in rest if a.startswith("-")]
         if not any(f.startswith("-max_len=") for f in flags):
-            flags.append("-max_len=65536" if name in ("elf", "stage_symbolize") else "-max_len=8192")
+            flags.append("-max_len=65536" if name in ("elf", "unwind", "stage_symbolize") else "-max_len=8192")
         args = [sys.argv[0], *flags, work, *([str(seeds)] if seeds.is_dir() else [])]
         print(f"fuzzing {name}: new inputs in {work}", file=sys.stderr)
 

@@ -178,6 +178,26 @@ def check_elf(data: bytes, directory: str | None = None) -> None:
         os.unlink(path)
 
 
+def check_unwind(data: bytes) -> None:
+    """compile_unwind_table_bytes: rows the BPF walker can binary-search (pcs strictly increasing, no two neighbours
+    alike, known kinds, 32-bit pcs) or UnwindTableError with a one-line reason."""
+    from producers.unwind_tables import CFA_UNSUPPORTED, RBP_AT_RBP, UnwindTableError, compile_unwind_table_bytes
+
+    try:
+        table = compile_unwind_table_bytes(data)
+    except UnwindTableError as exc:
+        one_line(str(exc))
+        return
+    rows = table.array()
+    assert len(table.rows) == 12 * len(rows) == 12 * table.count
+    assert (rows["pc"][1:] > rows["pc"][:-1]).all(), "pcs strictly increasing"
+    rules = rows[["cfa_offset", "rbp_offset", "cfa_kind", "rbp_kind"]]
+    assert (rules[1:] != rules[:-1]).all(), "no two neighbours with one rule"
+    assert (rows["cfa_kind"] <= CFA_UNSUPPORTED).all() and (rows["rbp_kind"] <= RBP_AT_RBP).all()
+    assert all(isinstance(v, int) and v >= 0 for v in table.stats.values())
+    assert not len(rows) or rows["cfa_kind"][-1] == 0, "the last row ends the last FDE"
+
+
 def check_perf_map(data: bytes) -> None:
     """parse_perf_map: sorted unique 64-bit starts, one-line names, chunks the codec can encode."""
     from producers.perf_map import is_perf_map_id, parse_perf_map, perf_map_chunks
@@ -359,6 +379,7 @@ TARGETS: dict[str, Callable[[bytes], object]] = {
     "decode_message": check_decode_message,
     "columnar": lambda data: check_columnar(with_header("CpuStackBatch", data)),
     "elf": check_elf,
+    "unwind": check_unwind,
     "perf_map": check_perf_map,
     "kallsyms": check_kallsyms,
     "demangle": check_demangle,
