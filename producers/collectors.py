@@ -60,7 +60,9 @@ def open_collectors(options: CollectorOptions, processes: ProcessCache) -> Opene
     except BpfUnavailable as exc:
         _off(found, f"CPU sampling off: BPF unavailable: {exc}")
     if options.gpu:
-        _open_gpu(found, options, processes, bpf=bool(found.collectors), unwind=unwind)
+        # the GPU probes share the CPU sampler's tables; without them, frame pointers
+        shared = unwind if unwind is not None and unwind.shared else None
+        _open_gpu(found, options, processes, bpf=bool(found.collectors), unwind=shared)
     return found
 
 

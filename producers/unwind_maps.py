@@ -1,12 +1,13 @@
 """The call-frame tables in the BPF maps the unwinder reads (producers/bpf/unwind.bpf.h): each mapped file's rows
-once per build id in the shared `unwind_rows` array, each process's executable mappings in `unwind_procs`.
+once per build id in the shared `unwind_rows` array as (pc, rule index), each distinct rule once in `unwind_rules`,
+each process's executable mappings in `unwind_procs`.
 
 Tables are compiled (producers/unwind_tables.py, cached on disk per build id) on a thread of their own, so a large
 new binary never holds up the agent's loop; until a process's tables are in, its stacks are walked by frame
 pointers (and counted as such). A file's rows are freed when no loaded process maps it any more.
 
-Every program that unwinds (the CPU sampler, the GPU launch probes) has its own copy of the maps: `attach()` each
-one, and every table goes to all of them.
+The maps are one set for the agent: the first program attached (the CPU sampler) owns and exports them; the others
+(the GPU launch probes) are compiled with `cflags(shared=True)` and use the same maps. Each counts its own walks.
 """
 
 from __future__ import annotations
@@ -27,14 +28,18 @@ import numpy as np
 from producers.elf_symbols import ElfError, read_build_id, read_load_segments
 from producers.process_info import DELETED, Mapping, mapped_file
 from producers.unwind_cache import UnwindTableCache
-from producers.unwind_tables import ROW_DTYPE, UnwindTable, UnwindTableError, compile_unwind_table_bytes
+from producers.unwind_rules import code_fields
+from producers.unwind_tables import UnwindTable, UnwindTableError, compile_unwind_table_bytes
 
 log = logging.getLogger("fleetprof.unwind")
 
-DEFAULT_ROWS = 1 << 21  # rows of all loaded files together (16 bytes of kernel memory each, per program)
+DEFAULT_ROWS = 1 << 23  # rows of all loaded files together: 8 bytes of kernel memory each (64 MiB)
 DEFAULT_PROCS = 8192  # processes with tables at once
+MAX_RULES = 65536  # UNWIND_RULES in unwind.bpf.h
 MAX_MAPPINGS = 512  # UNWIND_MAPPINGS in unwind.bpf.h
-ELEMENT_BYTES = 16  # an array element: the 12-byte row rounded up to 8 by the kernel
+ELEMENT_BYTES = 8  # struct unwind_row in the kernel: pc, rule index
+_COMPILED = np.dtype([("pc", "<u4"), ("code", "<u8")])  # a compiled 12-byte row: pc, then the rule's 8 bytes
+_LOADED = np.dtype([("pc", "<u4"), ("rule", "<u4")])
 PAGE = mmap.PAGESIZE
 # How walks ended and what they met: the `unwind_stats` indices in unwind.bpf.h.
 UNWIND_STATS = ("stacks_reached_root", "stacks_ended_by_frame_pointer", "stacks_cut_at_frame_limit",
@@ -53,10 +58,10 @@ class _File:
 
 
 @dataclass
-class _Program:
+class _Maps:
     rows_fd: int
-    procs: Any  # the bcc table of unwind_procs
-    stats: Any  # the bcc table of unwind_stats
+    rules: Any  # the bcc tables of unwind_rules and unwind_procs
+    procs: Any
 
 
 class RowSpace:
@@ -97,7 +102,9 @@ class UnwindLoader:
         self.rows = rows
         self.procs = procs
         self.space = RowSpace(rows)
-        self._programs: list[_Program] = []
+        self._maps: _Maps | None = None
+        self._stats: list[Any] = []  # each attached program's unwind_stats
+        self._rules: dict[int, int] = {}  # rule code -> its index in unwind_rules
         self._files: dict[str, _File] = {}  # table key (build id) -> its rows
         self._pids: dict[int, set[str]] = {}  # loaded process -> the table keys its entry uses
         self._lock = threading.Lock()  # _files, _pids, space and the maps: the worker and forget_exited()
@@ -106,20 +113,25 @@ class UnwindLoader:
         self._vdso: tuple[str, UnwindTable | None, int] | None = None
         self._segments: dict[str, list[tuple[int, int, int]]] = {}  # build id -> its PT_LOAD segments
         self.stats = {k: 0 for k in ("processes_loaded", "files_loaded", "files_freed", "tables_failed",
-                                     "rows_exhausted", "mappings_over_limit", "build_seconds_ms")}
+                                     "rows_exhausted", "rules_exhausted", "mappings_over_limit", "build_seconds_ms")}
 
-    def cflags(self) -> list[str]:
-        """The -D settings a program that unwinds is compiled with."""
-        return ["-DUNWIND_TABLES", f"-DUNWIND_ROWS={self.rows}", f"-DUNWIND_PROCS={self.procs}"]
+    @property
+    def shared(self) -> bool:
+        """Whether a program owns the maps already: the next one shares them."""
+        return self._maps is not None
+
+    def cflags(self, shared: bool = False) -> list[str]:
+        """The -D settings a program that unwinds is compiled with; `shared`: it uses the owner's maps."""
+        return ["-DUNWIND_TABLES", f"-DUNWIND_ROWS={self.rows}", f"-DUNWIND_PROCS={self.procs}",
+                f"-DUNWIND_RULES={MAX_RULES}", *(["-DUNWIND_EXTERN"] if shared else [])]
 
     def attach(self, bpf: Any) -> None:
-        """Take a compiled program's maps: every table loaded from now on is written there too. Programs attach
-        before the first load() (the rows are not kept in memory to be written again)."""
-        program = _Program(bpf[b"unwind_rows"].map_fd, bpf[b"unwind_procs"], bpf[b"unwind_stats"])
+        """Take a compiled program: the first one's maps are where the tables go (before the first load(): the
+        rows are not kept to be written again); every one's walks are counted."""
         with self._lock:
-            if self._files:
-                raise RuntimeError("UnwindLoader.attach() after tables were loaded")
-            self._programs.append(program)
+            if self._maps is None:
+                self._maps = _Maps(bpf[b"unwind_rows"].map_fd, bpf[b"unwind_rules"], bpf[b"unwind_procs"])
+            self._stats.append(bpf[b"unwind_stats"])
         if self._worker is None:
             self._worker = threading.Thread(target=self._work, name="fleetprof-unwind", daemon=True)
             self._worker.start()
@@ -151,14 +163,15 @@ class UnwindLoader:
     def counters(self) -> dict[str, int]:
         """The kernel side's counts (summed over CPUs and programs) and the loader's own."""
         out = dict.fromkeys(UNWIND_STATS, 0)
-        for program in self._programs:
+        for stats in self._stats:
             for i, name in enumerate(UNWIND_STATS):
                 try:
-                    out[name] += sum(int(v) for v in program.stats[ct.c_int(i)])
+                    out[name] += sum(int(v) for v in stats[ct.c_int(i)])
                 except (KeyError, OSError):
                     pass
         out["stacks_truncated"] = sum(out[k] for k in TRUNCATED_ENDS)
-        out.update(self.stats, rows_used=self.space.used, rows_capacity=self.space.size, files=len(self._files),
+        out.update(self.stats, rows_used=self.space.used, rows_capacity=self.space.size, rules=len(self._rules),
+                   files=len(self._files),
                    processes=len(self._pids), table_cache_builds=self.tables.builds,
                    table_cache_hits=self.tables.disk_hits)
         return out
@@ -168,7 +181,8 @@ class UnwindLoader:
             self._queue.put(None)
             self._worker.join(timeout=30)
             self._worker = None
-        self._programs.clear()
+        self._maps = None
+        self._stats.clear()
 
     # --- the worker ------------------------------------------------------------------------------------------
 
@@ -272,38 +286,55 @@ class UnwindLoader:
         with self._lock:
             if key in self._files:
                 return True
-            start = self.space.take(table.count) if table.count else None
-            if start is None:
-                if table.count:
-                    self.stats["rows_exhausted"] += 1
-                    log.warning("unwind rows full (%d of %d used): a file of %d rows walks by frame pointers; raise "
-                                "--unwind-rows", self.space.used, self.space.size, table.count)
+            if self._maps is None or not table.count:
                 return False
-            for program in self._programs:
-                _write_rows(program.rows_fd, start, table.rows)
+            compiled = np.frombuffer(table.rows, dtype=_COMPILED)
+            codes, rule_of_row = np.unique(compiled["code"], return_inverse=True)
+            new = [int(c) for c in codes.tolist() if c not in self._rules]
+            if len(self._rules) + len(new) > MAX_RULES:
+                self.stats["rules_exhausted"] += 1
+                log.warning("unwind rules full (%d): a file with %d new ones walks by frame pointers", MAX_RULES,
+                            len(new))
+                return False
+            start = self.space.take(table.count)
+            if start is None:
+                self.stats["rows_exhausted"] += 1
+                log.warning("unwind rows full (%d of %d used): a file of %d rows walks by frame pointers; raise "
+                            "--unwind-rows", self.space.used, self.space.size, table.count)
+                return False
+            for code in new:
+                index = self._rules[code] = len(self._rules)
+                leaf = self._maps.rules.Leaf()
+                leaf.cfa_kind, leaf.cfa_offset, leaf.rbp_kind, leaf.rbp_offset = code_fields(code)
+                self._maps.rules[ct.c_int(index)] = leaf
+            loaded = np.empty(table.count, dtype=_LOADED)
+            loaded["pc"] = compiled["pc"]
+            loaded["rule"] = np.array([self._rules[int(c)] for c in codes.tolist()], dtype=np.uint32)[rule_of_row]
+            _write_rows(self._maps.rows_fd, start, loaded.tobytes())
             self._files[key] = _File(start, table.count)
             self.stats["files_loaded"] += 1
             return True
 
     def _write_proc(self, pid: int, entries: list[tuple[int, int, int, int, int]]) -> None:
+        if self._maps is None:
+            return
         buf = np.zeros(1, dtype=_PROC_DTYPE)
         buf["count"] = len(entries)
         if entries:
             buf["maps"][0, :len(entries)] = entries
-        for program in self._programs:
-            leaf = program.procs.Leaf()
-            ct.memmove(ct.addressof(leaf), buf.ctypes.data, min(ct.sizeof(leaf), buf.nbytes))
-            try:
-                program.procs[ct.c_uint32(pid)] = leaf
-            except Exception as exc:  # noqa: BLE001 - bcc raises plain Exception when the map is full
-                log.warning("unwind table of pid %d not loaded: %s", pid, exc)
+        leaf = self._maps.procs.Leaf()
+        ct.memmove(ct.addressof(leaf), buf.ctypes.data, min(ct.sizeof(leaf), buf.nbytes))
+        try:
+            self._maps.procs[ct.c_uint32(pid)] = leaf
+        except Exception as exc:  # noqa: BLE001 - bcc raises plain Exception when the map is full
+            log.warning("unwind table of pid %d not loaded: %s", pid, exc)
 
     def _unload(self, pid: int) -> None:
         for key in self._pids.pop(pid, set()):
             self._release(key, pid)
-        for program in self._programs:
+        if self._maps is not None:
             try:
-                del program.procs[ct.c_uint32(pid)]
+                del self._maps.procs[ct.c_uint32(pid)]
             except KeyError:
                 pass
 
@@ -348,17 +379,13 @@ def _bias(segments: list[tuple[int, int, int]], start: int, file_offset: int) ->
 
 
 def _write_rows(fd: int, start: int, rows: bytes) -> None:
-    """Rows into the mmap'able array at index `start`: only the pages they cover are mapped, and only while
-    written (a mapping kept would count every page ever written in the agent's RSS)."""
-    row = ROW_DTYPE.itemsize
-    count = len(rows) // row
+    """Rows (struct unwind_row, packed) into the mmap'able array at index `start`: only the pages they cover are
+    mapped, and only while written (a mapping kept would count every page ever written in the agent's RSS)."""
     first = start * ELEMENT_BYTES
     page_start = first - first % PAGE
-    length = first + count * ELEMENT_BYTES - page_start
+    length = first + len(rows) - page_start
     with mmap.mmap(fd, length, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=page_start) as mem:
-        view = np.frombuffer(mem, dtype=np.uint8, count=count * ELEMENT_BYTES, offset=first - page_start)
-        view.reshape(count, ELEMENT_BYTES)[:, :row] = np.frombuffer(rows, dtype=np.uint8).reshape(count, row)
-        del view
+        mem[first - page_start:first - page_start + len(rows)] = rows
 
 
 def _read_own_vdso() -> tuple[str, UnwindTable | None, int]:

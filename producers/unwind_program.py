@@ -40,7 +40,7 @@ def load_unwinding_program(bcc: Any, source: Path, cflags: list[str], walk: byte
     if unwind is not None:
         bpf = None
         try:
-            bpf = _compile(bcc, source, cflags + unwind.cflags(), walk, prog_type)
+            bpf = _compile(bcc, source, cflags + unwind.cflags(shared=unwind.shared), walk, prog_type)
             unwind.attach(bpf)
             return bpf, TABLES
         except Exception as exc:  # noqa: BLE001 - bcc raises plain Exception; the compiler said more on stderr

@@ -189,9 +189,15 @@ def test_rows_are_written_as_compiled_and_freed_when_the_process_exits(nofp: Pat
         start, _, bias, rows_start, rows_len = next(m for m in maps if m[0] == own.start)
         table = compile_unwind_table(nofp)
         assert rows_len == table.count
-        rows = sampler._bpf[b"unwind_rows"]
-        got = [(rows[ct.c_int(rows_start + i)].pc, rows[ct.c_int(rows_start + i)].cfa_kind) for i in range(rows_len)]
-        assert got == [(int(r["pc"]), int(r["cfa_kind"])) for r in table.array()]
+        rows, rules = sampler._bpf[b"unwind_rows"], sampler._bpf[b"unwind_rules"]
+        got = []
+        for i in range(rows_len):
+            row = rows[ct.c_int(rows_start + i)]
+            rule = rules[ct.c_int(row.rule)]
+            got.append((row.pc, rule.cfa_kind, rule.cfa_offset, rule.rbp_kind, rule.rbp_offset))
+        assert got == [tuple(int(r[f]) for f in ("pc", "cfa_kind", "cfa_offset", "rbp_kind", "rbp_offset"))
+                       for r in table.array()]
+        assert loader.counters()["rules"] < loader.counters()["rows_used"] / 10  # each distinct rule stored once
         main = read_elf_symbols(nofp)
         assert start - bias <= int(main.addrs[list(main.names).index("main")]) < own.limit - bias
         used = loader.counters()["rows_used"]

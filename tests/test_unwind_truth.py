@@ -171,9 +171,13 @@ def truth(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str, truth_
         ours: Counter[tuple[str, ...]] = Counter()
         for frames, n in _stacks(truth_store, node, pid):
             ours[our_chain(frames, binaries[pid])] += n
-        results[w.name] = agreement(ours, perf.get(pid, Counter()), w.expected)
+        theirs = perf.get(pid, Counter())
+        results[w.name] = agreement(ours, theirs, w.expected)
         print(json.dumps({"workload": w.name, "seconds": SECONDS, "perf_stack_dump": DUMP_SIZE,
                           **{k: round(v, 4) for k, v in results[w.name].items()}}))
+        # for a failure's message: the chains one tool saw and the other did not
+        results[w.name]["only"] = {"ours": [(" > ".join(c), n) for c, n in ours.most_common() if c not in theirs][:4],
+                                   "perf": [(" > ".join(c), n) for c, n in theirs.most_common() if c not in ours][:4]}
     return results
 
 

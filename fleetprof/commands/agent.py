@@ -69,8 +69,9 @@ FLUSH_S = 60.0  # at exit, how long Kafka may take to acknowledge what is held
                    "frame pointers only. [env FLEETPROF_AGENT_UNWIND]")
 @click.option("--unwind-rows", type=click.IntRange(1024, 1 << 26), envvar="FLEETPROF_AGENT_UNWIND_ROWS",
               default=DEFAULT_ROWS, show_default=True,
-              help="Call-frame table rows of all loaded binaries together (16 bytes of kernel memory each, per BPF "
-                   "program); a binary that does not fit is walked by frame pointers, and counted. "
+              help="Call-frame table rows of all loaded binaries together (8 bytes of kernel memory each; a "
+                   "500 MB library has ~6 million); a binary that does not fit is walked by frame pointers, and "
+                   "counted. "
                    "[env FLEETPROF_AGENT_UNWIND_ROWS]")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=0, show_default=True,
               help="Serve Prometheus /metrics on this port (0: off).")

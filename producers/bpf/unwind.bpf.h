@@ -25,7 +25,10 @@
 // is) and the words inside are read from the copy: one read per page, not per word.
 
 #ifndef UNWIND_ROWS
-#define UNWIND_ROWS (1 << 21)
+#define UNWIND_ROWS (1 << 23)
+#endif
+#ifndef UNWIND_RULES
+#define UNWIND_RULES 65536  // distinct rules of all loaded files (a 500 MB library has ~1,500)
 #endif
 #ifndef UNWIND_PROCS
 #define UNWIND_PROCS 8192
@@ -74,8 +77,15 @@
 #define US_NO_USER 11       // no user registers (a kernel thread)
 #define N_UNWIND_STATS 12
 
+// A file's rows are (pc, rule): few rules are distinct across all files, so each is stored once, and a row takes 8
+// bytes of kernel memory (a BPF array rounds its elements up to 8 bytes).
 struct unwind_row {
-    u32 pc;          // the file's virtual address where the rule starts; it holds until the next row's pc
+    u32 pc;    // the file's virtual address where the rule starts; it holds until the next row's pc
+    u32 rule;  // index into unwind_rules
+};
+
+// What producers/unwind_tables.py compiles per row (its 12-byte rows: pc, then these 8 bytes).
+struct unwind_rule {
     s32 cfa_offset;
     s16 rbp_offset;  // CFA_PLT: the threshold instead
     u8 cfa_kind;
@@ -116,9 +126,23 @@ struct unwind_state {
 };
 
 // One array for the rows of every loaded file (the agent allocates each file a slice), written by user space
-// through mmap; the per-process mappings keyed by tgid.
+// through mmap; the rules; the per-process mappings keyed by tgid. The program that owns them (the CPU sampler) exports
+// them; another program of the agent (the GPU probes, -DUNWIND_EXTERN) uses the same maps: one copy of the tables.
+#ifdef UNWIND_EXTERN
+BPF_TABLE("extern", u32, struct unwind_row, unwind_rows, UNWIND_ROWS);
+BPF_TABLE("extern", u32, struct unwind_rule, unwind_rules, UNWIND_RULES);
+BPF_TABLE("extern", u32, struct unwind_proc, unwind_procs, UNWIND_PROCS);
+#else
 BPF_F_TABLE("array", u32, struct unwind_row, unwind_rows, UNWIND_ROWS, BPF_F_MMAPABLE);
+BPF_ARRAY(unwind_rules, struct unwind_rule, UNWIND_RULES);
 BPF_F_TABLE("hash", u32, struct unwind_proc, unwind_procs, UNWIND_PROCS, BPF_F_NO_PREALLOC);
+#ifdef UNWIND_TABLES
+// what bcc's BPF_TABLE_PUBLIC adds to a table: the export (the macro cannot pass flags such as BPF_F_MMAPABLE)
+__attribute__((section("maps/export"))) struct unwind_rows_table_t __unwind_rows;
+__attribute__((section("maps/export"))) struct unwind_rules_table_t __unwind_rules;
+__attribute__((section("maps/export"))) struct unwind_procs_table_t __unwind_procs;
+#endif
+#endif
 BPF_PERCPU_ARRAY(unwind_stats, u64, N_UNWIND_STATS);
 BPF_PERCPU_ARRAY(unwind_states, struct unwind_state, 1);
 
@@ -173,12 +197,12 @@ static __always_inline struct unwind_mapping *unwind_find_mapping(struct unwind_
     return pc < m->end ? m : 0;
 }
 
-// The last row of [start, start + len) whose pc <= addr, or 0.
-static __always_inline struct unwind_row *unwind_find_row(struct unwind_state *s, u32 start, u32 len, u64 addr) {
+// The rule of the last row of [start, start + len) whose pc <= addr, or 0.
+static __always_inline struct unwind_rule *unwind_find_rule(struct unwind_state *s, u32 start, u32 len, u64 addr) {
     s->lo = start;
     s->hi = start + len;
 #pragma clang loop unroll(disable)
-    for (int i = 0; i < 23; i++) {  // log2(UNWIND_ROWS) + 2 halvings
+    for (int i = 0; i < 25; i++) {  // log2(UNWIND_ROWS) + 2 halvings
         u32 lo = s->lo, hi = s->hi;
         if (lo >= hi)
             break;
@@ -195,7 +219,8 @@ static __always_inline struct unwind_row *unwind_find_row(struct unwind_state *s
     if (at == start)
         return 0;
     at--;
-    return unwind_rows.lookup(&at);
+    struct unwind_row *row = unwind_rows.lookup(&at);
+    return row ? unwind_rules.lookup(&row->rule) : 0;
 }
 
 // A new walk from the registers of the sample; its state is returned (0 when the per-CPU state is missing).
@@ -240,13 +265,13 @@ static __always_inline int unwind_frames(struct unwind_state *s) {
         s->stack[i & (UNWIND_MAX_FRAMES - 1)] = pc;
         s->n = i + 1;
         s->hash = (s->hash ^ pc) * 0x100000001b3ULL;
-        struct unwind_row *row = 0;
+        struct unwind_rule *row = 0;
         if (proc) {
             struct unwind_mapping *m = unwind_find_mapping(s, proc, pc);
             if (!m)
                 s->unmapped = 1;
             else if (m->rows_len)
-                row = unwind_find_row(s, m->rows_start, m->rows_len, pc - m->bias - (s->exact ? 0 : 1));
+                row = unwind_find_rule(s, m->rows_start, m->rows_len, pc - m->bias - (s->exact ? 0 : 1));
         }
         u64 cfa = 0, next_bp = bp, ra = 0;
         u8 kind = row ? row->cfa_kind : CFA_NONE;
