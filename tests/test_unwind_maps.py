@@ -23,6 +23,7 @@ from producers.cpu_sampler import BpfUnavailable, CpuSampler, check_bpf
 from producers.elf_symbols import read_elf_symbols
 from producers.process_info import Mapping, process_info
 from producers.unwind_maps import MAX_MAPPINGS, RowSpace, UnwindLoader, _bias
+from producers.unwind_metrics import UnwindMetrics
 from producers.unwind_tables import compile_unwind_table
 from schemas.wire import TRUNCATED_FRAME
 from tests.elf_helpers import need, unavailable
@@ -137,7 +138,7 @@ def _names(binary: Path, mappings: list[Mapping], stack: list[int]) -> list[str]
 
 
 def _sampled_chains(binary: Path, pid: int, cache: Path) -> tuple[Counter[tuple[str, ...]], dict[str, int]]:
-    """Two seconds of `pid`'s stacks at 99 Hz once its tables are in, as name chains root first; the loader's
+    """Three seconds of `pid`'s stacks at 99 Hz once its tables are in, as name chains root first; the loader's
     counters."""
     loader = UnwindLoader(cache)
     sampler = CpuSampler(99, pid_filter=pid, unwind=loader)
@@ -148,15 +149,20 @@ def _sampled_chains(binary: Path, pid: int, cache: Path) -> tuple[Counter[tuple[
         loader.load(pid, info.mappings)
         assert loader.wait_idle() and loader.loaded(pid)
         sampler.drain()  # what was walked before the tables were in
-        time.sleep(2)
+        time.sleep(3)  # >= 100 samples even with the other CPU busy
         samples = sampler.drain()
         counters = loader.counters()
+        metrics = {(m.name, tuple(s.labels.values())): s.value for m in UnwindMetrics(loader).collect()
+                   for s in m.samples if s.name.endswith("_total")}
     finally:
         sampler.close()
         loader.close()
     chains: Counter[tuple[str, ...]] = Counter()
     for _, _, user, _, n in samples:
         chains[tuple(_names(binary, info.mappings, user))] += n
+    # what Prometheus is told is what the loader counts (the kernel's counters moved on by at most the last look)
+    assert metrics[("fleetprof_agent_unwind_stacks", ("root",))] >= counters["stacks_reached_root"] > 0
+    assert metrics[("fleetprof_agent_unwind_frames", ("table",))] >= counters["frames_by_table"] > 0
     return chains, counters
 
 

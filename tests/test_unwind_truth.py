@@ -162,6 +162,7 @@ def truth(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str, truth_
             agent.kill()
             agent.wait()
     summary = json.loads(out.splitlines()[-1])
+    assert summary["user_stacks_by"] == "call-frame tables" and summary["unwind"]["frames_by_table"] > 0, summary
     _store_all(truth_store, kafka_bootstrap, node, summary["samples"])
 
     results = {}
