@@ -221,6 +221,9 @@ class UnwindLoader:
         if not os.path.exists(f"/proc/{pid}"):
             return
         with self._lock:
+            if any(key not in self._files for key in keys):  # freed meanwhile (its last process exited): again
+                self._queue.put((pid, mappings))
+                return
             old = self._pids.get(pid, set())
             for key in keys:
                 self._files[key].pids.add(pid)

@@ -307,6 +307,12 @@ static __always_inline int unwind_frames(struct unwind_state *s) {
                 s->end = US_FP_END;
                 return 1;
             }
+            // A frame pointer below the stack pointer, or not 8-aligned, is no frame pointer (code without them
+            // uses RBP for anything): end here rather than read there, where a fault costs microseconds.
+            if (bp < sp || (bp & 7)) {
+                s->end = US_BAD_FRAME;
+                return 1;
+            }
             if (unwind_read(s, bp, &next_bp) || unwind_read(s, bp + 8, &ra)) {
                 s->end = US_READ_FAILED;
                 return 1;
