@@ -157,6 +157,18 @@ def bpf_prog_stats(name: str = "on_cpu_clock") -> tuple[int, int] | None:
     return sum(p["run_time_ns"] for p in progs), sum(p["run_cnt"] for p in progs)
 
 
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    """Terminate, then kill what is still there after 5 s."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(5)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def run_agent(bootstrap: str, freq: int, duration: float, window: str, tmp: Path) -> dict:
     env = dict(os.environ, FLEETPROF_KAFKA=bootstrap)
     log = tmp / f"agent{freq}.log"
@@ -260,14 +272,7 @@ def main() -> None:
                          "ratio_cpu": agent["cpu_per_wall"] / perf["cpu_per_wall"] if perf["cpu_per_wall"] else None,
                          "ratio_rss": agent["rss_mb_max"] / perf["rss_mb_max"] if perf["rss_mb_max"] else None})
     finally:
-        for s in spinners:
-            s.terminate()
-        for s in spinners:
-            try:
-                s.wait(5)
-            except subprocess.TimeoutExpired:
-                s.kill()
-                s.wait()
+        stop_all(spinners)
         if broker is not None:
             broker.stop()
         shutil.rmtree(tmp, ignore_errors=True)

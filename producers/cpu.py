@@ -64,8 +64,6 @@ class CpuCollector:
         pids = [self.sampler.pid_filter] if self.sampler.pid_filter is not None else _running_pids()
         queued = 0
         for pid in pids:
-            if pid == os.getpid():
-                continue
             info = self.processes.refresh(pid)
             if info is not None and info.mappings and self.keep.accepts(info):
                 self.unwind.load(pid, info.mappings)

@@ -118,6 +118,7 @@ struct unwind_state {
     u8 unmapped;     // a pc lay in no known mapping: the process's mappings should be read again
     u8 calls;        // tail calls so far
     u32 lo, hi;      // a binary search's bounds (see unwind_find_mapping)
+    u32 last_map;    // 1 + the index of the last frame's mapping, 0: none yet
     u32 table_frames, fp_frames;
     u64 base;        // page holds the user memory [base, base + have)
     u64 have;
@@ -177,6 +178,10 @@ static __always_inline int unwind_read(struct unwind_state *s, u64 addr, u64 *ou
 // registers, every path through the halvings is a state of its own, 2^halvings of them, past the verifier's limit.
 static __always_inline struct unwind_mapping *unwind_find_mapping(struct unwind_state *s, struct unwind_proc *proc,
                                                                   u64 pc) {
+    // a caller is most often in the same file as its callee: try the last frame's mapping first
+    struct unwind_mapping *last = &proc->maps[(s->last_map - 1) & (UNWIND_MAPPINGS - 1)];
+    if (s->last_map && last->start <= pc && pc < last->end)
+        return last;
     s->lo = 0;
     s->hi = proc->count;
 #pragma clang loop unroll(disable)
@@ -194,7 +199,10 @@ static __always_inline struct unwind_mapping *unwind_find_mapping(struct unwind_
     if (lo == 0 || lo > UNWIND_MAPPINGS)
         return 0;
     struct unwind_mapping *m = &proc->maps[(lo - 1) & (UNWIND_MAPPINGS - 1)];
-    return pc < m->end ? m : 0;
+    if (pc >= m->end)
+        return 0;
+    s->last_map = lo;
+    return m;
 }
 
 // The rule of the last row of [start, start + len) whose pc <= addr, or 0.
@@ -240,6 +248,7 @@ static __always_inline struct unwind_state *unwind_begin(u32 tgid, u64 pc, u64 s
     s->exact = 1;
     s->unmapped = 0;
     s->calls = 0;
+    s->last_map = 0;
     s->table_frames = s->fp_frames = 0;
     s->have = 0;
     return s;
