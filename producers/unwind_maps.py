@@ -64,6 +64,13 @@ class _Maps:
     procs: Any
 
 
+def default_unwind_cache() -> Path:
+    """Where compiled tables are kept: one cache per machine (user), whatever the agent's data directory, since a
+    table depends on the file alone."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "fleetprof" / "unwind"
+
+
 class RowSpace:
     """First-fit allocation of the rows array: (start, count) slices, merged again when freed."""
 
@@ -263,7 +270,7 @@ class UnwindLoader:
         try:
             table = self.tables.get(key, path)
         except (UnwindTableError, OSError) as exc:
-            if not os.path.exists(f"/proc/{pid}"):
+            if not _running(pid):
                 return None  # it exited while its file was read: nothing wrong with the file, a later process loads it
             self.stats["tables_failed"] += 1
             log.info("no unwind table for %s: %s", m.path, exc)
@@ -356,6 +363,15 @@ class UnwindLoader:
 _PROC_DTYPE = np.dtype([("count", "<u4"), ("pad", "<u4"),
                         ("maps", [("start", "<u8"), ("end", "<u8"), ("bias", "<u8"), ("rows_start", "<u4"),
                                   ("rows_len", "<u4")], (MAX_MAPPINGS,))])
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` still runs: an exited process that is not reaped yet (a zombie) has /proc/PID but no root."""
+    try:
+        os.stat(f"/proc/{pid}/root")
+        return True
+    except OSError:
+        return False
 
 
 def _file_of(pid: int, m: Mapping) -> str | None:

@@ -190,10 +190,12 @@ def test_gpu_launch_stacks_match_perf_through_code_without_frame_pointers(kafka_
     with symbolizer(kafka_bootstrap, f"sym-{run}") as sym, _correlator(kafka_bootstrap, f"cor-{run}") as cor, \
             sink(store, kafka_bootstrap, f"sink-{run}") as snk:
         def stored() -> int:
-            _, rows = store.query_sql("SELECT count() FROM gpu_kernel_samples WHERE node = {n:String}", {"n": node})
+            _, rows = store.query_sql("SELECT sum(launches) FROM gpu_kernel_samples WHERE node = {n:String}",
+                                      {"n": node})
             return int(rows[0][0] or 0)
-        wait_for(lambda: stored() > 0, timeout=90, what="launch stacks in the store", running=[sym, cor, snk])
-        time.sleep(3.0)  # the rest of the window's launches
+        # each record stands for one launch or more (its weight): all of them are in when the sum reaches the count
+        wait_for(lambda: stored() >= summary["gpu_launches"], timeout=120, what="every launch stack in the store",
+                 running=[sym, cor, snk])
     ours = _our_launch_chains(store, node, binaries)
     failures = []
     for name, expected in (("c", known_paths(*C_PATHS)), ("python", None)):

@@ -9,6 +9,7 @@ import socket
 import sys
 import threading
 import time
+from pathlib import Path
 
 import click
 
@@ -25,7 +26,7 @@ from producers.outbox import RECORD_NAMES, Outbox
 from producers.outbox_encoder import OutboxEncoder
 from producers.process_info import ProcessCache, ProcessFilter
 from producers.publisher import Publisher
-from producers.unwind_maps import DEFAULT_ROWS
+from producers.unwind_maps import DEFAULT_ROWS, default_unwind_cache
 from schemas import topics
 from schemas.wire import hex_u64
 
@@ -67,6 +68,10 @@ FLUSH_S = 60.0  # at exit, how long Kafka may take to acknowledge what is held
               help="How user stacks are walked: from each binary's call-frame tables (.eh_frame, compiled once per "
                    "build id and cached under the data directory; frame pointers where a file has none), or by "
                    "frame pointers only. [env FLEETPROF_AGENT_UNWIND]")
+@click.option("--unwind-cache", type=click.Path(file_okay=False, path_type=Path), envvar="FLEETPROF_UNWIND_CACHE",
+              default=None, help="Where compiled call-frame tables are kept, per build id, for every agent and run "
+                                 "on this machine. [env FLEETPROF_UNWIND_CACHE; default: $XDG_CACHE_HOME/fleetprof/"
+                                 "unwind, else ~/.cache/fleetprof/unwind]")
 @click.option("--unwind-rows", type=click.IntRange(1024, 1 << 26), envvar="FLEETPROF_AGENT_UNWIND_ROWS",
               default=DEFAULT_ROWS, show_default=True,
               help="Call-frame table rows of all loaded binaries together (8 bytes of kernel memory each; a "
@@ -83,7 +88,8 @@ FLUSH_S = 60.0  # at exit, how long Kafka may take to acknowledge what is held
 @click.pass_obj
 def agent(settings: Settings, dry_run: bool, once: bool, window: float, frequency: int, pid: int | None,
           comm: str | None, cgroup: str | None, node: str | None, gpu: bool, nvml_period: float, buffer_mb: float,
-          stack_entries: int | None, count_entries: int, unwind: str, unwind_rows: int, metrics_port: int,
+          stack_entries: int | None, count_entries: int, unwind: str, unwind_cache: Path | None, unwind_rows: int,
+          metrics_port: int,
           metrics_host: str, fmt: str | None) -> None:
     """Run the node agent: CPU stacks (eBPF, needs root), CUDA kernel time with launching stacks (USDT) and NVML
     metrics, published to Kafka with the symbol tables they need sent first. Whatever cannot run here is said in
@@ -95,7 +101,7 @@ def agent(settings: Settings, dry_run: bool, once: bool, window: float, frequenc
         raise click.UsageError("--dry-run prints JSON only")
     options = CollectorOptions(node or socket.gethostname(), frequency, pid, ProcessFilter(comm=comm, cgroup=cgroup),
                                gpu, nvml_period, stack_entries, count_entries,
-                               unwind_dir=settings.data_dir / "agent" / "unwind" if unwind == "tables" else None,
+                               unwind_dir=(unwind_cache or default_unwind_cache()) if unwind == "tables" else None,
                                unwind_rows=unwind_rows)
     if dry_run:
         _dry_run(options, window)
