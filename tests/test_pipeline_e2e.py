@@ -85,7 +85,7 @@ def test_known_batches_are_stored_exactly_and_bad_messages_dead_lettered(kafka_b
     dead = read_topic(kafka_bootstrap, "deadletter",
                       lambda m: m.key() is not None and (m.key().decode().startswith(f"bad-{run}")
                                                          or m.key().decode() == node_a),
-                      want=3)
+                      want=3, timeout=150)  # the last stage's letter can come late on a loaded 2-core machine
     reasons = sorted(single_object.decode(m.value())[1]["reason"] for m in dead)
     assert len(reasons) == 3
     assert any(r.startswith("unknown schema fingerprint") for r in reasons)
