@@ -49,7 +49,10 @@ command -v mvn >/dev/null || packages+=(maven)
 command -v curl >/dev/null || packages+=(curl)
 command -v c++filt >/dev/null || packages+=(binutils)  # tests check mangled names with c++filt
 command -v eu-addr2line >/dev/null || packages+=(elfutils)  # the symbolizer is checked against eu-addr2line
-command -v debuginfod >/dev/null || packages+=(debuginfod)  # a real server for the debuginfod symbol source tests
+command -v debuginfod >/dev/null || packages+=(debuginfod)
+for tool in gzip xz openssl; do  # Debian's own binaries the unwinder is checked on, against perf
+    command -v "$tool" >/dev/null || packages+=("$( [ "$tool" = xz ] && echo xz-utils || echo "$tool")")
+done  # a real server for the debuginfod symbol source tests
 command -v gcc >/dev/null || packages+=(gcc)  # ELF tests build libraries (no build id, 100k functions)
 command -v chromium >/dev/null || packages+=(chromium)  # the web UI tests drive it headless (playwright)
 # <sys/sdt.h>: the USDT probes of the CUPTI shim and the GPU simulator (native/include/fleetprof_probes.h)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 import uuid
@@ -114,6 +115,18 @@ def sink(store, bootstrap: str, group: str, **kw) -> Running:
     stop = threading.Event()
     return Running(StoreRunner(store, {"bootstrap.servers": bootstrap}, group=group, stop=stop,
                                flush_interval=0.3, **kw), stop)
+
+
+def agent_started(agent: subprocess.Popen, timeout: float = 120) -> list[str]:
+    """The agent's stderr lines up to its `collecting ...` line (read as they come; fewer if it exits first)."""
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not any(line.startswith("collecting") for line in lines):
+        line = agent.stderr.readline()
+        if not line and agent.poll() is not None:
+            break
+        lines.append(line)
+    return lines
 
 
 def wait_for(check: Callable[[], bool], timeout: float = 90, what: str = "condition",

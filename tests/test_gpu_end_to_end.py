@@ -22,7 +22,7 @@ from processors.runner import TopicRunner
 from simulate.gpu_demo import PERF_PYTHON
 from simulate.nvml import Segment, SimDevice, SimProcess, sim_env, write_scenario
 from tests.elf_helpers import unavailable
-from tests.pipeline_helpers import Running, sink, symbolizer, wait_for
+from tests.pipeline_helpers import Running, agent_started, sink, symbolizer, wait_for
 
 WORKLOAD_S = 4
 BUSY = {"gpu_util": 87, "mem_util": 55, "mem_used": 40 * 1024**3, "sm_clock": 1755, "mem_clock": 2619,
@@ -66,13 +66,7 @@ def test_simulated_gpu_node_end_to_end(bpf_ok, kafka_bootstrap, store, tmp_path:
                                   node, "--comm", PERF_PYTHON.name, "--frequency", "99", "--format", "json"],
                                  env=sim_env(scenario, env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True)
-        lines = []
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not any(line.startswith("collecting") for line in lines):
-            line = agent.stderr.readline()
-            if not line and agent.poll() is not None:
-                break
-            lines.append(line)
+        lines = agent_started(agent)
         assert any(line.startswith("collecting CPU at 99 Hz, CUDA kernels, NVML") for line in lines), "".join(lines)
         work = subprocess.Popen([str(PERF_PYTHON), "-X", "perf", "-m", "simulate.gpu_workload",
                                  "--seconds", str(WORKLOAD_S)], env=env, stdout=subprocess.PIPE, text=True,
