@@ -128,7 +128,12 @@ class TopicRunner:
         self.call_timeout = min(txn_timeout, CALL_TIMEOUT_S)
         self.expect = expected_schemas(stage.inputs)
         self.columnar = stage.columnar_input
-        self.consumer = Consumer(consumer_config(kafka, group or f"fleetprof-{stage.name}"))
+        group = group or f"fleetprof-{stage.name}"
+        kept = getattr(stage, "group", None)  # a stateful stage keys its changelog by the group it runs in
+        if kept is not None and kept != group:
+            raise ValueError(f"the {stage.name} stage keeps its state under group {kept!r} but would run in group "
+                             f"{group!r}: two groups' states would mix")
+        self.consumer = Consumer(consumer_config(kafka, group))
         pcfg = client_config(kafka)
         pcfg.update({"transactional.id": instance_id(stage.name, slot), "enable.idempotence": True,
                      "transaction.timeout.ms": 15000,

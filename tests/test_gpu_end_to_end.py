@@ -39,7 +39,7 @@ NATIVE_PATHS = {"_Z11native_gemmPKfS0_Pfi": ["gpusim_native_train_step", "native
 def _correlator(bootstrap: str, group: str) -> Running:
     kafka = {"bootstrap.servers": bootstrap}
     stop = threading.Event()
-    return Running(TopicRunner(build_correlate(kafka), kafka, group=group, poll_timeout=0.2), stop)
+    return Running(TopicRunner(build_correlate(kafka, group=group), kafka, group=group, poll_timeout=0.2), stop)
 
 
 def test_simulated_gpu_node_end_to_end(bpf_ok, kafka_bootstrap, store, tmp_path: Path) -> None:

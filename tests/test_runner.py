@@ -76,3 +76,14 @@ def test_a_stage_without_process_says_so():
 
     with pytest.raises(NotImplementedError, match="Nameless has no process"):
         Nameless().process([])
+
+
+def test_a_stateful_stage_runs_only_in_the_group_its_state_is_kept_under():
+    # the correlator keys its changelog by group: run in another group, it would read back another group's state
+    class Stateful(Echo):
+        group = "fleetprof-echo"
+
+    TopicRunner(Stateful(), NOWHERE).close()  # the default group, fleetprof-<name>
+    TopicRunner(Stateful(), NOWHERE, group="fleetprof-echo").close()
+    with pytest.raises(ValueError, match="keeps its state under group 'fleetprof-echo' but would run in group 'x'"):
+        TopicRunner(Stateful(), NOWHERE, group="x")

@@ -180,8 +180,14 @@ def test_gpu_launch_stacks_match_perf_through_code_without_frame_pointers(kafka_
             _, rows = store.query_sql("SELECT sum(launches) FROM gpu_kernel_samples WHERE node = {n:String}",
                                       {"n": node})
             return int(rows[0][0] or 0)
+
+        def both() -> bool:
+            _, rows = store.query_sql("SELECT DISTINCT kernel_name FROM gpu_kernel_samples WHERE node = {n:String}",
+                                      {"n": node})
+            names = {r[0] for r in rows}
+            return bool(names & C_KERNELS) and bool(names & PY_KERNELS)
         # a launch whose kernel ran after the window closed is never joined: wait until the store stops growing
-        wait_for(lambda: stored() > 0, timeout=120, what="launch stacks in the store", running=[sym, cor, snk])
+        wait_for(both, timeout=120, what="both workloads' launch stacks in the store", running=[sym, cor, snk])
         last, now = -1, stored()
         while now != last:  # bounded: the window's launches are finite
             time.sleep(3.0)

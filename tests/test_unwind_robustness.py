@@ -33,8 +33,8 @@ from schemas.wire import TRUNCATED_FRAME
 from tests.elf_helpers import need, unavailable
 
 # main -> run -> middle -> leaf with locals on the stack; SIGUSR1 makes it exec argv[1] (the exec test), argument
-# "-" makes it live a few milliseconds (the storm test). TAG gives each copy its own build id, so the copies of one
-# test never share a table.
+# "-" makes it live a few milliseconds, "--" about 200 (the storm test). TAG gives each copy its own build id, so
+# the copies of one test never share a table.
 NOFP_C = r"""
 #include <signal.h>
 #include <unistd.h>
@@ -49,7 +49,7 @@ __attribute__((noinline)) void leaf(int n) {
 __attribute__((noinline)) void middle(int n) { volatile long pad[9]; pad[n % 9] = n; leaf(n); extra += pad[0]; }
 __attribute__((noinline)) void run(void) { middle(200000); extra++; }
 int main(int argc, char **argv) {
-    if (argc > 1 && argv[1][0] == '-') { leaf(150000); return 0; }
+    if (argc > 1 && argv[1][0] == '-') { leaf(argv[1][1] == '-' ? 30000000 : 150000); return 0; }
     signal(SIGUSR1, on_usr1);
     alarm(60);
     for (;;) {
@@ -417,7 +417,8 @@ def test_thousands_of_short_lived_processes_leave_nothing_behind(built: Path, tm
                                                                  caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, "fleetprof")
     # Every process is sampled, announced and read; the tables of those named nofp are loaded: the workload, and
-    # the two thousand the shell runs, each a few milliseconds, of another build (a table only they hold).
+    # the two thousand the shell runs, of another build (a table only they hold): each a few milliseconds, but one
+    # in 80 lives ~200 ms, so that 25 of them are surely loaded however slow the machine is today.
     (tmp_path / "short").mkdir()
     short = _gcc(tmp_path / "short", "nofp", NOFP_C, tag="short-lived")
     with _running(built / "nofp") as workload:
@@ -428,7 +429,8 @@ def test_thousands_of_short_lived_processes_leave_nothing_behind(built: Path, tm
             baseline = loader.counters()
             held = {key: set(file.pids) for key, file in loader._files.items()}
             began = time.monotonic()
-            storm = subprocess.run(["sh", "-c", "i=0; while [ $i -lt 2000 ]; do ./nofp -; i=$((i+1)); done"],
+            storm = subprocess.run(["sh", "-c", "i=0; while [ $i -lt 2000 ]; do "
+                                    "if [ $((i % 80)) -eq 0 ]; then ./nofp --; else ./nofp -; fi; i=$((i+1)); done"],
                                    cwd=short.parent, timeout=120)
             storm_s = time.monotonic() - began
             assert storm.returncode == 0
