@@ -25,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from producers.elf_symbols import ElfError, read_build_id, read_load_segments
-from producers.process_info import DELETED, Mapping, mapped_file
+from producers.elf_symbols import ElfError, read_load_segments
+from producers.mapped_files import file_of_mapping, load_bias
+from producers.process_info import Mapping
 from producers.unwind_cache import UnwindTableCache
 from producers.unwind_rules import code_fields
 from producers.unwind_tables import UnwindTable, UnwindTableError, compile_unwind_table_bytes
@@ -250,20 +251,20 @@ class UnwindLoader:
         path: str | None = None
         segments = self._segments.get(key)
         if segments is None:
-            path = _file_of(pid, m)
+            path = file_of_mapping(pid, m)
             if path is None:
                 return None
             try:
                 segments = self._segments[key] = read_load_segments(path)
             except ElfError:
                 return None
-        bias = _bias(segments, m.start, m.file_offset)
+        bias = load_bias(segments, m.start, m.file_offset)
         if bias is None:
             return None
         with self._lock:
             if key in self._files:
                 return key, bias
-        path = path or _file_of(pid, m)
+        path = path or file_of_mapping(pid, m)
         if path is None:  # the segments were read when it was there
             return None
         began = time.monotonic()
@@ -372,29 +373,6 @@ def _running(pid: int) -> bool:
         return True
     except OSError:
         return False
-
-
-def _file_of(pid: int, m: Mapping) -> str | None:
-    """Where the file a mapping maps is read: its path through the process's root, unless that path holds another
-    file by now (an upgrade renamed a new binary over it after the mappings were read: the table would be the new
-    file's, under the old build id), then the mapped inode itself through map_files. None when neither is it."""
-    for path in dict.fromkeys((mapped_file(pid, m.start, m.limit, m.path),
-                               mapped_file(pid, m.start, m.limit, m.path.removesuffix(DELETED) + DELETED))):
-        try:
-            if read_build_id(path) == m.build_id:
-                return path
-        except ElfError:
-            pass
-    return None
-
-
-def _bias(segments: list[tuple[int, int, int]], start: int, file_offset: int) -> int | None:
-    """pc - bias = the file's virtual address, for a mapping of the file at `file_offset` placed at `start`:
-    from the loadable segment (offset, vaddr, size) holding that offset."""
-    for offset, vaddr, size in segments:
-        if offset <= file_offset < offset + max(size, 1):
-            return (start - file_offset + offset - vaddr) % (1 << 64)
-    return None
 
 
 def _write_rows(fd: int, start: int, rows: bytes) -> None:

@@ -21,8 +21,9 @@ import pytest
 
 from producers.cpu_sampler import BpfUnavailable, CpuSampler, check_bpf
 from producers.elf_symbols import read_elf_symbols
+from producers.mapped_files import load_bias
 from producers.process_info import Mapping, process_info
-from producers.unwind_maps import MAX_MAPPINGS, RowSpace, UnwindLoader, _bias
+from producers.unwind_maps import MAX_MAPPINGS, RowSpace, UnwindLoader
 from producers.unwind_metrics import UnwindMetrics
 from producers.unwind_tables import compile_unwind_table
 from schemas.wire import TRUNCATED_FRAME
@@ -89,10 +90,10 @@ def test_row_space_takes_first_fit_and_merges_what_is_given_back() -> None:
 def test_bias_maps_a_pc_to_the_files_virtual_address() -> None:
     text = [(0, 0, 0x1000), (0x1000, 0x1000, 0x5000), (0x6000, 0x7000, 0x100)]  # offset, vaddr, size
     # a PIE's text mapped at 0x5555_0000_1000 from offset 0x1000: pc - bias is its vaddr
-    assert _bias(text, 0x5555_0000_1000, 0x1000) == 0x5555_0000_0000
+    assert load_bias(text, 0x5555_0000_1000, 0x1000) == 0x5555_0000_0000
     # a segment whose vaddr and offset differ (data after a gap)
-    assert _bias(text, 0x7f00_0000_0000, 0x6000) == 0x7f00_0000_0000 - 0x7000
-    assert _bias(text, 0x1000, 0x9000) is None  # an offset in no segment
+    assert load_bias(text, 0x7f00_0000_0000, 0x6000) == 0x7f00_0000_0000 - 0x7000
+    assert load_bias(text, 0x1000, 0x9000) is None  # an offset in no segment
 
 
 @pytest.fixture(scope="module")

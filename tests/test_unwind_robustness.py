@@ -25,9 +25,10 @@ from producers.agent import Agent, Records
 from producers.cpu import CpuCollector
 from producers.cpu_sampler import BpfUnavailable, CpuSampler, Sample, check_bpf
 from producers.elf_symbols import ElfSymbols, read_build_id, read_elf_symbols, read_load_segments
+from producers.mapped_files import load_bias
 from producers.process_info import DELETED, KEEP_ALL, Mapping, ProcessCache, ProcessFilter, process_info
 from producers.unwind_cache import UnwindTableCache
-from producers.unwind_maps import UnwindLoader, _bias
+from producers.unwind_maps import UnwindLoader
 from producers.unwind_tables import CFA_SIGNAL, compile_unwind_table
 from schemas.wire import TRUNCATED_FRAME
 from tests.elf_helpers import need, unavailable
@@ -221,7 +222,7 @@ def test_a_signal_handlers_stack_continues_through_the_signal_frame(built: Path,
     libc = next(m for m in mappings if m.start <= restorer < m.limit)
     assert os.path.basename(libc.path).startswith("libc")
     # the trampoline's rule in libc's table: its FDE is a signal frame ('S'), from the byte before __restore_rt
-    bias = _bias(read_load_segments(libc.path), libc.start, libc.file_offset)
+    bias = load_bias(read_load_segments(libc.path), libc.start, libc.file_offset)
     rows = compile_unwind_table(libc.path).array()
     at = int(np.searchsorted(rows["pc"], restorer - bias - 1, side="right")) - 1
     assert rows["cfa_kind"][at] == CFA_SIGNAL
