@@ -54,6 +54,10 @@ for tool in gzip xz openssl; do  # Debian's own binaries the unwinder is checked
     command -v "$tool" >/dev/null || packages+=("$( [ "$tool" = xz ] && echo xz-utils || echo "$tool")")
 done  # a real server for the debuginfod symbol source tests
 command -v gcc >/dev/null || packages+=(gcc)  # ELF tests build libraries (no build id, 100k functions)
+# Debian's own interpreter, the stock CPython the Python frame walker is checked on, and its internal headers (the
+# struct offsets of producers/python_offsets.py are checked against them)
+[ -x /usr/bin/python3.11 ] || packages+=(python3.11)
+[ -e /usr/include/python3.11/internal/pycore_frame.h ] || packages+=(libpython3.11-dev)
 command -v chromium >/dev/null || packages+=(chromium)  # the web UI tests drive it headless (playwright)
 # <sys/sdt.h>: the USDT probes of the CUPTI shim and the GPU simulator (native/include/fleetprof_probes.h)
 compgen -G "/usr/include/*/sys/sdt.h" >/dev/null || [ -e /usr/include/sys/sdt.h ] || packages+=(systemtap-sdt-dev)

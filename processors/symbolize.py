@@ -16,7 +16,16 @@ from processors.demangle import demangle
 from processors.stack_ids import frame_id, stack_id
 from processors.symbol_tables import SymbolTable, as_u64
 from schemas.packed_stacks import PackedStacks
-from schemas.wire import KERNEL_BINARY, LONG_MAX, LONG_MIN, TRUNCATED_BINARY, TRUNCATED_FRAME, UNKNOWN_BINARY
+from schemas.wire import (
+    KERNEL_BINARY,
+    LONG_MAX,
+    LONG_MIN,
+    PYTHON_FRAME_TAG,
+    TRUNCATED_BINARY,
+    TRUNCATED_FRAME,
+    UNKNOWN_BINARY,
+    python_frame_parts,
+)
 
 _DELETED = " (deleted)"
 
@@ -109,15 +118,41 @@ def _map_addresses(procs: list[tuple[dict, PackedStacks]], groups: dict[tuple[st
     return group, file_off
 
 
+def _python_frames(ids: np.ndarray, sel: np.ndarray, words: np.ndarray, owner: np.ndarray, code_tables: list[list],
+                   memo: FrameMemo, stats: SymbolizeStats) -> None:
+    """Python frames (schemas/wire.py python_frame) named `qualname (file:line)` from their process's code_objects."""
+    def make(key: int) -> int:
+        proc, word = divmod(key, 1 << 64)
+        index, line = python_frame_parts(word)
+        table = code_tables[proc]
+        if index >= len(table):
+            stats.unknown_frames += 1
+            return memo.frame(("py?", proc, word), f"{UNKNOWN_BINARY} python frame {index}", UNKNOWN_BINARY, "UNKNOWN")
+        code = table[index]
+        qualname, file = code["qualname"], code["file"]
+        return memo.frame(("py", qualname, file, line), f"{qualname} ({file}:{line})", file, "INTERPRETED")
+    if len(sel) == 0:
+        return
+    keys = [int(p) << 64 | int(w) for p, w in zip(owner[sel].tolist(), words.tolist(), strict=True)]
+    uniq = {k: make(k) for k in dict.fromkeys(keys)}
+    ids[sel] = np.fromiter((uniq[k] for k in keys), dtype=np.int64, count=len(keys))
+
+
 def _user_frames(group: np.ndarray, file_off: np.ndarray, is_leaf: np.ndarray, groups: dict[tuple[str, str], int],
-                 tables: TableLookup, memo: FrameMemo, stats: SymbolizeStats) -> np.ndarray:
-    """The frame id of every user address of the batch, one table lookup per binary."""
+                 tables: TableLookup, memo: FrameMemo, stats: SymbolizeStats,
+                 owner: np.ndarray | None = None, code_tables: list[list] | None = None) -> np.ndarray:
+    """The frame id of every user address of the batch, one table lookup per binary; Python frames from the code
+    objects of their process (`owner`: each address's index into `code_tables`)."""
     ids = np.zeros(len(group), dtype=np.int64)
     order = np.argsort(group, kind="stable")
     bounds = np.searchsorted(group[order], np.arange(-1, len(groups) + 1))
     orphans = order[bounds[0]:bounds[1]]
     cut = orphans[file_off[orphans] == TRUNCATED_FRAME]  # the agent's mark: the stack did not reach its root
     orphans = orphans[file_off[orphans] != TRUNCATED_FRAME]
+    python = (file_off[orphans] >> np.uint64(56)) == PYTHON_FRAME_TAG
+    if owner is not None and code_tables is not None and python.any():
+        _python_frames(ids, orphans[python], file_off[orphans[python]], owner, code_tables, memo, stats)
+        orphans = orphans[~python]
     stats.unknown_frames += len(orphans)
     stats.truncated_stacks += len(cut)
     _resolve(ids, cut, file_off[cut], lambda _: memo.frame("truncated", TRUNCATED_BINARY, TRUNCATED_BINARY, "UNKNOWN"))
@@ -210,7 +245,9 @@ def symbolize_batch(batch: dict, tables: TableLookup, memo: FrameMemo | None = N
     groups: dict[tuple[str, str], int] = {}
     group, file_off = _map_addresses(procs, groups)
     ulens = _cat([st.user_lens for _, st in procs])
-    uids = _user_frames(group, file_off, _leaves(ulens), groups, tables, memo, stats)
+    owner = np.repeat(np.arange(len(procs)), [len(st.user_addrs) for _, st in procs])
+    uids = _user_frames(group, file_off, _leaves(ulens), groups, tables, memo, stats, owner,
+                        [proc.get("code_objects") or [] for proc, _ in procs])
     klens = _cat([st.kernel_lens for _, st in procs])
     kids = _kernel_frames(_cat([st.kernel_addrs for _, st in procs]).view(np.uint64), _leaves(klens),
                           kernel_table, memo, stats)

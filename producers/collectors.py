@@ -14,6 +14,7 @@ from producers.agent import Collector
 from producers.cpu import CpuCollector
 from producers.cpu_sampler import DEFAULT_MAX_ENTRIES, BpfUnavailable, CpuSampler
 from producers.process_info import KEEP_ALL, ProcessCache, ProcessFilter
+from producers.python_procs import PythonProcs
 from producers.unwind_maps import DEFAULT_ROWS, UnwindLoader
 from producers.unwind_program import TABLES
 
@@ -33,6 +34,7 @@ class CollectorOptions:
     kernel_build_id: str = ""
     unwind_dir: Path | None = None  # where call-frame tables are cached; None: user stacks by frame pointers only
     unwind_rows: int = DEFAULT_ROWS
+    python_frames: bool = True  # Python frames read from CPython interpreters (producers/python_procs.py)
 
 
 @dataclass
@@ -52,11 +54,13 @@ def open_collectors(options: CollectorOptions, processes: ProcessCache) -> Opene
     """Start what can run here: CPU stacks, then CUDA kernels, then NVML; one warning line for each that cannot."""
     found = OpenedCollectors()
     unwind = UnwindLoader(options.unwind_dir, options.unwind_rows) if options.unwind_dir is not None else None
+    python = PythonProcs() if options.python_frames else None
     try:
-        sampler = CpuSampler(options.frequency_hz, options.pid, options.count_entries, options.stack_entries, unwind)
+        sampler = CpuSampler(options.frequency_hz, options.pid, options.count_entries, options.stack_entries, unwind,
+                             python)
         sampler.start()
         found.collectors.append(CpuCollector(sampler, processes, options.node, options.keep, options.kernel_build_id,
-                                             unwind if sampler.unwinding == TABLES else None))
+                                             unwind if sampler.unwinding == TABLES else None, python))
     except BpfUnavailable as exc:
         _off(found, f"CPU sampling off: BPF unavailable: {exc}")
     if options.gpu:

@@ -1,5 +1,5 @@
 """The CPU collector: the eBPF sampler's counts, per window, as one CpuStackBatch record
-(schemas/cpu_stack_batch.v1), with the metadata of every sampled process read while it runs."""
+(schemas/cpu_stack_batch.v2), with the metadata of every sampled process read while it runs."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ from typing import TYPE_CHECKING
 from producers.agent import Records, Window
 from producers.cpu_sampler import CpuSampler, Sample
 from producers.perf_map import is_anonymous
-from producers.process_info import KEEP_ALL, ProcessCache, ProcessFilter, batch_mappings
-from schemas.wire import TRUNCATED_FRAME, u64_to_long
+from producers.process_info import KEEP_ALL, ProcessCache, ProcessFilter, ProcessInfo, batch_mappings
+from producers.python_frames import PythonStacks
+from schemas.wire import PYTHON_FRAME_TAG, TRUNCATED_FRAME, u64_to_long
 
 if TYPE_CHECKING:
+    from producers.python_procs import PythonProcs
     from producers.unwind_maps import UnwindLoader
 
 log = logging.getLogger("fleetprof.agent")
@@ -39,9 +41,12 @@ class CpuCollector:
     name = "cpu"
 
     def __init__(self, sampler: CpuSampler, processes: ProcessCache, node: str, keep: ProcessFilter = KEEP_ALL,
-                 kernel_build_id: str = "", unwind: UnwindLoader | None = None) -> None:
+                 kernel_build_id: str = "", unwind: UnwindLoader | None = None,
+                 python: PythonProcs | None = None) -> None:
         self.sampler = sampler
         self.unwind = unwind  # loads the call-frame tables of each process read
+        self.python = python  # finds the CPython processes among those read, whose Python frames are walked
+        self.python_stacks = PythonStacks(python) if python is not None else None
         self.processes = processes
         self.node = node
         self.keep = keep
@@ -51,7 +56,7 @@ class CpuCollector:
         self._to_read: dict[int, None] = {}  # pids to read, in the order announced
 
     def begin(self, wake: Callable[[], None]) -> None:
-        if self.unwind is not None:
+        if self.unwind is not None or self.python is not None:
             self.preload()
         self.sampler.drain()  # what was counted while the BPF programs compiled is not this window's
         self.sampler.new_pids()
@@ -66,9 +71,9 @@ class CpuCollector:
         for pid in pids:
             info = self.processes.refresh(pid)
             if info is not None and info.mappings and self.keep.accepts(info):
-                self.unwind.load(pid, info.mappings)
+                self._load(info)
                 queued += 1
-        if not self.unwind.wait_idle(budget_s):
+        if self.unwind is not None and not self.unwind.wait_idle(budget_s):
             log.info("call-frame tables of running processes still loading after %.0f s", budget_s)
         return queued
 
@@ -97,19 +102,32 @@ class CpuCollector:
             pid = next(reversed(self._to_read))
             del self._to_read[pid]
             info = self.processes.refresh(pid)
-            if self.unwind is not None and info is not None and self.keep.accepts(info):
-                self.unwind.load(pid, info.mappings)
+            if info is not None and self.keep.accepts(info):
+                self._load(info)
         return []
+
+    def _load(self, info: ProcessInfo) -> None:
+        """A process read (new, or with new mappings): its tables loaded, and its interpreter found if it has one."""
+        if self.unwind is not None:
+            self.unwind.load(info.pid, info.mappings)
+        if self.python is not None:
+            self.python.load(info.pid, info.mappings)
 
     def end_window(self, window: Window) -> list[Records]:
         samples = self.sampler.drain()
         self._to_read.clear()  # the batch reads whatever is still unread
+        code_objects: dict[int, list[dict]] = {}
+        if self.python_stacks is not None:
+            samples, code_objects = self.python_stacks.rewrite(samples)  # before an exited process is forgotten
+            self.python.forget_exited()
+            self.python_stacks.end_window()
         if self.unwind is not None:
             self.unwind.forget_exited()
         self.lost_samples += self.sampler.lost_samples
         self.dropped_samples += self.sampler.dropped_samples
         batch = build_cpu_batch(samples, self.processes, self.node, window.start_ns, window.end_ns - window.start_ns,
-                                self.sampler.frequency_hz, self.kernel_build_id, self.keep, window.index)
+                                self.sampler.frequency_hz, self.kernel_build_id, self.keep, window.index,
+                                code_objects)
         return [Records("cpu", [batch])]
 
     def counters(self) -> dict[str, int]:
@@ -117,6 +135,8 @@ class CpuCollector:
                  "processes_read": self.processes.reads}
         if self.unwind is not None:
             found.update({f"unwind_{k}": v for k, v in self.unwind.counters().items()})
+        if self.python is not None:
+            found.update(self.python.counters(), **self.python_stacks.counts)
         return found
 
     def close(self) -> None:
@@ -127,14 +147,17 @@ class CpuCollector:
 
 def build_cpu_batch(samples: list[Sample], processes: ProcessCache, node: str, window_start_ns: int,
                     window_ns: int, frequency_hz: int, kernel_build_id: str = "",
-                    keep: ProcessFilter = KEEP_ALL, window_index: int | None = None) -> dict:
-    """A CpuStackBatch record: per process its metadata, mappings and (tid, stacks, count) tuples; processes the
-    filter rejects are left out. A process with anonymous executable mappings has its perf map read (again, when the
-    file changed), and the mappings holding its symbols refer to it (see batch_mappings)."""
+                    keep: ProcessFilter = KEEP_ALL, window_index: int | None = None,
+                    code_objects: dict[int, list[dict]] | None = None) -> dict:
+    """A CpuStackBatch record: per process its metadata, mappings, the code objects its Python frames name and
+    (tid, stacks, count) tuples; processes the filter rejects are left out. A process with anonymous executable
+    mappings has its perf map read (again, when the file changed), and the mappings holding its symbols refer to it
+    (see batch_mappings)."""
     by_pid: dict[int, list[dict]] = {}
     user_addrs: dict[int, set[int]] = {}
     for pid, tid, user, kernel, count in samples:
-        user_addrs.setdefault(pid, set()).update(a for a in user if a != TRUNCATED_FRAME)
+        user_addrs.setdefault(pid, set()).update(a for a in user
+                                                 if a != TRUNCATED_FRAME and a >> 56 != PYTHON_FRAME_TAG)
         by_pid.setdefault(pid, []).append({
             "tid": tid, "user_addrs": [u64_to_long(a) for a in user],
             "kernel_addrs": [u64_to_long(a) for a in kernel], "count": count})
@@ -149,7 +172,7 @@ def build_cpu_batch(samples: list[Sample], processes: ProcessCache, node: str, w
             "pid": pid, "comm": info.comm, "exe": info.exe, "cgroup": info.cgroup,
             "container_id": info.container_id,
             "mappings": batch_mappings(info, processes.perf_maps.get(pid) if anonymous else None),
-            "stacks": by_pid[pid]})
+            "code_objects": (code_objects or {}).get(pid, []), "stacks": by_pid[pid]})
     processes.end_window(window_index)
     return {"node": node, "window_start_ns": window_start_ns, "window_ns": window_ns, "frequency_hz": frequency_hz,
             "kernel_build_id": kernel_build_id, "simulated": False, "processes": procs}

@@ -22,6 +22,7 @@ from producers.memory import release_after_compile
 from producers.unwind_program import FRAME_POINTERS, load_unwinding_program
 
 if TYPE_CHECKING:
+    from producers.python_procs import PythonProcs
     from producers.unwind_maps import UnwindLoader
 
 log = logging.getLogger("fleetprof.cpu_sampler")
@@ -95,7 +96,7 @@ class CpuSampler:
 
     def __init__(self, frequency_hz: int = 19, pid_filter: int | None = None,
                  max_entries: int = DEFAULT_MAX_ENTRIES, stack_entries: int | None = None,
-                 unwind: UnwindLoader | None = None) -> None:
+                 unwind: UnwindLoader | None = None, python: PythonProcs | None = None) -> None:
         if not 1 <= frequency_hz <= 10_000:
             raise ValueError(f"frequency must be 1..10000 Hz, got {frequency_hz}")
         self.frequency_hz = frequency_hz
@@ -104,6 +105,7 @@ class CpuSampler:
         self.stack_entries = stack_entries or default_stack_entries(frequency_hz)
         self.unwind = unwind  # None: user stacks are walked by frame pointers
         self.unwinding = FRAME_POINTERS  # how user stacks are walked, once started
+        self.python = python  # the CPython processes whose Python frames are walked (None: none are)
         self._announced: list[int] = []
         self._announced_lock = threading.Lock()
         self.on_new_pid: Callable[[], None] | None = None  # called on the ring's thread when a pid is announced
@@ -126,7 +128,8 @@ class CpuSampler:
         if self.pid_filter is not None:
             cflags.append(f"-DFILTER_PID={int(self.pid_filter)}")
         try:
-            bpf, self.unwinding = load_unwinding_program(bcc, BPF_SOURCE, cflags, b"cpu_unwind", bcc.BPF.PERF_EVENT,
+            bpf, self.unwinding = load_unwinding_program(bcc, BPF_SOURCE, cflags, (b"cpu_unwind", b"cpu_python"),
+                                                         bcc.BPF.PERF_EVENT,
                                                          self.unwind, "user stacks")
         except Exception as exc:  # bcc raises plain Exception; its compiler output already went to stderr
             raise BpfUnavailable(f"BPF program failed to compile or load: {exc}") from None
@@ -136,6 +139,8 @@ class CpuSampler:
         except Exception as exc:
             bpf.cleanup()
             raise BpfUnavailable(f"attaching the CPU clock perf_event failed: {exc}") from None
+        if self.python is not None:
+            self.python.attach(bpf)
         bpf[b"new_pids"].open_ring_buffer(self._on_new_pid)
         self._bcc, self._bpf = bcc, bpf
         release_after_compile()  # LLVM's pages and heap are not needed again: the agent's RSS drops by ~130 MB

@@ -179,7 +179,7 @@ class GpuProbeCollector:
         cflags = [f"-DMAX_SITES={self.max_sites}", f"-DLAUNCH_RING_PAGES={self.ring_pages}",
                   f"-DKERNEL_RING_PAGES={self.ring_pages}", f"-DMAX_REG={MAX_REG[arch]}"]
         try:
-            bpf, self.unwinding = load_unwinding_program(bcc, BPF_SOURCE, cflags, b"gpu_unwind", bcc.BPF.KPROBE,
+            bpf, self.unwinding = load_unwinding_program(bcc, BPF_SOURCE, cflags, (b"gpu_unwind",), bcc.BPF.KPROBE,
                                                          self.unwind, "GPU launch stacks")
         except Exception as exc:  # bcc raises plain Exception; its compiler output already went to stderr
             raise BpfUnavailable(f"GPU probe program failed to compile or load: {exc}") from None

@@ -21,20 +21,22 @@ TABLES = "call-frame tables"
 _NO_TABLES = ["-DUNWIND_ROWS=1", "-DUNWIND_PROCS=1"]  # the maps exist, unused: as small as they go
 
 
-def _compile(bcc: Any, source: Path, cflags: list[str], walk: bytes, prog_type: int) -> Any:
+def _compile(bcc: Any, source: Path, cflags: list[str], walk: tuple[bytes, ...], prog_type: int) -> Any:
     bpf = bcc.BPF(text=bpf_text(source), cflags=cflags)
     try:
-        fn = bpf.load_func(walk, prog_type)
-        bpf[b"unwind_progs"][ct.c_int(0)] = ct.c_int(fn.fd)
+        for i, name in enumerate(walk):
+            fn = bpf.load_func(name, prog_type)
+            bpf[b"unwind_progs"][ct.c_int(i)] = ct.c_int(fn.fd)
     except Exception:
         bpf.cleanup()
         raise
     return bpf
 
 
-def load_unwinding_program(bcc: Any, source: Path, cflags: list[str], walk: bytes, prog_type: int,
+def load_unwinding_program(bcc: Any, source: Path, cflags: list[str], walk: tuple[bytes, ...], prog_type: int,
                            unwind: UnwindLoader | None, what: str) -> tuple[Any, str]:
-    """(the loaded bcc.BPF, how it walks user stacks). `walk` names the program the walk tail-calls; `what` says
+    """(the loaded bcc.BPF, how it walks user stacks). `walk` names the programs the walk tail-calls, in the order
+    of their places in `unwind_progs` (the native walk's continuation first); `what` says
     whose stacks, in the one line said when the tables are refused. Raises what bcc raises when even the
     frame-pointer build fails."""
     if unwind is not None:

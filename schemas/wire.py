@@ -49,3 +49,26 @@ UNKNOWN_BINARY = "[unknown]"  # a frame in no known mapping
 # its unwinder cannot follow): no user mapping ever holds it (user space ends below 2**57 on every architecture).
 TRUNCATED_FRAME = (1 << 64) - 2
 TRUNCATED_BINARY = "[truncated]"
+
+# --- interpreter frames --------------------------------------------------------------------------------------------
+
+# A Python frame among a user stack's addresses (CpuStackBatch v2 on): the tag in the top byte, then the index of its
+# code object in the process's `code_objects` (24 bits) and its line (32 bits). No user address has a top byte of
+# 0xFD (user space ends below 2**57), and TRUNCATED_FRAME's is 0xFF.
+PYTHON_FRAME_TAG = 0xFD
+PYTHON_MAX_CODE_OBJECTS = 1 << 24  # per process and batch
+
+
+def python_frame(index: int, line: int) -> int:
+    """The unsigned 64-bit word for code object `index`'s frame on `line`."""
+    return (PYTHON_FRAME_TAG << 56) | ((index & 0xFFFFFF) << 32) | (max(line, 0) & 0xFFFFFFFF)
+
+
+def is_python_frame(word: int) -> bool:
+    """Whether an unsigned 64-bit user-stack word is a Python frame."""
+    return word >> 56 == PYTHON_FRAME_TAG
+
+
+def python_frame_parts(word: int) -> tuple[int, int]:
+    """(code object index, line) of a Python frame word."""
+    return (word >> 32) & 0xFFFFFF, word & 0xFFFFFFFF

@@ -31,7 +31,7 @@ INT = st.integers(-(2**31), 2**31 - 1)
 TEXT = st.text(max_size=12)  # non-ASCII too: the decoder must keep its place after multi-byte characters
 
 
-# ---- an Avro writer for CpuStackBatch v1 that can split every array into blocks, as other Avro writers may ----
+# ---- an Avro writer for CpuStackBatch v2 that can split every array into blocks, as other Avro writers may ----
 
 def _string(s: str) -> bytes:
     b = s.encode()
@@ -60,9 +60,13 @@ def write_batch(batch: dict, rnd: random.Random | None = None) -> bytes:
         return b"".join([long_bytes(m["start"]), long_bytes(m["limit"]), long_bytes(m["file_offset"]),
                          _string(m["path"]), _string(m["build_id"])])
 
+    def code(c: dict) -> bytes:
+        return _string(c["qualname"]) + _string(c["file"]) + long_bytes(c["first_line"])
+
     def process(p: dict) -> bytes:
         return b"".join([long_bytes(p["pid"]), *(_string(p[k]) for k in ("comm", "exe", "cgroup", "container_id")),
                          _array([mapping(m) for m in p["mappings"]], rnd),
+                         _array([code(c) for c in p["code_objects"]], rnd),
                          _array([stack(s) for s in p["stacks"]], rnd)])
 
     return b"".join([HEADER, _string(batch["node"]), long_bytes(batch["window_start_ns"]),
@@ -75,8 +79,10 @@ stacks_st = st.fixed_dictionaries({"tid": INT, "user_addrs": st.lists(ADDR, max_
                                    "kernel_addrs": st.lists(ADDR, max_size=4), "count": I64})
 mapping_st = st.fixed_dictionaries({"start": ADDR, "limit": ADDR, "file_offset": I64, "path": TEXT,
                                     "build_id": TEXT})
+code_st = st.fixed_dictionaries({"qualname": TEXT, "file": TEXT, "first_line": INT})
 process_st = st.fixed_dictionaries({"pid": INT, "comm": TEXT, "exe": TEXT, "cgroup": TEXT, "container_id": TEXT,
                                     "mappings": st.lists(mapping_st, max_size=3),
+                                    "code_objects": st.lists(code_st, max_size=2),
                                     "stacks": st.lists(stacks_st, max_size=6)})
 batch_st = st.fixed_dictionaries({"node": TEXT, "window_start_ns": I64, "window_ns": I64, "frequency_hz": INT,
                                   "kernel_build_id": TEXT, "simulated": st.booleans(),
@@ -98,8 +104,8 @@ def columnar(data: bytes) -> dict:
     return as_records(decode_cpu_batch_columnar(data))
 
 
-def test_the_reader_takes_the_v1_schema_file():
-    schema = json.loads((single_object.SCHEMA_DIR / "cpu_stack_batch.v1.avsc").read_text())
+def test_the_reader_takes_the_v2_schema_file():
+    schema = json.loads((single_object.SCHEMA_DIR / "cpu_stack_batch.v2.avsc").read_text())
     assert single_object.crc64_avro(schema) == LAYOUT.schema.fingerprint
     assert single_object.default_registry().latest("CpuStackBatch") is LAYOUT.schema
 
@@ -141,7 +147,8 @@ def test_deep_stacks_and_many_stacks():
     """Counts over 63 take two varint bytes; a process with thousands of stacks spans several decode chunks."""
     stacks = [{"tid": i, "user_addrs": list(range(0x7F0000000000, 0x7F0000000000 + 200 + i % 7)),
                "kernel_addrs": [-(2**63)] * (i % 3), "count": i} for i in range(3000)]
-    proc = {"pid": 1, "comm": "c", "exe": "", "cgroup": "", "container_id": "", "mappings": [], "stacks": stacks}
+    proc = {"pid": 1, "comm": "c", "exe": "", "cgroup": "", "container_id": "", "mappings": [], "code_objects": [],
+            "stacks": stacks}
     batch = {"node": "n", "window_start_ns": 0, "window_ns": 1, "frequency_hz": 1, "kernel_build_id": "",
              "simulated": False, "processes": [proc, {**proc, "pid": 2, "stacks": []}, proc]}
     data = single_object.encode("CpuStackBatch", batch)
@@ -158,9 +165,10 @@ def _small_messages() -> list[bytes]:
     batch = {"node": "nœud-1", "window_start_ns": 10**18, "window_ns": 10**10, "frequency_hz": 19,
              "kernel_build_id": "k", "simulated": True,
              "processes": [{"pid": 5, "comm": "app", "exe": "/app", "cgroup": "", "container_id": "c",
-                            "mappings": maps, "stacks": stacks},
+                            "mappings": maps, "code_objects": [{"qualname": "Model.forward", "file": "/m.py",
+                                                                "first_line": 10}], "stacks": stacks},
                            {"pid": 6, "comm": "idle", "exe": "", "cgroup": "", "container_id": "", "mappings": [],
-                            "stacks": []}]}
+                            "code_objects": [], "stacks": []}]}
     return [single_object.encode("CpuStackBatch", batch), write_batch(batch, random.Random(3)),
             single_object.encode("CpuStackBatch", {**batch, "processes": []})]
 
@@ -205,7 +213,7 @@ def _body(batch_fields: bytes, processes: bytes) -> bytes:
 
 
 FIELDS = _string("n") + long_bytes(1) + long_bytes(2) + long_bytes(3) + _string("k") + b"\x01"
-PROC_HEAD = long_bytes(7) + _string("c") * 4 + b"\x00"  # no mappings
+PROC_HEAD = long_bytes(7) + _string("c") * 4 + b"\x00\x00"  # no mappings, no code objects
 
 
 def _one_stack(tid: bytes, count: bytes = long_bytes(1)) -> bytes:
@@ -221,8 +229,8 @@ def _one_stack(tid: bytes, count: bytes = long_bytes(1)) -> bytes:
     (_one_stack(b"\xff" * 9 + b"\x02"), "over 64 bits"),
     (_one_stack(long_bytes(2**31)), "tid out of int range"),
     (_one_stack(long_bytes(1), count=long_bytes(-1) + long_bytes(99)), "stacks block size 99"),
-    (long_bytes(1) + long_bytes(2**40) + _string("c") * 4 + b"\x00\x00\x00", "int out of range"),
-    (long_bytes(1) + long_bytes(7) + long_bytes(1) + b"\xff" + _string("c") * 3 + b"\x00\x00\x00", "UTF-8"),
+    (long_bytes(1) + long_bytes(2**40) + _string("c") * 4 + b"\x00\x00\x00\x00", "int out of range"),
+    (long_bytes(1) + long_bytes(7) + long_bytes(1) + b"\xff" + _string("c") * 3 + b"\x00\x00\x00\x00", "UTF-8"),
     (long_bytes(-1) + long_bytes(1000) + PROC_HEAD + b"\x00\x00", "array block size"),
 ])
 def test_malformed_input_names_the_problem(processes, reason):
@@ -243,7 +251,7 @@ def test_other_writers_and_records_go_through_fastavro():
               "end_ns": 250, "device_id": 0,
               "stream_id": 13, "kernel_name": "k", "simulated": False}
     assert decode_columnar(single_object.encode("GpuKernel", kernel)) == ("fleetprof.GpuKernel", kernel)
-    with pytest.raises(single_object.DecodeError, match="not a CpuStackBatch v1"):
+    with pytest.raises(single_object.DecodeError, match="not a CpuStackBatch v2"):
         decode_cpu_batch_columnar(single_object.encode("GpuKernel", kernel))
     reg = single_object.SchemaRegistry().load_dir()
     for path in sorted(V2_DIR.glob("*.avsc")):
@@ -252,11 +260,12 @@ def test_other_writers_and_records_go_through_fastavro():
              "simulated": True, "processes": [{"pid": 1, "comm": "c", "exe": "", "cgroup": "", "container_id": "",
                                                "mappings": [], "stacks": [{"tid": 1, "user_addrs": [-1, 5],
                                                                            "kernel_addrs": [], "count": 3}]}]}
-    # v1 bytes read by a registry whose newest CpuStackBatch is v2: fastavro resolves the fields, no columns
-    v1 = single_object.encode("CpuStackBatch", batch)
-    _, rec = decode_columnar(v1, registry=reg)
-    assert rec["agent_version"] == "unknown" and rec["processes"][0]["stacks"][0]["user_addrs"] == [-1, 5]
-    # a v2 writer: another fingerprint, read by fastavro
-    v2 = single_object.encode("CpuStackBatch", {**batch, "agent_version": "2.0"}, registry=reg)
-    _, rec = decode_columnar(v2, registry=reg)
-    assert isinstance(rec["processes"][0]["stacks"], list) and rec["agent_version"] == "2.0"
+    # v1 and v2 bytes read by a registry whose newest CpuStackBatch is v3: fastavro resolves the fields, no columns
+    for version in (1, 2):
+        older = single_object.encode("CpuStackBatch", batch, version=version)
+        _, rec = decode_columnar(older, registry=reg)
+        assert rec["agent_version"] == "unknown" and rec["processes"][0]["stacks"][0]["user_addrs"] == [-1, 5]
+    # a v3 writer: another fingerprint, read by fastavro
+    v3 = single_object.encode("CpuStackBatch", {**batch, "agent_version": "3.0"}, registry=reg)
+    _, rec = decode_columnar(v3, registry=reg)
+    assert isinstance(rec["processes"][0]["stacks"], list) and rec["agent_version"] == "3.0"

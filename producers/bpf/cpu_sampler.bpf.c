@@ -14,9 +14,12 @@
 // read from /proc while it still runs, not at the next once-a-second look, when it may be gone. A process whose stack
 // reached a pc in no mapping its tables know (a library it loaded since) is announced again, at most once a second,
 // so its mappings are read again.
+//
+// A CPython process's samples also get the thread's Python frames (python.bpf.h), after its native ones.
 #include <uapi/linux/ptrace.h>
 #include <uapi/linux/bpf_perf_event.h>
 #include "unwind.bpf.h"
+#include "python.bpf.h"
 
 #ifndef MAX_ENTRIES
 #define MAX_ENTRIES 10240
@@ -40,9 +43,9 @@ struct key_t {
 
 // Keep in step with USER_STACK in producers/cpu_sampler.py.
 struct user_stack {
-    u32 len;  // entries used, an UNWIND_TRUNCATED mark included
+    u32 len;  // entries used: the native frames (an UNWIND_TRUNCATED mark included), then any Python part
     u32 pad;
-    u64 addrs[UNWIND_MAX_FRAMES + 1];
+    u64 addrs[UNWIND_MAX_FRAMES + 1 + PY_USED];
 };
 
 BPF_HASH(counts0, struct key_t, u64, MAX_ENTRIES);
@@ -105,20 +108,33 @@ static __always_inline int user_regs(struct bpf_perf_event_data *ctx, u64 *pc, u
     return 1;
 }
 
-BPF_PROG_ARRAY(unwind_progs, 1);  // [0]: cpu_unwind, put there by user space
+BPF_PROG_ARRAY(unwind_progs, 2);  // [0]: cpu_unwind, [1]: cpu_python, put there by user space
 BPF_PERCPU_ARRAY(sample_keys, struct key_t, 1);  // the sample's key while its walk spans programs
 
-// Records the sample whose walk has ended: its user stack, kernel stack and count.
-static __always_inline void count_sample(struct bpf_perf_event_data *ctx, struct key_t *key, struct unwind_state *s) {
+// Records the sample whose walks have ended (unwind_finish has run): its user stack, kernel stack and count.
+static __always_inline void count_sample(struct bpf_perf_event_data *ctx, struct key_t *key, struct unwind_state *s,
+                                         struct py_walk *w) {
     int zero = 0;
     struct user_stack *ustack = ustack_scratch.lookup(&zero);
     if (!ustack)
         return;
     if (s) {
-        unwind_finish(s);
-        key->user_stack = s->hash;
-        ustack->len = s->n;
-        bpf_probe_read_kernel(ustack->addrs, sizeof(ustack->addrs), s->stack);
+        u32 n = s->n;
+        if (n > UNWIND_MAX_FRAMES + 1)
+            n = UNWIND_MAX_FRAMES + 1;
+        bpf_probe_read_kernel(ustack->addrs, (UNWIND_MAX_FRAMES + 1) * 8, s->stack);
+        u64 hash = s->hash;
+        u32 py = w ? w->n : 0;
+        if (py > PY_USED)
+            py = PY_USED;
+        if (py) {
+            bpf_probe_read_kernel(&ustack->addrs[n], PY_USED * 8, w->frames);
+#pragma clang loop unroll(disable)
+            for (int i = 0; i < PY_USED && i < py; i++)
+                hash = (hash ^ w->frames[i]) * 0x100000001b3ULL;
+        }
+        key->user_stack = hash;
+        ustack->len = n + py;
     }
     announce(key->pid, s ? s->unmapped : 0);
     u32 *gen = generation.lookup(&zero);
@@ -147,6 +163,22 @@ static __always_inline void count_sample(struct bpf_perf_event_data *ctx, struct
     }
 }
 
+// The native walk has ended: a CPython process's sample goes on to its Python frames (cpu_python), any other's
+// is counted.
+static __always_inline void native_done(struct bpf_perf_event_data *ctx, struct key_t *key, struct unwind_state *s) {
+    unwind_finish(s);
+    if (py_procs.lookup(&key->pid)) {
+        int zero = 0;
+        struct py_walk *w = py_walks.lookup(&zero);
+        if (w) {
+            w->calls = 0;
+            w->n = 0;
+            unwind_progs.call(ctx, 1);  // returns only if the tail call failed
+        }
+    }
+    count_sample(ctx, key, s, 0);
+}
+
 int on_cpu_clock(struct bpf_perf_event_data *ctx) {
     u64 pid_tgid = bpf_get_current_pid_tgid();
     u32 tgid = pid_tgid >> 32;
@@ -167,7 +199,7 @@ int on_cpu_clock(struct bpf_perf_event_data *ctx) {
     if (!user_regs(ctx, &pc, &sp, &bp)) {
         unwind_count(US_NO_USER, 1);
         key->user_status = -EFAULT;
-        count_sample(ctx, key, 0);
+        count_sample(ctx, key, 0, 0);
         return 0;
     }
     struct unwind_state *s = unwind_begin(tgid, pc, sp, bp);
@@ -175,7 +207,7 @@ int on_cpu_clock(struct bpf_perf_event_data *ctx) {
         return 0;
     if (!unwind_frames(s))
         unwind_progs.call(ctx, 0);  // cpu_unwind goes on; returns here only if the tail call failed
-    count_sample(ctx, key, s);
+    native_done(ctx, key, s);
     return 0;
 }
 
@@ -188,6 +220,29 @@ int cpu_unwind(struct bpf_perf_event_data *ctx) {
         return 0;
     if (!unwind_frames(s) && ++s->calls < UNWIND_MAX_CALLS)
         unwind_progs.call(ctx, 0);
-    count_sample(ctx, key, s);
+    native_done(ctx, key, s);
+    return 0;
+}
+
+// The Python frames of a CPython process's sample, PY_FRAMES_PER_CALL at a time, then the count.
+int cpu_python(struct bpf_perf_event_data *ctx) {
+    int zero = 0;
+    struct key_t *key = sample_keys.lookup(&zero);
+    struct unwind_state *s = unwind_states.lookup(&zero);
+    struct py_walk *w = py_walks.lookup(&zero);
+    if (!key || !s || !w)
+        return 0;
+    struct py_proc *pp = py_procs.lookup(&key->pid);
+    if (pp && w->calls == 0 && !py_begin(pp, w, key->tid))
+        pp = 0;  // no frames to walk
+    if (pp && !py_frames(pp, w)) {
+        if (++w->calls < PY_MAX_CALLS)
+            unwind_progs.call(ctx, 1);
+        u32 n = w->n;  // the calls ran out: cut here
+        w->frames[n & (PY_FRAMES_SLOTS - 1)] = UNWIND_TRUNCATED;
+        w->n = n + 1;
+        py_count(PS_LIMIT, 1);
+    }
+    count_sample(ctx, key, s, w);
     return 0;
 }
