@@ -85,7 +85,7 @@ class PythonStacks:
         self.procs = procs
         self._readers: dict[int, _Process | None] = {}
         self.counts = {"python_stacks": 0, "python_stacks_unpaired": 0, "python_stacks_cut": 0,
-                       "code_objects_read": 0, "code_objects_unreadable": 0}
+                       "python_code_objects_read": 0, "python_code_objects_unreadable": 0}
 
     def rewrite(self, samples: list[Sample]) -> tuple[list[Sample], dict[int, list[dict]]]:
         """The samples with their Python frames in place, and per process the code objects they refer to (the
@@ -142,7 +142,7 @@ class PythonStacks:
 
     def _code(self, reader: _Process | None, proc: PythonProcess, addr: int) -> CodeObject | None:
         if reader is None:
-            self.counts["code_objects_unreadable"] += 1
+            self.counts["python_code_objects_unreadable"] += 1
             return None
         code = reader.codes.get(addr)
         if code is not None and (addr in reader.checked or still_same(reader.memory, proc.offsets, addr, code)):
@@ -151,9 +151,9 @@ class PythonStacks:
         try:
             code = read_code(reader.memory, proc.offsets, addr)
         except ReadFailed:
-            self.counts["code_objects_unreadable"] += 1
+            self.counts["python_code_objects_unreadable"] += 1
             return None
         reader.codes[addr] = code
         reader.checked.add(addr)
-        self.counts["code_objects_read"] += 1
+        self.counts["python_code_objects_read"] += 1
         return code

@@ -78,6 +78,11 @@ FLUSH_S = 60.0  # at exit, how long Kafka may take to acknowledge what is held
                    "500 MB library has ~6 million); a binary that does not fit is walked by frame pointers, and "
                    "counted. "
                    "[env FLEETPROF_AGENT_UNWIND_ROWS]")
+@click.option("--python-frames/--no-python-frames", envvar="FLEETPROF_AGENT_PYTHON_FRAMES", default=True,
+              show_default=True,
+              help="Read the Python frames of CPython 3.11+ processes from the interpreter itself (stock builds, "
+                   "no -X perf needed) and put them in place of its evaluator frames. "
+                   "[env FLEETPROF_AGENT_PYTHON_FRAMES]")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=0, show_default=True,
               help="Serve Prometheus /metrics on this port (0: off).")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address /metrics listens on.")
@@ -89,7 +94,7 @@ FLUSH_S = 60.0  # at exit, how long Kafka may take to acknowledge what is held
 def agent(settings: Settings, dry_run: bool, once: bool, window: float, frequency: int, pid: int | None,
           comm: str | None, cgroup: str | None, node: str | None, gpu: bool, nvml_period: float, buffer_mb: float,
           stack_entries: int | None, count_entries: int, unwind: str, unwind_cache: Path | None, unwind_rows: int,
-          metrics_port: int,
+          python_frames: bool, metrics_port: int,
           metrics_host: str, fmt: str | None) -> None:
     """Run the node agent: CPU stacks (eBPF, needs root), CUDA kernel time with launching stacks (USDT) and NVML
     metrics, published to Kafka with the symbol tables they need sent first. Whatever cannot run here is said in
@@ -102,7 +107,7 @@ def agent(settings: Settings, dry_run: bool, once: bool, window: float, frequenc
     options = CollectorOptions(node or socket.gethostname(), frequency, pid, ProcessFilter(comm=comm, cgroup=cgroup),
                                gpu, nvml_period, stack_entries, count_entries,
                                unwind_dir=(unwind_cache or default_unwind_cache()) if unwind == "tables" else None,
-                               unwind_rows=unwind_rows)
+                               unwind_rows=unwind_rows, python_frames=python_frames)
     if dry_run:
         _dry_run(options, window)
     else:
@@ -251,6 +256,7 @@ def _summary(options: CollectorOptions, report: AgentReport, outbox: Outbox, enc
             "lost_stacks": cpu.get("lost_stacks", 0), "map_full_samples": cpu.get("map_full_samples", 0),
             "user_stacks_by": sampler.unwinding if sampler is not None else "",
             "unwind": {k.removeprefix("unwind_"): v for k, v in cpu.items() if k.startswith("unwind_")},
+            "python": {k.removeprefix("python_"): v for k, v in cpu.items() if k.startswith("python_")},
             "dropped_windows": dropped["cpu"].units, "dropped_samples": dropped["cpu"].records,
             "dropped_messages": sum(t.messages for t in dropped.values()),
             "dropped_bytes": sum(t.bytes for t in dropped.values()),

@@ -1,0 +1,181 @@
+"""The truth harness for Python frames: workloads on a stock interpreter, py-spy on the same processes in the same
+seconds, and the comparison of both tools' Python call chains.
+
+Both sides are reduced to Python frames only, root first, each named by its function (py-spy names a frame by
+`co_name`, we by `co_qualname`: the last dotted part is compared) and, where asked, its line. py-spy runs
+--nonblocking (it reads without stopping the process, as our sampler does).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+Chain = tuple[str, ...]
+
+SPLIT = """
+import time
+def hot():
+    x = 0
+    for i in range(3000):
+        x += i * i
+    return x
+def warm():
+    x = 0
+    for i in range(1000):
+        x += i * i
+    return x
+def main():
+    end = time.monotonic() + LIFETIME
+    while time.monotonic() < end:
+        hot()
+        warm()
+main()
+"""
+
+ZLIB = """
+import os, time, zlib
+data = os.urandom(1 << 16) + bytes(1 << 16)
+def compress_loop():
+    end = time.monotonic() + LIFETIME
+    while time.monotonic() < end:
+        zlib.compress(data, 9)
+compress_loop()
+"""
+
+THREADS = """
+import threading, time
+def spin_a():
+    x = 0
+    end = time.monotonic() + LIFETIME
+    while time.monotonic() < end:
+        x += 1
+def spin_b():
+    x = 0
+    end = time.monotonic() + LIFETIME
+    while time.monotonic() < end:
+        x -= 1
+threads = [threading.Thread(target=spin_a), threading.Thread(target=spin_b)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+"""
+
+# 150 Python frames deep, busy at the bottom: more than the walker's 64
+DEEP = """
+import time
+def down(n):
+    if n:
+        return down(n - 1)
+    end = time.monotonic() + LIFETIME
+    x = 0
+    while time.monotonic() < end:
+        x += 1
+down(150)
+"""
+
+ASYNC = """
+import asyncio, time
+def numbers(n):
+    for i in range(n):
+        yield i * i
+async def crunch():
+    end = time.monotonic() + LIFETIME
+    while time.monotonic() < end:
+        sum(numbers(20000))
+        await asyncio.sleep(0)
+async def main():
+    await asyncio.gather(crunch(), crunch())
+asyncio.run(main())
+"""
+
+WORKLOADS = {"split": SPLIT, "zlib": ZLIB, "threads": THREADS, "deep": DEEP, "async": ASYNC}
+
+
+@dataclass
+class PyWorkload:
+    name: str
+    script: Path
+
+
+def write_workloads(folder: Path, lifetime_s: float) -> list[PyWorkload]:
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for name, source in WORKLOADS.items():
+        path = folder / f"{name}.py"
+        path.write_text(f"LIFETIME = {lifetime_s}\n" + source)
+        out.append(PyWorkload(name, path))
+    return out
+
+
+def py_spy(pid: int, seconds: float, rate: int, out: Path) -> subprocess.Popen:
+    """py-spy recording `pid` for `seconds` (raw folded stacks with line numbers, into `out`)."""
+    exe = Path(sys.executable).parent / "py-spy"
+    return subprocess.Popen([str(exe), "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate",
+                             str(rate), "--nonblocking", "--format", "raw", "-o", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+_FRAME = re.compile(r"^(?P<name>.*) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
+_OURS = re.compile(r"^.* \(.*:\d+\)$")  # our Python frames: `qualname (file:line)`
+
+
+def _frame(text: str, lines: bool) -> str:
+    """A frame of either tool as `name` or `name:line` (name: the last dotted part of a qualname)."""
+    m = _FRAME.match(text.strip())
+    if m is None:
+        return text.strip()
+    name = m.group("name").rsplit(".", 1)[-1]
+    return f"{name}:{m.group('line')}" if lines and m.group("line") else name
+
+
+def spy_chains(text: str, lines: bool = False) -> Counter[Chain]:
+    """py-spy's raw output as Python chains, root first."""
+    out: Counter[Chain] = Counter()
+    for row in text.splitlines():
+        stack, _, count = row.rpartition(" ")
+        if stack and count.isdigit():
+            out[tuple(_frame(f, lines) for f in stack.split(";") if f)] += int(count)
+    return out
+
+
+def our_chains(folded: str, lines: bool = False) -> Counter[Chain]:
+    """`fleetprof query flamegraph --format folded` output as Python chains (Python frames only, root first);
+    a stack we marked as cut keeps the mark, `[truncated]`, at its root end."""
+    out: Counter[Chain] = Counter()
+    for row in folded.splitlines():
+        stack, _, count = row.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = stack.split(";")
+        python = [_frame(f, lines) for f in frames if _OURS.match(f)]
+        if "[truncated]" in frames:
+            python.insert(0, "[truncated]")
+        out[tuple(python)] += int(count)
+    return out
+
+
+def shares(chains: Counter[Chain]) -> dict[str, float]:
+    """Share of samples per leaf Python function (chains without Python frames left out)."""
+    leaves: Counter[str] = Counter()
+    for chain, n in chains.items():
+        if chain and chain[-1] != "[truncated]":
+            leaves[chain[-1]] += n
+    total = sum(leaves.values()) or 1
+    return {name: n / total for name, n in leaves.items()}
+
+
+def chain_agreement(ours: Counter[Chain], theirs: Counter[Chain], depth: int | None = None) -> float:
+    """Share of our samples (with Python frames) whose chain py-spy also saw; `depth`: compare the innermost
+    `depth` frames only (our walk cuts deeper chains)."""
+    def cut(chain: Chain) -> Chain:
+        chain = tuple(f for f in chain if f != "[truncated]")
+        return chain[-depth:] if depth else chain
+    seen = {cut(c) for c in theirs}
+    total = sum(n for c, n in ours.items() if cut(c))
+    return sum(n for c, n in ours.items() if cut(c) and cut(c) in seen) / total if total else 0.0
