@@ -1,5 +1,6 @@
 """Hostile input at the parsers: corrupt ELF files (ElfError and nothing else), malformed, giant and binary perf map
-lines, kallsyms junk, and symbol names built to crash or blow up the demangler."""
+lines, kallsyms junk, symbol names built to crash or blow up the demangler, and Python code objects and location
+tables read from memory that holds anything (the thread runs on while it is read)."""
 
 from __future__ import annotations
 
@@ -122,3 +123,24 @@ def test_the_guard_keeps_real_names():
 @given(st.text(max_size=300))
 def test_random_names(name):
     targets.check_demangle(name.encode())
+
+
+@FUZZ
+@given(st.binary(max_size=300))
+def test_any_bytes_as_a_location_table(data):
+    targets.check_line_table(data)
+
+
+def _code_like(rnd_bytes: bytes, strings: bool) -> bytes:
+    """A buffer that points into itself where code objects keep pointers, so reads go deep before they fail."""
+    buf = bytearray(rnd_bytes.ljust(4096, b"\x00"))
+    if strings:
+        for at in range(0, 256, 8):
+            buf[at:at + 8] = (0x10000 + 512 + at).to_bytes(8, "little")
+    return bytes(buf)
+
+
+@FUZZ
+@given(st.binary(min_size=0, max_size=4096), st.booleans())
+def test_code_objects_in_memory_that_holds_anything(data, strings):
+    targets.check_code_object(_code_like(data, strings))

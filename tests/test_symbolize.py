@@ -9,7 +9,7 @@ from processors.symbolize import FrameMemo, SymbolizeStats, symbolize_batch
 from schemas import single_object
 from schemas.cpu_batch_reader import decode_columnar
 from schemas.packed_stacks import PackedStacks
-from schemas.wire import u64_to_long
+from schemas.wire import TRUNCATED_FRAME, python_frame, u64_to_long
 from simulate.synthetic_binaries import KERNEL_BUILD_ID
 from simulate.synthetic_fleet import FREQUENCY_HZ, SyntheticFleet
 
@@ -181,3 +181,30 @@ def test_perf_map_frames_of_cpython_are_interpreted_and_other_jit_code_native():
     kinds = {f["function"]: (f["kind"], f["binary"]) for f in out["frames"]}
     assert kinds == {"main": ("NATIVE", "libc.so.6"), "py::handle:/srv/app.py": ("INTERPRETED", "[jit]"),
                      "LazyCompile:*render": ("NATIVE", "[jit]")}
+
+
+def test_python_frames_are_named_from_their_process_code_objects():
+    base = 0x7F0000000000
+    codes = [{"qualname": "Model.forward", "file": "/srv/model.py", "first_line": 10},
+             {"qualname": "<module>", "file": "/srv/train.py", "first_line": 1}]
+    # leaf first: libc's read, called from Model.forward line 12, from the module's line 40; then a frame whose
+    # index no code object has (a batch cut wrong) and the agent's mark of a chain cut short
+    stacks = [{"tid": 7, "user_addrs": [u64_to_long(x) for x in (
+        base + 0x1410, python_frame(0, 12), python_frame(1, 40), python_frame(5, 3), TRUNCATED_FRAME)],
+        "kernel_addrs": [], "count": 4}]
+    batch = _batch(stacks)
+    batch["processes"][0]["code_objects"] = codes
+    stats = SymbolizeStats()
+    out = _symbolize(batch, _tables(), stats=stats)
+    frames = {f["frame_id"]: f for f in out["frames"]}
+    [stack] = out["stacks"]
+    named = [(frames[f]["function"], frames[f]["binary"], frames[f]["kind"]) for f in stack["frame_ids"]]
+    assert named == [("[truncated]", "[truncated]", "UNKNOWN"),
+                     ("[unknown] python frame 5", "[unknown]", "UNKNOWN"),
+                     ("<module> (/srv/train.py:40)", "/srv/train.py", "INTERPRETED"),
+                     ("Model.forward (/srv/model.py:12)", "/srv/model.py", "INTERPRETED"),
+                     ("read", "libc.so.6", "NATIVE")]
+    assert stats.unknown_frames == 1 and stats.truncated_stacks == 1
+    # without code objects (a v1 batch), the same words are unknown frames, never a crash
+    del batch["processes"][0]["code_objects"]
+    assert len(_symbolize(batch, _tables())["frames"]) == 5

@@ -231,6 +231,50 @@ def check_demangle(data: bytes) -> None:
         assert isinstance(out, str) and (len(out) <= MAX_DEMANGLED or out == prefix + name)
 
 
+class BufferMemory:
+    """Process memory that is a bytes buffer at address `base` (reads outside it fail as reads of an unmapped page
+    do): what producers/python_code.py reads code objects from, under fuzzing."""
+
+    def __init__(self, data: bytes, base: int = 0x10000) -> None:
+        self.pid, self.data, self.base = 0, data, base
+
+    def read(self, addr: int, size: int) -> bytes:
+        from producers.python_code import ReadFailed
+
+        at = addr - self.base
+        if at < 0 or size < 0 or at + size > len(self.data):
+            raise ReadFailed(f"pid 0: {size} bytes at {addr:#x}: outside the buffer")
+        return self.data[at:at + size]
+
+    def word(self, addr: int) -> int:
+        return int.from_bytes(self.read(addr, 8), "little")
+
+
+def check_line_table(data: bytes) -> None:
+    """line_at on any bytes: an int for every offset (a table cut short or garbage gives the last line reached)."""
+    from producers.python_code import line_at
+
+    for units in (0, 1, 7, 64, 1 << 15):
+        assert isinstance(line_at(data, 100, units), int)
+
+
+def check_code_object(data: bytes) -> None:
+    """read_code over any memory: a CodeObject with bounded strings, or ReadFailed; never another exception."""
+    from producers.python_code import MAX_LINETABLE_BYTES, MAX_STRING_CHARS, ReadFailed, read_code
+    from producers.python_offsets import TABLE
+
+    mem = BufferMemory(data)
+    for offsets in TABLE.values():
+        for addr in (mem.base, mem.base + 8, mem.base + len(data) // 2):
+            try:
+                code = read_code(mem, offsets, addr)  # type: ignore[arg-type]
+            except ReadFailed as exc:
+                one_line(str(exc))
+                continue
+            assert len(code.qualname) <= MAX_STRING_CHARS + 1 and len(code.filename) <= MAX_STRING_CHARS + 1
+            assert len(code.linetable) <= MAX_LINETABLE_BYTES and isinstance(code.line_at(3), int)
+
+
 # ---- stages ---------------------------------------------------------------------------------------------------
 
 _MODULE_FILES = (".py", ".pyc", ".so")
