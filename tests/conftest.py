@@ -105,6 +105,21 @@ def store(chdb_dir: os.PathLike, request: pytest.FixtureRequest) -> Iterator[obj
         s.close()
 
 
+@pytest.fixture(scope="module")
+def module_store(chdb_dir: os.PathLike, request: pytest.FixtureRequest) -> Iterator[object]:
+    """A migrated Store shared by a module's tests (one agent window that several tests judge)."""
+    import uuid
+
+    from fleetprof.store import open_store
+
+    s = open_store(f"chdb://{chdb_dir}", f"m_{request.module.__name__.rsplit('.', 1)[-1][:40]}_{uuid.uuid4().hex[:8]}")
+    try:
+        s.migrate()
+        yield s
+    finally:
+        s.close()
+
+
 @pytest.fixture
 def cpu_store(store: object) -> object:
     """`store` holding a small known CPU profile in [since, until), ten seconds apart, an hour ago:

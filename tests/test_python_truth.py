@@ -43,17 +43,6 @@ MIN_CHAINS = 0.95
 DEEP_COMPARED = 60  # innermost frames compared on the deep workload (our walk keeps 64)
 
 
-@pytest.fixture(scope="module")
-def truth_store(chdb_dir):
-    from fleetprof.store import open_store
-
-    s = open_store(f"chdb://{chdb_dir}", f"t_python_truth_{uuid.uuid4().hex[:8]}")
-    try:
-        s.migrate()
-        yield s
-    finally:
-        s.close()
-
 
 def _folded(store, node: str, pid: int) -> str:
     since = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
@@ -66,7 +55,7 @@ def _folded(store, node: str, pid: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def truth(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str, truth_store) -> dict[str, dict]:
+def truth(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str, module_store) -> dict[str, dict]:
     if os.geteuid() != 0:
         unavailable("the agent and py-spy need root")
     try:
@@ -105,12 +94,12 @@ def truth(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str, truth_
                 p.kill()
                 p.wait()
     summary = json.loads(out.splitlines()[-1])
-    _store_all(truth_store, kafka_bootstrap, node, summary["samples"])
+    _store_all(module_store, kafka_bootstrap, node, summary["samples"])
 
     results = {}
     print()
     for name, proc in procs.items():
-        folded = _folded(truth_store, node, proc.pid)
+        folded = _folded(module_store, node, proc.pid)
         theirs_text = (folder / f"{name}.spy").read_text()
         ours, theirs = our_chains(folded), spy_chains(theirs_text)
         mine, spy = shares(ours), shares(theirs)

@@ -21,7 +21,6 @@ import sys
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 
 import pytest
 
@@ -103,21 +102,9 @@ def _wait_collecting(agent: subprocess.Popen) -> None:
     pytest.fail(f"the agent stopped before collecting (exit {agent.returncode}): {''.join(said)[-3000:]}")
 
 
-@pytest.fixture(scope="module")
-def truth_store(chdb_dir) -> Iterator[object]:
-    """A store for this module's one agent window (the `store` fixture is per test)."""
-    from fleetprof.store import open_store
-
-    s = open_store(f"chdb://{chdb_dir}", f"t_unwind_truth_{uuid.uuid4().hex[:8]}")
-    try:
-        s.migrate()
-        yield s
-    finally:
-        s.close()
-
 
 @pytest.fixture(scope="module")
-def truth(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str, truth_store) -> dict[str, dict]:
+def truth(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str, module_store) -> dict[str, dict]:
     """Every workload's agreement between our chains and perf's, from one window of both."""
     if os.geteuid() != 0:
         unavailable("the agent and perf need root")
@@ -162,14 +149,14 @@ def truth(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str, truth_
             agent.wait()
     summary = json.loads(out.splitlines()[-1])
     assert summary["user_stacks_by"] == "call-frame tables" and summary["unwind"]["frames_by_table"] > 0, summary
-    _store_all(truth_store, kafka_bootstrap, node, summary["samples"])
+    _store_all(module_store, kafka_bootstrap, node, summary["samples"])
 
     results = {}
     print()  # the JSON lines start on a line of their own
     for w in workloads:
         pid = pids[w.name]
         ours: Counter[tuple[str, ...]] = Counter()
-        for frames, n in _stacks(truth_store, node, pid):
+        for frames, n in _stacks(module_store, node, pid):
             ours[our_chain(frames, binaries[pid])] += n
         theirs = perf.get(pid, Counter())
         results[w.name] = agreement(ours, theirs, w.expected)
