@@ -2,7 +2,8 @@
 symbolizer → sink → chDB → the named queries (needs root, bcc and kernel headers: skipped with the reason without
 them, a failure on CI).
 
-- hot functions with known CPU shares, 10 s at 99 Hz: shares within ±5 percentage points, whole call chains;
+- all of them in one agent window (10 s at 199 Hz, one start-up, one store);
+- hot functions with known CPU shares: shares within ±5 percentage points, whole call chains;
 - a syscall-heavy workload: kernel frames, marked as such, under the user stack that made the syscalls;
 - a binary deleted while it runs: still symbolized from its own (unlinked) file;
 - stacks deeper than the kernel's limit: kept, truncated at the limit, leaf intact.
@@ -28,7 +29,7 @@ from tests.pipeline_helpers import sink, symbolizer, wait_for
 
 COMM = "fpwork"  # every workload here runs under this command name, so one agent run can keep just them
 SHARES_SECONDS = 10
-FREQUENCY = 99
+FREQUENCY = 199  # ~1,000 samples of the split workload while it shares the CPUs with three others
 
 # Same loop body in every hot function, so CPU time is proportional to iterations: 60% / 30% / 10%. Each calls
 # tick() first: gcc gives a function that calls nothing no frame, and the frame-pointer unwinder then skips its
@@ -120,15 +121,6 @@ class Workloads:
             proc.wait()
 
 
-@pytest.fixture
-def workloads() -> Iterator[Workloads]:
-    w = Workloads()
-    try:
-        yield w
-    finally:
-        w.close()
-
-
 def _run_agent(bootstrap: str, node: str, window_s: int, *select: str) -> dict:
     out = subprocess.run([sys.executable, "-m", "fleetprof", "agent", "--once", "--window", f"{window_s}s",
                           "--frequency", str(FREQUENCY), "--node", node, "--format", "json", *select],
@@ -172,15 +164,35 @@ def _top(store, node: str, pid: int) -> dict[str, tuple[int, int]]:
     return {r[cols.index("function")]: (int(r[cols.index("self")]), int(r[cols.index("total")])) for r in rows}
 
 
-def test_hot_functions_get_their_cpu_shares_and_whole_call_chains(build, workloads, kafka_bootstrap, store) -> None:
-    proc = workloads.start(build("shares", SHARES_C))
-    node = f"shares-{uuid.uuid4().hex[:8]}"
-    summary = _run_agent(kafka_bootstrap, node, SHARES_SECONDS, "--pid", str(proc.pid))
-    assert summary["samples"] >= 0.7 * FREQUENCY * SHARES_SECONDS, summary
-    _store_all(store, kafka_bootstrap, node, summary["samples"])
+@pytest.fixture(scope="module")
+def profiles(build, kafka_bootstrap, module_store) -> Iterator[tuple]:
+    """Every workload of this module sampled in one agent window (one agent start-up, one store), all under COMM:
+    the 60/30/10 split, the syscall-heavy one, the deleted binary, the deep recursion."""
+    w = Workloads()
+    try:
+        shares = w.start(build("shares", SHARES_C))
+        syscalls = w.start(build("syscalls", SYSCALLS_C))
+        deleted_binary = build("deleted", BUSY_C)
+        deleted = w.start(deleted_binary)
+        deep = w.start(build("deep", DEEP_C))
+        time.sleep(0.2)  # exec done: the mapping now names the file we delete
+        deleted_binary.unlink()
+        node = f"profiles-{uuid.uuid4().hex[:8]}"
+        summary = _run_agent(kafka_bootstrap, node, SHARES_SECONDS, "--comm", COMM)
+    finally:
+        w.close()
+    _store_all(module_store, kafka_bootstrap, node, summary["samples"])
+    yield module_store, node, {"shares": shares.pid, "syscalls": syscalls.pid, "deleted": deleted.pid,
+                               "deep": deep.pid}
 
-    top = _top(store, node, proc.pid)
-    total = summary["samples"]
+
+def test_hot_functions_get_their_cpu_shares_and_whole_call_chains(profiles) -> None:
+    store, node, pids = profiles
+    pid = pids["shares"]
+    total = sum(n for _, n in _stacks(store, node, pid))
+    # four busy processes on this machine's CPUs: a quarter of a CPU at least
+    assert total >= 0.25 * FREQUENCY * SHARES_SECONDS, total
+    top = _top(store, node, pid)
     shares = {fn: top.get(fn, (0, 0))[0] / total for fn in SHARES}
     for fn, expected in SHARES.items():
         assert abs(shares[fn] - expected) <= 0.05, f"{fn}: {shares[fn]:.3f} of samples, expected {expected}: {top}"
@@ -189,7 +201,7 @@ def test_hot_functions_get_their_cpu_shares_and_whole_call_chains(build, workloa
     # Nearly every sample of a hot function sits under its whole call chain, main first.
     for leaf, chain in CHAINS.items():
         under, seen = 0, 0
-        for frames, n in _stacks(store, node, proc.pid):
+        for frames, n in _stacks(store, node, pid):
             names = [fn for fn, _, _ in frames]
             if names and names[-1] == leaf:
                 seen += n
@@ -198,20 +210,10 @@ def test_hot_functions_get_their_cpu_shares_and_whole_call_chains(build, workloa
         assert seen and under >= 0.95 * seen, f"{leaf}: {under} of {seen} samples under {' → '.join(chain)}"
 
 
-def test_kernel_frames_deleted_binaries_and_stacks_at_the_depth_limit(build, workloads, kafka_bootstrap,
-                                                                     store) -> None:
-    syscalls = workloads.start(build("syscalls", SYSCALLS_C))
-    deleted_binary = build("deleted", BUSY_C)
-    deleted = workloads.start(deleted_binary)
-    deep = workloads.start(build("deep", DEEP_C))
-    time.sleep(0.2)  # exec done: the mapping now names the file we delete
-    deleted_binary.unlink()
-    node = f"mixed-{uuid.uuid4().hex[:8]}"
-    summary = _run_agent(kafka_bootstrap, node, 4, "--comm", COMM)
-    _store_all(store, kafka_bootstrap, node, summary["samples"])
-
+def test_kernel_frames_deleted_binaries_and_stacks_at_the_depth_limit(profiles) -> None:
+    store, node, pids = profiles
     # The syscall-heavy process: kernel frames (marked KERNEL, named from kallsyms) below its user stack.
-    stacks = _stacks(store, node, syscalls.pid)
+    stacks = _stacks(store, node, pids["syscalls"])
     total = sum(n for _, n in stacks)
     in_kernel = sum(n for frames, n in stacks if any(kind == "KERNEL" for _, _, kind in frames))
     assert total and in_kernel >= 0.5 * total, f"{in_kernel} of {total} samples with kernel frames"
@@ -225,14 +227,14 @@ def test_kernel_frames_deleted_binaries_and_stacks_at_the_depth_limit(build, wor
     assert any("main" in [fn for fn, _, _ in frames] for frames, _ in stacks)
 
     # The deleted binary: symbolized from the unlinked file, shown under its name.
-    top = _top(store, node, deleted.pid)
-    n = sum(n for _, n in _stacks(store, node, deleted.pid))
+    top = _top(store, node, pids["deleted"])
+    n = sum(n for _, n in _stacks(store, node, pids["deleted"]))
     assert n and top["leaf"][0] + top.get("tick", (0, 0))[0] >= 0.8 * n, top
     assert top["main"][1] >= 0.8 * n, top
     assert not any(fn.startswith("[unknown]") for fn in top if top[fn][0] > 0.05 * n), top
 
     # Deep recursion: cut at the walk's limit, leaf and frames intact, marked [truncated], counted like any other.
-    deep_stacks = _stacks(store, node, deep.pid)
+    deep_stacks = _stacks(store, node, pids["deep"])
     deep_total = sum(n for _, n in deep_stacks)
     at_leaf = [(frames, n) for frames, n in deep_stacks if frames and frames[-1][0] in ("deep_leaf", "tick")]
     assert deep_total and sum(n for _, n in at_leaf) >= 0.8 * deep_total

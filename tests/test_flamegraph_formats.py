@@ -49,8 +49,11 @@ def test_pprof_is_read_by_go_tool_pprof(tmp_path):
     path = tmp_path / "cpu.pb.gz"
     plain = STACKS[:3]  # pprof's text output shortens C++-looking names such as "a</b>"
     path.write_bytes(pprof_bytes(plain))
+    # Go's build cache kept (it lives under HOME by default): with an empty one, `go tool pprof` is compiled anew,
+    # a minute of this test's time on a 2-core machine
+    cache = subprocess.run(["go", "env", "GOCACHE"], capture_output=True, text=True, check=True).stdout.strip()
     out = subprocess.run(["go", "tool", "pprof", "-traces", str(path)], capture_output=True, text=True,
-                         timeout=120, check=True, env=dict(os.environ, HOME=str(tmp_path))).stdout
+                         timeout=120, check=True, env=dict(os.environ, HOME=str(tmp_path), GOCACHE=cache)).stdout
     # each trace: a count line, then frames leaf first
     traces = []
     for block in out.split("-----------+-------------------------------------------------------")[1:]:
