@@ -7,6 +7,7 @@ API, so no generated code or protoc is needed.
 from __future__ import annotations
 
 import gzip
+import re
 from collections.abc import Iterable
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -56,6 +57,8 @@ def _profile_class():
 
 
 Profile = _profile_class()
+# a Python frame as the symbolizer names it (processors/symbolize.py): `qualname (file:line)`
+_PYTHON_FRAME = re.compile(r"^(.+) \((.+):(\d+)\)$")
 
 
 def build_profile(stacks: Iterable[tuple[list[str], int]], sample_type: str = "samples", unit: str = "count",
@@ -75,8 +78,13 @@ def build_profile(stacks: Iterable[tuple[list[str], int]], sample_type: str = "s
             loc = locations.get(name)
             if loc is None:
                 loc = locations[name] = len(locations) + 1
-                prof.function.add(id=loc, name=s(name), system_name=s(name))
-                prof.location.add(id=loc).line.add(function_id=loc)
+                python = _PYTHON_FRAME.match(name)
+                if python:  # `qualname (file:line)`: the function, its file and the line, as pprof has them
+                    prof.function.add(id=loc, name=s(python[1]), system_name=s(python[1]), filename=s(python[2]))
+                    prof.location.add(id=loc).line.add(function_id=loc, line=int(python[3]))
+                else:
+                    prof.function.add(id=loc, name=s(name), system_name=s(name))
+                    prof.location.add(id=loc).line.add(function_id=loc)
             ids.append(loc)
         prof.sample.add(location_id=ids, value=[int(value)])
     prof.time_nanos = time_nanos

@@ -44,6 +44,17 @@ def test_pprof_decodes_with_our_own_reader():
         ["samples", "count"]
 
 
+def test_pprof_python_frames_carry_their_file_and_line():
+    stacks = [(["_start", "<module> (/srv/train.py:40)", "Model.forward (/srv/model.py:12)", "gemm"], 3)]
+    prof = Profile()
+    prof.ParseFromString(gzip.decompress(pprof_bytes(stacks)))
+    fn = {f.id: (prof.string_table[f.name], prof.string_table[f.filename]) for f in prof.function}
+    got = [[(*fn[loc.line[0].function_id], loc.line[0].line) for loc in prof.location if loc.id == i][0]
+           for i in reversed(prof.sample[0].location_id)]
+    assert got == [("_start", "", 0), ("<module>", "/srv/train.py", 40), ("Model.forward", "/srv/model.py", 12),
+                   ("gemm", "", 0)]
+
+
 @pytest.mark.skipif(shutil.which("go") is None and not os.environ.get("CI"), reason="Go toolchain not installed")
 def test_pprof_is_read_by_go_tool_pprof(tmp_path):
     path = tmp_path / "cpu.pb.gz"
