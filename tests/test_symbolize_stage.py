@@ -1,4 +1,5 @@
-"""The symbolize stage sends each stack and frame definition once per commit, and again after an abort."""
+"""The symbolize stage sends each stack and frame definition once per commit, and again after an abort; CpuStackBatch
+v1 and v2 side by side: an older agent feeds newer processors, a newer batch to older processors is dead-lettered."""
 
 from __future__ import annotations
 
@@ -42,3 +43,52 @@ def test_definitions_go_out_once_per_commit_and_again_after_an_abort():
     stage.after_commit()
     (last,) = stage.process([_msg(bid, 3, b)])
     assert _defs(last) == (0, 0, 2)
+
+
+def _decode(value: bytes, offset: int, registry=None):
+    """What the runner makes of a cpu.stacks message (its decode, with `registry` standing for the processor's)."""
+    from unittest import mock
+
+    from processors.messages import decode_message
+    from schemas import single_object
+    from tests.fuzz.targets import Raw
+
+    with mock.patch.object(single_object, "_default", registry) if registry else _nothing():
+        return decode_message("symbolize", Raw(value, "cpu.stacks", b"n1", 0, offset),
+                              {"cpu.stacks": "CpuStackBatch"}, 1 << 20, columnar=True)
+
+
+def _nothing():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def test_a_v1_agent_feeds_v2_processors_and_a_v2_batch_is_dead_lettered_by_a_v1_only_one():
+    from schemas import single_object
+    from schemas.wire import python_frame, u64_to_long
+
+    stage, bid = _stage()
+    paths = [["main", "run", "compute"], ["main", "write_out"]]
+    batch = cpu_batch("n1", bid, 10**18, [stack(p, 2, tid=i) for i, p in enumerate(paths)])
+    v1 = single_object.encode("CpuStackBatch", batch, version=1)
+    v2 = single_object.encode("CpuStackBatch", batch)
+    assert v1[2:10] != v2[2:10]  # two writer schemas
+    old, new = _decode(v1, 0), _decode(v2, 1)
+    assert isinstance(old, Message) and isinstance(new, Message)
+    (from_v1,) = stage.process([old])
+    stage.after_abort()
+    (from_v2,) = stage.process([new])
+    assert from_v1.record["samples"] == from_v2.record["samples"] and from_v1.record["stacks"]
+    # a batch with Python frames, read by processors that know only v1: dead-lettered whole, with the reason
+    py = dict(batch, processes=[dict(batch["processes"][0], code_objects=[
+        {"qualname": "train", "file": "/srv/train.py", "first_line": 3}])])
+    py["processes"][0]["stacks"] = [dict(stack(paths[0], 1), user_addrs=[u64_to_long(python_frame(0, 4))])]
+    value = single_object.encode("CpuStackBatch", py)
+    v1_only = single_object.SchemaRegistry()
+    for path in sorted(single_object.SCHEMA_DIR.glob("*.v*.avsc")):
+        if path.name != "cpu_stack_batch.v2.avsc":
+            v1_only.register_file(path)
+    dead = _decode(value, 2, v1_only)
+    assert dead.topic == "deadletter" and dead.record["value"] == value
+    assert dead.record["reason"] == f"unknown schema fingerprint {value[2:10][::-1].hex()}"
