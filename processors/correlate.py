@@ -136,11 +136,11 @@ class PartitionState:
                 self.remove(STACK, entry[4])
         return entry
 
-    def hold_stack(self, no: int, addrs: tuple) -> None:
+    def hold_stack(self, no: int, addrs: tuple, codes: tuple = ()) -> None:
         """A waiting launch has this stack: store it (before the launch, in sequence order) unless stored."""
         stack = self.stacks.get(no)
         if stack is None:
-            stack = [self.next_seq, addrs, 0, stack_size(addrs)]
+            stack = [self.next_seq, addrs, 0, codes, stack_size(addrs, codes)]
             self.next_seq += 1
             self.insert(STACK, no, stack)
         stack[2] += 1
@@ -151,8 +151,13 @@ def launch_size(node: str) -> int:
     return 64 + len(node)
 
 
-def stack_size(addrs: tuple) -> int:
-    return 16 + 10 * len(addrs)
+def stack_size(addrs: tuple, codes: tuple = ()) -> int:
+    return 16 + 10 * len(addrs) + sum(16 + len(q) + len(f) for q, f, _ in codes)
+
+
+def launch_codes(rec: dict) -> tuple:
+    """The code objects a launch's Python frames name ((qualname, file, first line), by index), as a key part."""
+    return tuple((c["qualname"], c["file"], c["first_line"]) for c in rec.get("code_objects") or ())
 
 
 def kernel_size(node: str, name: str) -> int:
@@ -175,6 +180,9 @@ def invalid_launch(rec: dict) -> str | None:
         return f"launch stack of {len(rec['user_addrs'])} addresses (limit {MAX_USER_ADDRS})"
     if len(rec["mappings"]) > MAX_MAPPINGS:
         return f"launch with {len(rec['mappings'])} mappings (limit {MAX_MAPPINGS})"
+    codes = rec.get("code_objects") or ()
+    if len(codes) > MAX_USER_ADDRS or stack_size((), launch_codes(rec)) > MAX_MAPPINGS_BYTES:
+        return f"launch with {len(codes)} code objects over {MAX_USER_ADDRS} or {MAX_MAPPINGS_BYTES} bytes"
     size = process_size(rec["node"], rec["mappings"]) if rec["mappings"] else 0
     if size > MAX_MAPPINGS_BYTES:
         return f"launch with {size} bytes of mappings (limit {MAX_MAPPINGS_BYTES})"
@@ -248,15 +256,15 @@ class Correlator:
             ks = kern[1]
             if start or t - cfg.skew_ns <= ks <= t + cfg.horizon_ns:
                 st.remove(KERNEL, key)
-                self._match(st, key, rec["weight"], self.stack_no(rec["user_addrs"]), kern, out)
+                self._match(st, key, rec["weight"], self.stack_no(rec["user_addrs"], launch_codes(rec)), kern, out)
                 return
             if ks > t:  # the kernel belongs to a later process with this pid: this launch is the stale one
                 out.unmatched.append((node, pid, t, LAUNCH, SUPERSEDED, 0, rec["weight"]))
                 return
             st.remove(KERNEL, key)
             out.unmatched.append((node, pid, ks, KERNEL, SUPERSEDED, kern[2] - ks, 0))
-        addrs, no = self.stack_no(rec["user_addrs"])
-        self._wait(st, LAUNCH, key, [0, t, rec["weight"], addrs, no, 64 + len(node)], out)  # size: launch_size
+        addrs, no, codes = self.stack_no(rec["user_addrs"], launch_codes(rec))
+        self._wait(st, LAUNCH, key, [0, t, rec["weight"], addrs, no, codes, 64 + len(node)], out)  # launch_size
 
     def _kernel(self, st: PartitionState, rec: dict, out: Outcome) -> None:
         cfg = self.config
@@ -272,7 +280,7 @@ class Correlator:
             lt = launch[1]
             if start or lt - cfg.skew_ns <= s <= lt + cfg.horizon_ns:
                 st.remove(LAUNCH, key)
-                self._match(st, key, launch[2], (launch[3], launch[4]), kern, out)
+                self._match(st, key, launch[2], (launch[3], launch[4], launch[5]), kern, out)
                 return
             if lt > s:  # the launch belongs to a later process with this pid: this kernel is the stale one
                 out.unmatched.append((node, pid, s, KERNEL, SUPERSEDED, rec["end_ns"] - s, 0))
@@ -295,7 +303,7 @@ class Correlator:
                 return
             out.unmatched.append(_unmatched(key, side, SUPERSEDED, st.remove(side, key)))
         if side == LAUNCH:
-            st.hold_stack(entry[4], entry[3])
+            st.hold_stack(entry[4], entry[3], entry[5])
         entry[0] = seq = st.next_seq
         st.next_seq = seq + 1
         table[key] = entry  # as st.insert, inline: this runs for most records
@@ -307,15 +315,15 @@ class Correlator:
             oldest = next(iter(table))
             out.unmatched.append(_unmatched(oldest, side, EVICTED, st.remove(side, oldest)))
 
-    def _match(self, st: PartitionState, key: tuple, weight: int, stack: tuple[tuple, int], kern: list,
+    def _match(self, st: PartitionState, key: tuple, weight: int, stack: tuple[tuple, int, tuple], kern: list,
                out: Outcome) -> None:
         """One pair: (node, pid, mappings id, mappings, launch addresses leaf first, weight, kernel start, kernel
-        duration, device, stream, kernel name, stack number)."""
+        duration, device, stream, kernel name, stack number, the stack's code objects)."""
         node, pid, start, _ = key
         proc = st.procs.get((node, pid, start))
         mid, mappings = (proc[3], proc[2]) if proc is not None else (0, [])
         out.matches.append((node, pid, mid, mappings, stack[0], weight, kern[1], kern[2] - kern[1], kern[3], kern[4],
-                            kern[5], stack[1]))
+                            kern[5], stack[1], stack[2]))
 
     def _set_mappings(self, st: PartitionState, pkey: tuple, t: int, mappings: list[dict]) -> None:
         old = st.procs.get(pkey)
@@ -334,15 +342,16 @@ class Correlator:
         if len(st.procs) > self.config.max_processes:
             st.remove(PROCESS, next(iter(st.procs)))
 
-    def stack_no(self, addrs: list[int] | tuple) -> tuple[tuple, int]:
-        """The addresses as a shared tuple, and a number for them (equal stacks, equal numbers, never reused): launch
-        stacks repeat, so they are hashed once here and keyed by number downstream."""
-        addrs = tuple(addrs)
-        hit = self._stacks.get(addrs)
+    def stack_no(self, addrs: list[int] | tuple, codes: tuple = ()) -> tuple[tuple, int, tuple]:
+        """The addresses as a shared tuple, a number for them with the code objects their Python frames name (equal
+        stacks, equal numbers, never reused), and those code objects: launch stacks repeat, so they are hashed once
+        here and keyed by number downstream."""
+        key = (tuple(addrs), codes)
+        hit = self._stacks.get(key)
         if hit is None:
             if len(self._stacks) > 500_000:
                 self._stacks.clear()
-            hit = self._stacks[addrs] = (addrs, self._next_stack)
+            hit = self._stacks[key] = (key[0], self._next_stack, codes)
             self._next_stack += 1
         return hit
 

@@ -20,6 +20,7 @@ from processors.correlate import (
     Correlator,
     PartitionState,
     kernel_size,
+    launch_codes,
     launch_size,
     process_size,
     stack_size,
@@ -85,7 +86,8 @@ def _item(seq: int, kind: int, key: tuple | int, st: PartitionState) -> tuple[in
                       "correlation_id": key[3], "time_ns": e[1], "weight": e[2],
                       "stack_seq": st.stacks[e[4]][0]}, e[-1]
     if kind == STACK:
-        return kind, {"seq": seq, "user_addrs": list(e[1])}, e[-1]
+        return kind, {"seq": seq, "user_addrs": list(e[1]),
+                      "code_objects": [{"qualname": q, "file": f, "first_line": n} for q, f, n in e[3]]}, e[-1]
     if kind == KERNEL:
         return kind, {"seq": seq, "node": key[0], "pid": key[1], "process_start_ns": key[2],
                       "correlation_id": key[3], "start_ns": e[1], "end_ns": e[2], "device_id": e[3],
@@ -175,8 +177,8 @@ def _apply(corr: Correlator, st: PartitionState, r: dict, where: dict[int, tuple
     size = 0
     for seq, kind, x in items:
         if kind == STACK:
-            addrs, key = corr.stack_no(x["user_addrs"])
-            entry = [seq, addrs, 0, stack_size(addrs)]
+            addrs, key, codes = corr.stack_no(x["user_addrs"], launch_codes(x))
+            entry = [seq, addrs, 0, codes, stack_size(addrs, codes)]
         elif kind == LAUNCH:
             key = (x["node"], x["pid"], x["process_start_ns"], x["correlation_id"])
             held = where.get(x["stack_seq"])
@@ -185,7 +187,7 @@ def _apply(corr: Correlator, st: PartitionState, r: dict, where: dict[int, tuple
                                      f"{x['stack_seq']}")
             stack = st.stacks[held[1]]
             stack[2] += 1
-            entry = [seq, x["time_ns"], x["weight"], stack[1], held[1], launch_size(key[0])]
+            entry = [seq, x["time_ns"], x["weight"], stack[1], held[1], stack[3], launch_size(key[0])]
         elif kind == KERNEL:
             key = (x["node"], x["pid"], x["process_start_ns"], x["correlation_id"])
             entry = [seq, x["start_ns"], x["end_ns"], x["device_id"], x["stream_id"], x["kernel_name"],

@@ -35,11 +35,11 @@ class LaunchStacks:
         if len(self.gpu) > self.max_entries or len(self.cpu) > self.max_entries:
             self.gpu.clear()
             self.cpu.clear()
-        misses: dict[tuple, tuple[list, tuple]] = {}
+        misses: dict[tuple, tuple[list, tuple, tuple]] = {}
         for m in matches:
             key = (m[2], m[11])
             if key not in self.cpu and key not in misses and (m[2], m[11], m[10]) not in self.gpu:
-                misses[key] = (m[3], m[4])
+                misses[key] = (m[3], m[4], m[12])
         uncached = self._symbolize(misses, tables, stats) if misses else {}
         out = []
         for m in matches:
@@ -59,7 +59,7 @@ class LaunchStacks:
         ids = cpu[0] + (kid,)
         return stack_id(ids), ids, cpu[1] + (self.memo.by_id[kid],)
 
-    def _symbolize(self, misses: dict[tuple, tuple[list, tuple]], tables: TableLookup,
+    def _symbolize(self, misses: dict[tuple, tuple[list, tuple, tuple]], tables: TableLookup,
                    stats: SymbolizeStats) -> dict[tuple, tuple]:
         """Every missed stack at once: one pseudo-process per stack, so each comes back under its own pid. Returns
         the ones not cached (a table was missing)."""
@@ -69,7 +69,9 @@ class LaunchStacks:
             user = np.asarray(misses[key][1], dtype=np.int64)
             stacks = PackedStacks(np.zeros(1, np.int64), np.ones(1, np.int64), user, np.array([len(user)], np.int64),
                                   np.zeros(0, np.int64), np.zeros(1, np.int64))
-            procs.append({"pid": i, "comm": "", "container_id": "", "mappings": misses[key][0], "stacks": stacks})
+            codes = [{"qualname": q, "file": f, "first_line": n} for q, f, n in misses[key][2]]
+            procs.append({"pid": i, "comm": "", "container_id": "", "mappings": misses[key][0], "code_objects": codes,
+                          "stacks": stacks})
         call = SymbolizeStats()
         rec = symbolize_batch({"node": "", "window_start_ns": 0, "window_ns": 0, "kernel_build_id": "",
                                "processes": procs}, tables, self.memo, call)

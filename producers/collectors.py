@@ -14,6 +14,7 @@ from producers.agent import Collector
 from producers.cpu import CpuCollector
 from producers.cpu_sampler import DEFAULT_MAX_ENTRIES, BpfUnavailable, CpuSampler
 from producers.process_info import KEEP_ALL, ProcessCache, ProcessFilter
+from producers.python_frames import PythonStacks
 from producers.python_procs import PythonProcs
 from producers.unwind_maps import DEFAULT_ROWS, UnwindLoader
 from producers.unwind_program import TABLES
@@ -64,9 +65,11 @@ def open_collectors(options: CollectorOptions, processes: ProcessCache) -> Opene
     except BpfUnavailable as exc:
         _off(found, f"CPU sampling off: BPF unavailable: {exc}")
     if options.gpu:
-        # the GPU probes share the CPU sampler's tables; without them, frame pointers
+        # the GPU probes share the CPU sampler's tables (without them, frame pointers) and its CPython processes
         shared = unwind if unwind is not None and unwind.shared else None
-        _open_gpu(found, options, processes, bpf=bool(found.collectors), unwind=shared)
+        cpu = found.collectors[0] if found.collectors else None
+        _open_gpu(found, options, processes, bpf=bool(found.collectors), unwind=shared,
+                  python=cpu.python_stacks if isinstance(cpu, CpuCollector) else None)
     return found
 
 
@@ -77,11 +80,12 @@ def _off(found: OpenedCollectors, note: str, said: bool = False) -> None:
 
 
 def _open_gpu(found: OpenedCollectors, options: CollectorOptions, processes: ProcessCache, bpf: bool,
-              unwind: UnwindLoader | None) -> None:
+              unwind: UnwindLoader | None, python: PythonStacks | None) -> None:
     if bpf:
         from producers.gpu_probes import GpuProbeCollector
 
-        probes = GpuProbeCollector(options.node, processes, keep=options.keep, pid=options.pid, unwind=unwind)
+        probes = GpuProbeCollector(options.node, processes, keep=options.keep, pid=options.pid, unwind=unwind,
+                                   python=python)
         try:
             probes.start()
             found.collectors.append(probes)

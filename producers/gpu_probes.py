@@ -39,18 +39,21 @@ from producers.memory import release_after_compile
 from producers.perf_map import is_anonymous
 from producers.probe_finder import ProbeFinder, ProbeObject
 from producers.process_info import KEEP_ALL, ProcessCache, ProcessFilter, batch_mappings, process_start_ns
+from producers.python_frames import PY_MARK
 from producers.unwind_program import FRAME_POINTERS, load_unwinding_program
 from producers.usdt_notes import MAX_REG, PROBES, PROVIDER
-from schemas.wire import u32_to_int, u64_to_long
+from schemas.wire import U64_MAX, u32_to_int, u64_to_long, u64_to_longs
 
 if TYPE_CHECKING:
+    from producers.python_frames import PythonStacks
     from producers.unwind_maps import UnwindLoader
 
 log = logging.getLogger("fleetprof.gpu_probes")
 
 BPF_SOURCE = Path(__file__).resolve().parent / "bpf" / "gpu_probes.bpf.c"
 KERNEL_NAME_MAX = 4096  # characters of a kernel name kept (KERNEL_NAME_MAX in BPF_SOURCE)
-MAX_STACK = 129  # user stack entries of a launch at most: 128 frames and the [truncated] mark (MAX_STACK in BPF_SOURCE)
+NATIVE_STACK = 129  # native frames of a launch's stack at most: 128 and the [truncated] mark (NATIVE_STACK in BPF)
+MAX_STACK = NATIVE_STACK + 66  # and its Python part: PY_MARK, 64 frames, the mark (MAX_STACK in BPF_SOURCE)
 MAX_SITES_LIMIT = 64  # wrappers written out in BPF_SOURCE
 ATTACH_TRIES = 3  # rescans that may try an object whose attach failed (it may have been a process going away)
 UPROBE_REF_CTR = Path("/sys/bus/event_source/devices/uprobe/format/ref_ctr_offset")
@@ -128,7 +131,8 @@ class GpuProbeCollector:
     def __init__(self, node: str, processes: ProcessCache, max_sites: int = 32, ring_pages: int = 512,
                  idle_scans: int = 6, finder: ProbeFinder | None = None, max_pending: int = 200_000,
                  full_scan_every: int = 10, keep: ProcessFilter = KEEP_ALL, pid: int | None = None,
-                 tick_s: float = 0.1, unwind: UnwindLoader | None = None) -> None:
+                 tick_s: float = 0.1, unwind: UnwindLoader | None = None,
+                 python: PythonStacks | None = None) -> None:
         if not 1 <= max_sites <= MAX_SITES_LIMIT:
             raise ValueError(f"max_sites must be 1..{MAX_SITES_LIMIT}, got {max_sites}")
         if ring_pages < 1 or ring_pages & (ring_pages - 1):
@@ -137,6 +141,9 @@ class GpuProbeCollector:
         self.processes = processes
         self.keep = keep
         self.unwind = unwind  # None: launch stacks are walked by frame pointers
+        # the CPU sampler's CPython processes (their py_procs entries, which this program reads) and the agent's
+        # code-object reader; None: launch stacks get native frames only
+        self.python = python
         self.unwinding = FRAME_POINTERS  # how launch stacks are walked, once started
         self.pid = pid  # only this process's records (None: all the filter keeps)
         self.tick_s = tick_s  # how often the rings are drained while something is attached (they are bounded)
@@ -178,9 +185,11 @@ class GpuProbeCollector:
             raise BpfUnavailable(f"no {UPROBE_REF_CTR}: the kernel cannot count USDT semaphores (needs Linux 4.20+)")
         cflags = [f"-DMAX_SITES={self.max_sites}", f"-DLAUNCH_RING_PAGES={self.ring_pages}",
                   f"-DKERNEL_RING_PAGES={self.ring_pages}", f"-DMAX_REG={MAX_REG[arch]}"]
+        if self.python is not None and self.python.procs.attached:
+            cflags.append("-DPY_EXTERN")  # the CPU sampler's entries: without them, no process has Python frames
         try:
-            bpf, self.unwinding = load_unwinding_program(bcc, BPF_SOURCE, cflags, (b"gpu_unwind",), bcc.BPF.KPROBE,
-                                                         self.unwind, "GPU launch stacks")
+            bpf, self.unwinding = load_unwinding_program(bcc, BPF_SOURCE, cflags, (b"gpu_unwind", b"gpu_python"),
+                                                         bcc.BPF.KPROBE, self.unwind, "GPU launch stacks")
         except Exception as exc:  # bcc raises plain Exception; its compiler output already went to stderr
             raise BpfUnavailable(f"GPU probe program failed to compile or load: {exc}") from None
         if (stale := remove_stale_events()):
@@ -370,6 +379,10 @@ class GpuProbeCollector:
         body = raw[LAUNCH_HEADER.size:LAUNCH_HEADER.size + max(stack_bytes, 0)]
         # user addresses, below 2**63, and the walk's [truncated] mark (TRUNCATED_FRAME): as Avro longs, same bits
         stack = array("q", body[:len(body) // 8 * 8]).tolist()
+        code_objects: list[dict] = []
+        if PY_MARK - (1 << 64) in stack:  # a CPython process's: its Python frames in place
+            merged, code_objects = self._python_frames(pid, [a & U64_MAX for a in stack])
+            stack = u64_to_longs(merged)
         if not 1 <= weight < 1 << 31:
             self.stats["weights_invalid"] += 1
             weight = 1
@@ -379,7 +392,12 @@ class GpuProbeCollector:
         return {"node": self.node, "pid": pid, "tid": tid, "process_start_ns": self._start_ns(pid, starts),
                 "time_ns": t + offset, "correlation_id": corr, "callback_id": callback,
                 "api_name": name.decode(errors="replace"), "weight": weight,
-                "user_addrs": stack, "mappings": [], "simulated": self._simulated(site)}
+                "user_addrs": stack, "mappings": [], "code_objects": code_objects, "simulated": self._simulated(site)}
+
+    def _python_frames(self, pid: int, stack: list[int]) -> tuple[list[int], list[dict]]:
+        if self.python is None:  # no reader: the native frames, as without a Python part
+            return stack[:stack.index(PY_MARK)], []
+        return self.python.rewrite_launch(pid, stack)
 
     def _add_mappings(self, launches: list[dict]) -> None:
         """The first launch of a process this window carries its mappings, and so does the first after they were
@@ -387,7 +405,7 @@ class GpuProbeCollector:
         addrs: dict[int, set[int]] = {}
         first: dict[int, dict] = {}
         for rec in launches:
-            addrs.setdefault(rec["pid"], set()).update(a for a in rec["user_addrs"] if a >= 0)  # not the mark
+            addrs.setdefault(rec["pid"], set()).update(a for a in rec["user_addrs"] if a >= 0)  # no mark, no Python
             first.setdefault(rec["pid"], rec)
         for pid, rec in first.items():
             info = self.processes.covering(pid, list(addrs[pid]))

@@ -71,6 +71,12 @@ def merge(native: list[int], frames: list[RawFrame], eval_start: int, eval_end: 
     return out, whole
 
 
+def _as_records(pid: int, table: dict[tuple[str, str, int], int]) -> list[dict]:
+    if len(table) > PYTHON_MAX_CODE_OBJECTS:  # not in any window seen so far; said, not sent wrong
+        log.warning("pid %d: %d code objects in one window, over the wire's limit", pid, len(table))
+    return [{"qualname": q, "file": f, "first_line": line} for (q, f, line) in table]
+
+
 @dataclass
 class _Process:
     memory: ProcessMemory
@@ -93,33 +99,39 @@ class PythonStacks:
         tables: dict[int, dict[tuple[str, str, int], int]] = {}
         out: list[Sample] = []
         for pid, tid, user, kernel, count in samples:
-            native, frames, cut = split_raw(user)
-            proc = self.procs.get(pid) if frames or cut else None
-            if proc is None:
-                out.append((pid, tid, native, kernel, count))
-                continue
-            table = tables.setdefault(pid, {})
-            reader = self._reader(pid)
+            merged = self._merge(pid, user, count, lambda pid=pid: tables.setdefault(pid, {}))
+            out.append((pid, tid, user if merged is None else merged, kernel, count))
+        return out, {pid: _as_records(pid, table) for pid, table in tables.items()}
 
-            def name(f: RawFrame, proc: PythonProcess = proc, table: dict = table, reader: _Process | None = reader
-                     ) -> int:
-                code = self._code(reader, proc, f[0])
-                key = (code.qualname, code.filename, code.first_line) if code else (UNREADABLE, "", 0)
-                index = table.setdefault(key, len(table))
-                return python_frame(index, code.line_at(f[1]) if code else 0)
-            merged, whole = merge(native, frames, proc.eval_start, proc.eval_end, name)
-            if cut and (not merged or merged[-1] != TRUNCATED_FRAME):
-                merged.append(TRUNCATED_FRAME)
-            self.counts["python_stacks"] += count
-            self.counts["python_stacks_unpaired"] += 0 if whole else count
-            self.counts["python_stacks_cut"] += count if cut else 0
-            out.append((pid, tid, merged, kernel, count))
-        code_objects = {}
-        for pid, table in tables.items():
-            if len(table) > PYTHON_MAX_CODE_OBJECTS:  # not in any window seen so far; said, not sent wrong
-                log.warning("pid %d: %d code objects in one window, over the wire's limit", pid, len(table))
-            code_objects[pid] = [{"qualname": q, "file": f, "first_line": line} for (q, f, line) in table]
-        return out, code_objects
+    def rewrite_launch(self, pid: int, user: list[int]) -> tuple[list[int], list[dict]]:
+        """One launch stack (unsigned words) with its Python frames in place, and the code objects they refer to
+        (a table of the launch's own: a launch travels alone)."""
+        table: dict[tuple[str, str, int], int] = {}
+        merged = self._merge(pid, user, 1, lambda: table)
+        return (user, []) if merged is None else (merged, _as_records(pid, table))
+
+    def _merge(self, pid: int, user: list[int], count: int, table_of: Callable[[], dict]) -> list[int] | None:
+        """The stack with its Python part merged in, numbering code objects in `table_of()`'s table; None when it
+        has no Python part (the stack is the native one, mark dropped)."""
+        native, frames, cut = split_raw(user)
+        proc = self.procs.get(pid) if frames or cut else None
+        if proc is None:
+            return native if len(native) != len(user) else None
+        table = table_of()
+        reader = self._reader(pid)
+
+        def name(f: RawFrame) -> int:
+            code = self._code(reader, proc, f[0])
+            key = (code.qualname, code.filename, code.first_line) if code else (UNREADABLE, "", 0)
+            index = table.setdefault(key, len(table))
+            return python_frame(index, code.line_at(f[1]) if code else 0)
+        merged, whole = merge(native, frames, proc.eval_start, proc.eval_end, name)
+        if cut and (not merged or merged[-1] != TRUNCATED_FRAME):
+            merged.append(TRUNCATED_FRAME)
+        self.counts["python_stacks"] += count
+        self.counts["python_stacks_unpaired"] += 0 if whole else count
+        self.counts["python_stacks_cut"] += count if cut else 0
+        return merged
 
     def end_window(self) -> None:
         """Drop what exited processes held; check every kept code object again in the next window."""

@@ -60,6 +60,11 @@ class PythonProcs:
         self._table = bpf[b"py_procs"]
         self._stats = bpf[b"py_stats"]
 
+    @property
+    def attached(self) -> bool:
+        """Whether a program holds the entries (another one, the GPU probes', may then read them)."""
+        return self._table is not None
+
     def get(self, pid: int) -> PythonProcess | None:
         return self._procs.get(pid)
 

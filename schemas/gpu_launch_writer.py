@@ -1,5 +1,5 @@
 """The fast GpuLaunch writer: the bytes `single_object.encode("GpuLaunch", ...)` writes, with the tail of the record
-(user_addrs, mappings, simulated) cached per launching path."""
+(user_addrs, mappings, code_objects, simulated) cached per launching path."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ class LaunchEncoder:
         sv = default_registry().latest("GpuLaunch")
         names = [f["name"] for f in sv.parsed["fields"]]
         cut = names.index("user_addrs")
-        if names[cut:] != ["user_addrs", "mappings", "simulated"]:
+        if names[cut:] != ["user_addrs", "mappings", "code_objects", "simulated"]:
             raise RuntimeError("GpuLaunch layout changed: update schemas/gpu_launch_writer.py")
         self.header = MARKER + sv.fingerprint
         self.head = fastavro.parse_schema({"type": "record", "name": "fleetprof.GpuLaunchHead",
@@ -34,7 +34,8 @@ class LaunchEncoder:
         if record["mappings"]:  # the first launch of a process in a window carries its mappings: not cached
             fastavro.schemaless_writer(buf, self.tail, record)
             return buf.getvalue()
-        key = (tuple(record["user_addrs"]), record["simulated"])
+        codes = tuple((c["qualname"], c["file"], c["first_line"]) for c in record.get("code_objects", ()))
+        key = (tuple(record["user_addrs"]), codes, record["simulated"])
         tail = self.tails.get(key)
         if tail is None:
             part = io.BytesIO()

@@ -24,6 +24,7 @@ from producers.gpu_probes import (
     LAUNCH_FIELDS,
     LAUNCH_HEADER,
     MAX_STACK,
+    NATIVE_STACK,
 )
 from producers.kafka_link import KafkaLink
 from producers.outbox import Outbox
@@ -148,8 +149,8 @@ def test_deep_stacks_are_walked_whole_up_to_the_bound(emitters: dict[str, Path],
     tables = _tables(mappings)
     chain = _chain(by_corr[1], mappings, tables)
     assert chain[-63:] == ["main"] + ["deep"] * 61 + ["emit_launch"]
-    assert len(by_corr[2]["user_addrs"]) == MAX_STACK  # the innermost frames, leaf first, and the mark
-    assert _chain(by_corr[2], mappings, tables) == ["[truncated]"] + ["deep"] * (MAX_STACK - 2) + ["emit_launch"]
+    assert len(by_corr[2]["user_addrs"]) == NATIVE_STACK  # the innermost frames, leaf first, and the mark
+    assert _chain(by_corr[2], mappings, tables) == ["[truncated]"] + ["deep"] * (NATIVE_STACK - 2) + ["emit_launch"]
     assert c.counters()["stacks_missing"] == 0
 
 

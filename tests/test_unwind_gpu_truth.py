@@ -7,7 +7,9 @@ interpreter built without frame pointers). `fleetprof agent` records each sample
 seconds. Our launch stacks go the whole GPU path (agent → Kafka → symbolizer → correlator → sink → store) and come
 back as call chains, cut at `gpusim_launch` (the probe fires inside it; perf's leaf is its entry). For each
 process: at least 95% of the launches on a chain perf also saw (the C program: on a correct chain too) and
-reaching the thread's root, and no lower than perf's own shares. One JSON line per process is printed (run with -s).
+reaching the thread's root, and no lower than perf's own shares (each run of Python frames compared as the evaluator
+frame perf sees there). The Python launches also carry the Python function and line of each frame, read from the
+interpreter: at least 95% on the script's known chain. One JSON line per process is printed (run with -s).
 
 Needs root, BPF, perf, gcc and readelf: skipped with the reason without them, a failure on CI.
 """
@@ -31,7 +33,7 @@ from simulate.gpu import GPU_SIM
 from tests.elf_helpers import need, unavailable
 from tests.pipeline_helpers import agent_started, sink, symbolizer, wait_for
 from tests.test_gpu_end_to_end import _correlator
-from tests.unwind_truth import Binaries, Chain, agreement, known_paths, our_chain, perf_chains
+from tests.unwind_truth import PYTHON_FRAME, Binaries, Chain, agreement, known_paths, our_chain, perf_chains
 
 COMM = "fpgputruth"
 PERF_SECONDS = 8
@@ -89,6 +91,8 @@ while time.monotonic() < end:
     time.sleep(0.003)
 """
 PY_KERNELS = {"py_attention"}
+# the Python frames read from the interpreter at each launch, root first, as `qualname:line` (the lines of PYTHON_WORK)
+PY_CHAIN = ("<module>:13", "train_step:10", "forward:8", "attention:6")
 
 
 def _uprobe(lib: Path) -> str:
@@ -118,7 +122,7 @@ def _our_launch_chains(store, node: str, binaries: dict[str, Binaries]) -> dict[
                                 "WHERE frame_id IN {ids:Array(UInt64)} GROUP BY frame_id",
                                 {"ids": sorted({f for _, ids, _ in rows for f in ids})})
     names = {fid: (fn, binary, kind) for fid, fn, binary, kind in frames}
-    out: dict[str, Counter[Chain]] = {"c": Counter(), "python": Counter()}
+    out: dict[str, Counter[Chain]] = {"c": Counter(), "python": Counter(), "python_frames": Counter()}
     for kernel, ids, launches in rows:
         which = "c" if kernel in C_KERNELS else "python" if kernel in PY_KERNELS else None
         if which is None:
@@ -126,6 +130,10 @@ def _our_launch_chains(store, node: str, binaries: dict[str, Binaries]) -> dict[
         user = [names.get(f, ("?", "?", "?")) for f in ids]
         user = [f for f in user if f[2] != "GPU_KERNEL"]
         out[which][_cut(our_chain(user, binaries[which]))] += int(launches)
+        if which == "python":
+            python = [re.sub(r" \(.*:(\d+)\)$", r":\1", fn) for fn, _, kind in user
+                      if kind == "INTERPRETED" and PYTHON_FRAME.match(fn)]
+            out["python_frames"][tuple(python)] += int(launches)
     return out
 
 
@@ -209,4 +217,11 @@ def test_gpu_launch_stacks_match_perf_through_code_without_frame_pointers(kafka_
             if not (a[mine] >= MIN_SHARE and a[mine] >= a[peer] - SLACK):
                 failures.append(f"{name}: {mine} {a[mine]:.3f}, {peer} {a[peer]:.3f}; ours: "
                                 f"{ours[name].most_common(3)}; perf: {theirs.most_common(3)}")
+    # the Python function and line that launched each kernel, read from the interpreter (a shared libpython here)
+    frames = ours["python_frames"]
+    print(json.dumps({"workload": "gpu-launch-python-frames", "launches": sum(frames.values()),
+                      "on_the_known_chain": frames[PY_CHAIN], "chains": frames.most_common(3)}))
+    if frames[PY_CHAIN] < MIN_SHARE * max(sum(frames.values()), 1) or frames[PY_CHAIN] < 50:
+        failures.append(f"python: {frames[PY_CHAIN]} of {sum(frames.values())} launches under "
+                        f"{' > '.join(PY_CHAIN)}: {frames.most_common(3)}")
     assert not failures, "\n".join(failures)

@@ -45,6 +45,9 @@ OUTERMOST = "[outermost]"  # a frame whose name neither table knows, in code who
 ROOTS = frozenset({"_start", "clone3", "__clone3", "clone", "__clone", OUTERMOST})
 NO_FILE = frozenset({"", UNKNOWN, "[anon]", "//anon", "[heap]", "[stack]"})
 _OFFSET = re.compile(r"\+0x[0-9a-fA-F]+$")
+PYTHON_FRAME = re.compile(r"^.+ \(.+:\d+\)$")  # `qualname (file:line)`: a frame read from a CPython interpreter
+EVALUATOR = "_PyEval_EvalFrameDefault"
+PYTHON_RUN = "[python run]"
 _VERSION = re.compile(r"@@?[A-Za-z_][\w.]*$")
 # an entry's first line in `readelf --debug-dump=frames`: offset, length, CIE id or pointer, then CIE or FDE
 _CFI_ENTRY = re.compile(r"^([0-9a-f]+) [0-9a-f]+ [0-9a-f]+ (CIE|FDE)"
@@ -162,10 +165,22 @@ def frame_name(name: str, binary: str, leaf: bool, binaries: Binaries, offset: i
 
 def our_chain(frames: list[tuple[str, str, str]], binaries: Binaries) -> Chain:
     """The user part of one of the store's stacks ((function, binary, kind), root first), normalized. An unknown
-    frame is named `[unknown] <binary>+0x<file offset>` there."""
-    user = [(fn, binary) for fn, binary, kind in frames if kind != "KERNEL" and binary != "[kernel.kallsyms]"]
+    frame is named `[unknown] <binary>+0x<file offset>` there. Each run of Python frames read from the interpreter
+    stands where the one native evaluator frame that ran them was, and is compared as that frame: perf sees only it."""
+    user = []
+    for fn, binary, kind in frames:
+        if kind == "KERNEL" or binary == "[kernel.kallsyms]":
+            continue
+        if kind == "INTERPRETED" and PYTHON_FRAME.match(fn):
+            if not user or user[-1] != (EVALUATOR, PYTHON_RUN):
+                user.append((EVALUATOR, PYTHON_RUN))
+            continue
+        user.append((fn, binary))
     out = []
     for i, (fn, binary) in enumerate(user):
+        if binary == PYTHON_RUN:
+            out.append(EVALUATOR)
+            continue
         m = re.search(r"\+0x([0-9a-fA-F]+)$", fn) if fn.startswith(UNKNOWN) else None
         out.append(frame_name(fn, binary, i == len(user) - 1, binaries, int(m.group(1), 16) if m else None))
     return tuple(out)

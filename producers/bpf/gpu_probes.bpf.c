@@ -2,7 +2,8 @@
 // BPF ring buffers. producers/gpu_probes.py compiles it (-D settings: MAX_SITES, LAUNCH_RING_PAGES,
 // KERNEL_RING_PAGES, WEIGHT_ENTRIES, MAX_REG, UNWIND_TABLES) and attaches each probe site of each ELF object by path.
 // The launching thread's user stack is unwound by unwind.bpf.h (the agent's call-frame tables, else frame
-// pointers): `launch_<slot>` starts the walk and `gpu_unwind` (tail calls) finishes it and sends the record.
+// pointers): `launch_<slot>` starts the walk and `gpu_unwind` (tail calls) finishes it and sends the record; a
+// CPython process's launch goes on to `gpu_python` (python.bpf.h: its Python frames, after the native ones) first.
 //
 // One compiled program serves every object: where a probe's arguments live (register, memory, constant) differs
 // per site and per build, so user space decodes the site's note into `sites[slot]`, and attaches the wrapper
@@ -14,6 +15,7 @@
 // them.
 #include <uapi/linux/ptrace.h>
 #include "unwind.bpf.h"
+#include "python.bpf.h"
 
 #ifndef MAX_SITES
 #define MAX_SITES 32
@@ -35,7 +37,8 @@
 #define API_NAME_MAX 64
 #define KERNEL_NAME_MAX 4096            // characters of a kernel name kept
 #define NAME_READ (KERNEL_NAME_MAX + 2)  // read one more than kept (and the NUL): a longer name is known to be cut
-#define MAX_STACK (UNWIND_MAX_FRAMES + 1)  // user frames walked at most, and the [truncated] mark
+#define NATIVE_STACK (UNWIND_MAX_FRAMES + 1)  // native frames walked at most, and the [truncated] mark
+#define MAX_STACK (NATIVE_STACK + PY_USED)     // and the Python part
 
 #define ARG_NONE 0
 #define ARG_REG 1
@@ -103,7 +106,7 @@ BPF_TABLE("lru_hash", u32, struct weight_t, weights, WEIGHT_ENTRIES);
 // Records are built here (a kernel name is 4 KB, too big for the BPF stack) and sent with their used length only.
 BPF_PERCPU_ARRAY(launch_scratch, struct launch_event, 1);
 BPF_PERCPU_ARRAY(kernel_scratch, struct kernel_event, 1);
-BPF_PROG_ARRAY(unwind_progs, 1);  // [0]: gpu_unwind, put there by user space
+BPF_PROG_ARRAY(unwind_progs, 2);  // [0]: gpu_unwind, [1]: gpu_python, put there by user space
 // Written with BPF_RB_NO_WAKEUP: while the reader keeps up, each record would otherwise queue a wake-up (an irq_work:
 // a self-interrupt, on a VM an exit to the hypervisor), measured at +200 ns of program time alone per launch here,
 // paid by the launching thread. The reader polls on a timer instead; a full ring loses records, counted.
@@ -146,14 +149,21 @@ static __always_inline u64 read_arg(struct pt_regs *ctx, struct arg_spec *arg) {
     return value;
 }
 
-static __always_inline void send_launch(struct launch_event *e, struct unwind_state *s) {
-    unwind_finish(s);
+// Sends the launch whose walks have ended (unwind_finish has run): the native frames, then any Python part.
+static __always_inline void send_launch(struct launch_event *e, struct unwind_state *s, struct py_walk *w) {
     u32 n = s->n;
-    if (n > MAX_STACK)
-        n = MAX_STACK;
-    bpf_probe_read_kernel(e->stack, sizeof(e->stack), s->stack);  // a constant size: the verifier's choice
-    e->stack_bytes = n * sizeof(e->stack[0]);
+    if (n > NATIVE_STACK)
+        n = NATIVE_STACK;
+    bpf_probe_read_kernel(e->stack, NATIVE_STACK * 8, s->stack);  // constant sizes: the verifier's choice
+    u32 py = w ? w->n : 0;
+    if (py > PY_USED)
+        py = PY_USED;
+    if (py)
+        bpf_probe_read_kernel(&e->stack[n], PY_USED * 8, w->frames);
+    e->stack_bytes = (n + py) * sizeof(e->stack[0]);
     u64 size = sizeof(*e) - sizeof(e->stack) + e->stack_bytes;
+    // hidden from the compiler, which can prove the bound and drop the check; the verifier cannot without it
+    asm volatile("" : "+r"(size));
     if (size > sizeof(*e))
         size = sizeof(*e);
     if (launches.ringbuf_output(e, size, BPF_RB_NO_WAKEUP) < 0)
@@ -190,8 +200,25 @@ static __always_inline int on_launch(struct pt_regs *ctx, u32 slot) {
         return 0;
     // The walk itself is gpu_unwind's: one copy of it for every site, instead of one per site to verify and load.
     unwind_progs.call(ctx, 0);
-    send_launch(e, s);  // only if the tail call failed: a stack of just the mark
+    unwind_finish(s);
+    send_launch(e, s, 0);  // only if the tail call failed: a stack of just the mark
     return 0;
+}
+
+// The native walk has ended: a CPython process's launch goes on to its Python frames (gpu_python), any other's
+// is sent.
+static __always_inline void native_done(struct pt_regs *ctx, struct launch_event *e, struct unwind_state *s) {
+    unwind_finish(s);
+    if (py_procs.lookup(&e->pid)) {
+        int zero = 0;
+        struct py_walk *w = py_walks.lookup(&zero);
+        if (w) {
+            w->calls = 0;
+            w->n = 0;
+            unwind_progs.call(ctx, 1);  // returns only if the tail call failed
+        }
+    }
+    send_launch(e, s, 0);
 }
 
 // The rest of a launch's walk, UNWIND_FRAMES_PER_CALL frames at a time; the last one sends the record.
@@ -203,7 +230,30 @@ int gpu_unwind(struct pt_regs *ctx) {
         return 0;
     if (!unwind_frames(s) && ++s->calls < UNWIND_MAX_CALLS)
         unwind_progs.call(ctx, 0);
-    send_launch(e, s);
+    native_done(ctx, e, s);
+    return 0;
+}
+
+// The launching thread's Python frames, PY_FRAMES_PER_CALL at a time; the last program sends the record.
+int gpu_python(struct pt_regs *ctx) {
+    int zero = 0;
+    struct launch_event *e = launch_scratch.lookup(&zero);
+    struct unwind_state *s = unwind_states.lookup(&zero);
+    struct py_walk *w = py_walks.lookup(&zero);
+    if (!e || !s || !w)
+        return 0;
+    struct py_proc *pp = py_procs.lookup(&e->pid);
+    if (pp && w->calls == 0 && !py_begin(pp, w, e->tid))
+        pp = 0;  // no frames to walk
+    if (pp && !py_frames(pp, w)) {
+        if (++w->calls < PY_MAX_CALLS)
+            unwind_progs.call(ctx, 1);
+        u32 n = w->n;  // the calls ran out: cut here
+        w->frames[n & (PY_FRAMES_SLOTS - 1)] = UNWIND_TRUNCATED;
+        w->n = n + 1;
+        py_count(PS_LIMIT, 1);
+    }
+    send_launch(e, s, w);
     return 0;
 }
 

@@ -68,7 +68,13 @@ struct py_walk {
     u64 frames[PY_FRAMES_SLOTS];   // PY_MARK, the frames, and an UNWIND_TRUNCATED mark; the rest unused
 };
 
+// The CPU sampler owns the entries (and exports them); the GPU probes' program (-DPY_EXTERN) reads the same map.
+#ifdef PY_EXTERN
+BPF_TABLE("extern", u32, struct py_proc, py_procs, PY_PROCS);
+#else
 BPF_HASH(py_procs, u32, struct py_proc, PY_PROCS);
+__attribute__((section("maps/export"))) struct py_procs_table_t __py_procs;  // what BPF_TABLE_PUBLIC adds
+#endif
 BPF_TABLE("lru_hash", u32, u64, py_threads, 16384);  // tid -> its thread state's address, when last found
 BPF_PERCPU_ARRAY(py_walks, struct py_walk, 1);
 BPF_PERCPU_ARRAY(py_stats, u64, N_PY_STATS);
