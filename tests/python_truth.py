@@ -21,12 +21,12 @@ SPLIT = """
 import time
 def hot():
     x = 0
-    for i in range(3000):
+    for i in range(30000):
         x += i * i
     return x
 def warm():
     x = 0
-    for i in range(1000):
+    for i in range(10000):
         x += i * i
     return x
 def main():
@@ -87,7 +87,7 @@ def numbers(n):
 async def crunch():
     end = time.monotonic() + LIFETIME
     while time.monotonic() < end:
-        sum(numbers(20000))
+        sum(numbers(200000))
         await asyncio.sleep(0)
 async def main():
     await asyncio.gather(crunch(), crunch())

@@ -67,7 +67,7 @@ def truth(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str, module
     folder = tmp_path_factory.mktemp("python_truth")
     python = folder / COMM  # the stock interpreter under the test's command name
     python.symlink_to(STOCK)
-    workloads = write_workloads(folder, SECONDS + 60)
+    workloads = write_workloads(folder, 150)  # killed at the end: they only must outlive a slow start-up
     node = f"pytruth-{uuid.uuid4().hex[:8]}"
     procs: dict[str, subprocess.Popen] = {}
     agent = None

@@ -167,15 +167,8 @@ static __always_inline void count_sample(struct bpf_perf_event_data *ctx, struct
 // is counted.
 static __always_inline void native_done(struct bpf_perf_event_data *ctx, struct key_t *key, struct unwind_state *s) {
     unwind_finish(s);
-    if (py_procs.lookup(&key->pid)) {
-        int zero = 0;
-        struct py_walk *w = py_walks.lookup(&zero);
-        if (w) {
-            w->calls = 0;
-            w->n = 0;
-            unwind_progs.call(ctx, 1);  // returns only if the tail call failed
-        }
-    }
+    if (py_wanted(key->pid))
+        unwind_progs.call(ctx, 1);  // returns only if the tail call failed
     count_sample(ctx, key, s, 0);
 }
 
@@ -232,16 +225,9 @@ int cpu_python(struct bpf_perf_event_data *ctx) {
     struct py_walk *w = py_walks.lookup(&zero);
     if (!key || !s || !w)
         return 0;
-    struct py_proc *pp = py_procs.lookup(&key->pid);
-    if (pp && w->calls == 0 && !py_begin(pp, w, key->tid))
-        pp = 0;  // no frames to walk
-    if (pp && !py_frames(pp, w)) {
-        if (++w->calls < PY_MAX_CALLS)
-            unwind_progs.call(ctx, 1);
-        u32 n = w->n;  // the calls ran out: cut here
-        w->frames[n & (PY_FRAMES_SLOTS - 1)] = UNWIND_TRUNCATED;
-        w->n = n + 1;
-        py_count(PS_LIMIT, 1);
+    if (py_step(key->pid, key->tid, w)) {
+        unwind_progs.call(ctx, 1);
+        py_cut(w);  // only if the tail call failed
     }
     count_sample(ctx, key, s, w);
     return 0;

@@ -209,15 +209,8 @@ static __always_inline int on_launch(struct pt_regs *ctx, u32 slot) {
 // is sent.
 static __always_inline void native_done(struct pt_regs *ctx, struct launch_event *e, struct unwind_state *s) {
     unwind_finish(s);
-    if (py_procs.lookup(&e->pid)) {
-        int zero = 0;
-        struct py_walk *w = py_walks.lookup(&zero);
-        if (w) {
-            w->calls = 0;
-            w->n = 0;
-            unwind_progs.call(ctx, 1);  // returns only if the tail call failed
-        }
-    }
+    if (py_wanted(e->pid))
+        unwind_progs.call(ctx, 1);  // returns only if the tail call failed
     send_launch(e, s, 0);
 }
 
@@ -242,16 +235,9 @@ int gpu_python(struct pt_regs *ctx) {
     struct py_walk *w = py_walks.lookup(&zero);
     if (!e || !s || !w)
         return 0;
-    struct py_proc *pp = py_procs.lookup(&e->pid);
-    if (pp && w->calls == 0 && !py_begin(pp, w, e->tid))
-        pp = 0;  // no frames to walk
-    if (pp && !py_frames(pp, w)) {
-        if (++w->calls < PY_MAX_CALLS)
-            unwind_progs.call(ctx, 1);
-        u32 n = w->n;  // the calls ran out: cut here
-        w->frames[n & (PY_FRAMES_SLOTS - 1)] = UNWIND_TRUNCATED;
-        w->n = n + 1;
-        py_count(PS_LIMIT, 1);
+    if (py_step(e->pid, e->tid, w)) {
+        unwind_progs.call(ctx, 1);
+        py_cut(w);  // only if the tail call failed
     }
     send_launch(e, s, w);
     return 0;

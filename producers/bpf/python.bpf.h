@@ -192,3 +192,37 @@ static __always_inline int py_frames(struct py_proc *pp, struct py_walk *w) {
     }
     return w->frame == 0;
 }
+
+// Whether a sample or launch of `pid` goes on to its Python frames (the caller tail-calls the Python program then):
+// the process is CPython, and the walk is set to begin.
+static __always_inline int py_wanted(u32 pid) {
+    int zero = 0;
+    struct py_walk *w = py_walks.lookup(&zero);
+    if (!w || !py_procs.lookup(&pid))
+        return 0;
+    w->calls = 0;
+    w->n = 0;
+    return 1;
+}
+
+// Ends a chain that the programs ran out on: cut here, marked.
+static __always_inline void py_cut(struct py_walk *w) {
+    u32 n = w->n;
+    w->frames[n & (PY_FRAMES_SLOTS - 1)] = UNWIND_TRUNCATED;
+    w->n = n + 1;
+    py_count(PS_LIMIT, 1);
+}
+
+// One program's share of the walk of `tid`'s Python frames; 1 when the caller should tail-call the next program
+// (and py_cut if that fails).
+static __always_inline int py_step(u32 pid, u32 tid, struct py_walk *w) {
+    struct py_proc *pp = py_procs.lookup(&pid);
+    if (pp && w->calls == 0 && !py_begin(pp, w, tid))
+        return 0;  // no frames to walk
+    if (!pp || py_frames(pp, w))
+        return 0;
+    if (++w->calls < PY_MAX_CALLS)
+        return 1;
+    py_cut(w);
+    return 0;
+}
