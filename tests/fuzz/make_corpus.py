@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from schemas import single_object  # noqa: E402
 from schemas.cpu_batch_writer import long_bytes  # noqa: E402
+from schemas.wire import python_frame  # noqa: E402
 from tests.fuzz.targets import CORPUS, STAGE_SEPARATOR  # noqa: E402
 
 MAPPING = {"start": 0x7F0000000000, "limit": 0x7F0000100000, "file_offset": 4096, "path": "/usr/lib/libc.so.6",
@@ -23,11 +24,16 @@ RECORDS = {
                       "kernel_build_id": "kernel-6.1-0123456789abcdef", "simulated": False,
                       "processes": [{"pid": 42, "comm": "train", "exe": "/usr/bin/python3", "cgroup": "/a",
                                      "container_id": "c1", "mappings": [MAPPING],
-                                     "stacks": [{"tid": 42, "user_addrs": [0x7F0000000010, 0x7F0000000020],
+                                     "code_objects": [{"qualname": "Model.forward", "file": "/srv/model.py",
+                                                       "first_line": 10}],
+                                     "stacks": [{"tid": 42, "user_addrs": [0x7F0000000010, python_frame(0, 12) - 2**64,
+                                                                           0x7F0000000020],
                                                  "kernel_addrs": [0xFFFFFFFF81000010 - 2**64], "count": 3}]}]},
     "GpuLaunch": {"node": "n1", "pid": 42, "tid": 43, "process_start_ns": 5, "time_ns": 10**18, "correlation_id": 7,
-                  "callback_id": 211, "api_name": "cudaLaunchKernel", "weight": 1, "user_addrs": [0x7F0000000010],
-                  "mappings": [MAPPING], "simulated": False},
+                  "callback_id": 211, "api_name": "cudaLaunchKernel", "weight": 1,
+                  "user_addrs": [0x7F0000000010, python_frame(0, 12) - 2**64], "mappings": [MAPPING],
+                  "code_objects": [{"qualname": "Model.forward", "file": "/srv/model.py", "first_line": 10}],
+                  "simulated": False},
     "GpuKernel": {"node": "n1", "pid": 42, "process_start_ns": 5, "correlation_id": 7, "start_ns": 10**18 + 100,
                   "end_ns": 10**18 + 900, "device_id": 0, "stream_id": 7, "kernel_name": "_Z6kernelPf",
                   "simulated": False},

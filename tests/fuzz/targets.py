@@ -120,7 +120,8 @@ def check_decode_message(data: bytes, topic: str = "cpu.stacks", columnar: bool 
         single_object.encode(item.schema, item.record)
     else:
         assert item.topic == topic and item.name == f"fleetprof.{expect[topic]}"
-        if columnar and item.name == "fleetprof.CpuStackBatch":
+        newest = single_object.default_registry().latest(expect[topic]).fingerprint == data[2:10]
+        if columnar and item.name == "fleetprof.CpuStackBatch" and newest:  # older versions: through fastavro
             assert all(isinstance(p["stacks"], PackedStacks) for p in item.record["processes"])
     return item
 
