@@ -94,7 +94,7 @@ async def main():
 asyncio.run(main())
 """
 
-WORKLOADS = {"split": SPLIT, "zlib": ZLIB, "threads": THREADS, "deep": DEEP, "async": ASYNC}
+WORKLOADS = {"split": SPLIT, "zlib": ZLIB, "threads": THREADS, "deep": DEEP, "async": ASYNC, "split313": SPLIT}
 
 
 @dataclass

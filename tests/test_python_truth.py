@@ -3,8 +3,9 @@
 
 Debian's own /usr/bin/python3.11 (no -X perf, no frame pointers) runs five workloads under one command name: a
 3:1 split between two functions, Python calling zlib (C extension → libz), two busy threads, 150-deep recursion,
-and generators under asyncio. One `fleetprof agent --comm` window samples them all; py-spy records each in the same
-seconds. Our stacks go the whole CPU path (agent → Kafka → symbolizer → sink → store) and come back through
+and generators under asyncio; the CPython 3.13 that infra/ builds (read through its own debug offsets, run
+without -X perf) runs the split too. One `fleetprof agent --comm` window samples them all; py-spy records each in
+the same seconds. Our stacks go the whole CPU path (agent → Kafka → symbolizer → sink → store) and come back through
 `fleetprof query flamegraph --format folded`. Per workload: the leaf Python functions' shares within 3 points of
 py-spy's, and at least 95% of our samples on a Python chain py-spy also saw (the deep one: its innermost 60
 frames, our walk stops at 64 and says so with `[truncated]`). One JSON line per workload (run with -s).
@@ -26,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from producers.cpu_sampler import BpfUnavailable, check_bpf
+from simulate.gpu_demo import PERF_PYTHON
 from tests.elf_helpers import unavailable
 from tests.pipeline_helpers import agent_started
 from tests.python_truth import chain_agreement, our_chains, py_spy, shares, spy_chains, write_workloads
@@ -64,16 +66,22 @@ def truth(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str, module
         unavailable(f"BPF unavailable: {exc}")
     if not STOCK.exists():
         unavailable(f"no {STOCK} (bash infra/setup.sh installs Debian's python3.11)")
+    if not PERF_PYTHON.exists():
+        unavailable(f"no CPython 3.13 at {PERF_PYTHON} (bash infra/setup.sh builds it)")
     folder = tmp_path_factory.mktemp("python_truth")
     python = folder / COMM  # the stock interpreter under the test's command name
     python.symlink_to(STOCK)
+    (folder / "3.13").mkdir()
+    python313 = folder / "3.13" / COMM
+    python313.symlink_to(os.path.realpath(PERF_PYTHON))
     workloads = write_workloads(folder, 150)  # killed at the end: they only must outlive a slow start-up
+    interpreter = {w.name: python313 if w.name.endswith("313") else python for w in workloads}
     node = f"pytruth-{uuid.uuid4().hex[:8]}"
     procs: dict[str, subprocess.Popen] = {}
     agent = None
     spies: dict[str, subprocess.Popen] = {}
     try:
-        procs.update((w.name, subprocess.Popen([str(python), "-S", str(w.script)])) for w in workloads)
+        procs.update((w.name, subprocess.Popen([str(interpreter[w.name]), "-S", str(w.script)])) for w in workloads)
         agent = subprocess.Popen([sys.executable, "-m", "fleetprof", "agent", "--once", "--window", f"{WINDOW_S}s",
                                   "--frequency", str(FREQUENCY), "--node", node, "--format", "json", "--comm", COMM,
                                   "--no-gpu"], env=dict(os.environ, FLEETPROF_KAFKA=kafka_bootstrap),
@@ -118,7 +126,7 @@ def truth(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str, module
     return results
 
 
-@pytest.mark.parametrize("name", ["split", "zlib", "threads", "deep", "async"])
+@pytest.mark.parametrize("name", ["split", "zlib", "threads", "deep", "async", "split313"])
 def test_python_functions_and_callers_agree_with_py_spy(truth: dict[str, dict], name: str) -> None:
     a = truth[name]
     assert a["ours_samples"] >= 500 and a["spy_samples"] >= 500, f"{name}: too few samples to judge: {a}"
@@ -127,8 +135,9 @@ def test_python_functions_and_callers_agree_with_py_spy(truth: dict[str, dict], 
         f"{a}"
 
 
-def test_the_split_is_three_to_one_and_lines_agree(truth: dict[str, dict]) -> None:
-    a = truth["split"]
+@pytest.mark.parametrize("name", ["split", "split313"])
+def test_the_split_is_three_to_one_and_lines_agree(truth: dict[str, dict], name: str) -> None:
+    a = truth[name]
     assert abs(a["ours_shares"]["hot"] - 0.75) < 0.1, a
     assert a["lines_in_spy"] >= MIN_CHAINS, a
 
