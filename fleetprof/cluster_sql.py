@@ -55,7 +55,7 @@ RECORD = "INSERT INTO schema_migrations (version, name, applied_at) VALUES ({ver
 
 _DIRECTIVE_RE = re.compile(r"^--\s*@cluster\b\s*(.*?)\s*$")
 _NOTE_RE = re.compile(r"^--\s*Cluster:")
-_CREATE_RE = re.compile(r"^CREATE (TABLE|VIEW|MATERIALIZED VIEW) IF NOT EXISTS (\w+)\b(.*)$")
+_CREATE_RE = re.compile(r"^CREATE (?:OR REPLACE )?(TABLE|VIEW|MATERIALIZED VIEW) (?:IF NOT EXISTS )?(\w+)\b(.*)$")
 _TARGET_RE = re.compile(r"^ TO (\w+) AS$")
 _ENGINE_RE = re.compile(r"^ENGINE = (\w*)MergeTree(?:\((.*)\))?$", re.MULTILINE)
 _REFERENCE_RE = re.compile(r"\b(FROM|JOIN)(\s+)(\w+)\b")

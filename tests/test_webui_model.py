@@ -84,6 +84,8 @@ def test_flame_graph_from_ids_names_and_merges_like_the_sql(edge_store):
                    "[unknown 0x0b]", "[unknown 0x0abc]", "gemm_kernel"],
         "binaries": ["app", "libc.so.6", "", "[gpu]"],
         "frame_binary": [0, 0, 0, 1, 2, 2, 2, 2, 3],
+        # each frame's language (frames.language, migration 0011): a frame or stack without a definition "unknown"
+        "languages": ["native", "unknown", "gpu"], "frame_language": [0, 0, 0, 0, 1, 1, 1, 1, 2],
         # by value, then functions, then binaries (app before libc.so.6), a prefix first ([main] before main;…);
         # stacks 0x100 and 0x101 differ only in which frame id names main, so they are one stack of 5 + 4
         "stacks": [[0, 1, 2], [0, 1, 3], [4], [5], [0], [0, 6, 7], [0, 8]],
@@ -99,7 +101,8 @@ def test_flame_graph_from_ids_names_and_merges_like_the_sql(edge_store):
         ["main", "gemm_kernel", "[unknown 0x0b]", "[unknown 0x0abc]"], [[0, 1], [0, 2, 3]], [2**40, 5])
     empty = ids_graph(store, "cpu", {"since": edge_store.first["since"] - timedelta(days=1),
                                      "until": edge_store.first["since"]})
-    assert empty == {"frames": [], "binaries": [], "frame_binary": [], "stacks": [], "counts": [], "total": 0}
+    assert empty == {"frames": [], "binaries": [], "frame_binary": [], "languages": [], "frame_language": [],
+                     "stacks": [], "counts": [], "total": 0}
 
 
 def test_flame_graph_diff_from_ids(edge_store):

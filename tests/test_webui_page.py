@@ -149,6 +149,16 @@ def test_page_draws_charts_and_a_dragged_range_drives_the_flame_graph(browser, s
     assert page.folded() == SECOND_HALF_GPU
     assert page.page.locator("#flame-title").inner_text().startswith("SIMULATED · GPU kernel time by launching "
                                                                      "CPU stack · 6.000 ms")
+    # colored by language (frames.language): every GPU stack's self time is its kernel's
+    page.page.select_option("#color-by", "language")
+    assert page.page.locator("#legend").inner_text().split("\n") == ["gpu 100.0%"]
+    page.shot("gpu-by-language")
+    page.changing(lambda: page.page.check("input[name=kind][value=cpu]"))
+    assert page.page.locator("#legend").inner_text().split("\n") == ["native 100.0%"]
+    page.page.select_option("#color-by", "binary")
+    # the second half's self time: io (libc.so.6) 18, idle (app) 6
+    assert page.page.locator("#legend").inner_text().split("\n") == ["libc.so.6 75.0%", "app 25.0%"]
+    page.changing(lambda: page.page.check("input[name=kind][value=gpu]"))
     page.changing(lambda: page.page.click("#clear-selection"))
     assert page.folded() == {**FIRST_HALF_GPU, **SECOND_HALF_GPU}
     assert page.errors == []

@@ -121,13 +121,14 @@ class StackIds:
 
 
 def flamegraph_of_ids(stacks: StackIds, names: Iterable[Sequence[Any]]) -> dict[str, Any]:
-    """The compact flame graph of flamegraph_ids_* arrays and flamegraph_names_* rows (frame_id, function, binary):
+    """The compact flame graph of flamegraph_ids_* arrays and flamegraph_names_* rows (frame_id, function, binary,
+    language):
     what flamegraph() gives for the rows of grouping them by names in SQL, except that each stack is a numpy array
     of frame indices (routes.py writes them with orjson, without a Python int per frame)."""
     frames = _FrameNames(names)
     merged = frames.merge([frames.tokens(stacks)])
     counts = merged.values[:, 0].tolist()
-    return {**merged.compact(), "counts": counts, "total": sum(counts)}
+    return {**merged.compact(frames.language), "counts": counts, "total": sum(counts)}
 
 
 def flamegraph_diff_of_ids(stacks: StackIds, base: StackIds, names: Iterable[Sequence[Any]]) -> dict[str, Any]:
@@ -137,7 +138,7 @@ def flamegraph_diff_of_ids(stacks: StackIds, base: StackIds, names: Iterable[Seq
     frames = _FrameNames(names)
     merged = frames.merge([frames.tokens(stacks), frames.tokens(base)])
     counts, base_counts = merged.values[:, 0].tolist(), merged.values[:, 1].tolist()
-    return {**merged.compact(), "counts": counts, "total": sum(counts), "base_counts": base_counts,
+    return {**merged.compact(frames.language), "counts": counts, "total": sum(counts), "base_counts": base_counts,
             "base_total": sum(base_counts)}
 
 
@@ -160,9 +161,9 @@ class _Merged:
     stack: np.ndarray
     values: np.ndarray
 
-    def compact(self) -> dict[str, list]:
-        """The frame tables and index arrays of the answer: frames and binaries numbered in order of first
-        appearance, as _Interner numbers them."""
+    def compact(self, language: dict[int, str] | None = None) -> dict[str, list]:
+        """The frame tables and index arrays of the answer: frames, binaries and languages numbered in order of first
+        appearance, as _Interner numbers them (a frame without a known language: "unknown")."""
         offsets = self.tokens.offsets
         lengths = np.diff(offsets)[self.stack]
         ends = np.cumsum(lengths)
@@ -170,9 +171,13 @@ class _Merged:
         indices, appearance = pd.factorize(self.tokens.pair[at])  # indices by first appearance, and their pairs
         binaries: dict[str, int] = {}
         frame_binary = [binaries.setdefault(self.pairs[p][1], len(binaries)) for p in appearance.tolist()]
+        languages: dict[str, int] = {}
+        frame_language = [languages.setdefault((language or {}).get(p) or "unknown", len(languages))
+                          for p in appearance.tolist()]
         bounds = [0, *ends.tolist()]
         return {"frames": [self.pairs[p][0] for p in appearance.tolist()], "binaries": list(binaries),
-                "frame_binary": frame_binary, "stacks": [indices[a:b] for a, b in pairwise(bounds)]}
+                "frame_binary": frame_binary, "languages": list(languages), "frame_language": frame_language,
+                "stacks": [indices[a:b] for a, b in pairwise(bounds)]}
 
 
 class _FrameNames:
@@ -181,10 +186,13 @@ class _FrameNames:
 
     def __init__(self, names: Iterable[Sequence[Any]]):
         self.pairs: dict[tuple[str, str], int] = {}
+        self.language: dict[int, str] = {}  # pair -> the language of its first frame (frame_names' 4th column)
         ids, pair_of = [], []
-        for frame_id, function, binary in names:
+        for row in names:
+            frame_id, function, binary = row[0], row[1], row[2]
             ids.append(frame_id)
             pair_of.append(self._pair(function, binary))
+            self.language.setdefault(pair_of[-1], row[3] if len(row) > 3 else "")
         # the first row of a frame id wins: a diff's two name queries can both hold it
         self.ids, first = np.unique(np.array(ids, np.uint64), return_index=True)
         self.pair_of = np.array(pair_of, np.int64)[first]

@@ -13,6 +13,6 @@ WITH
     (
         -- @include gpu_kernel_samples_by_stack
     )
-SELECT frame_id, function, toString(binary) AS binary
+SELECT frame_id, function, toString(binary) AS binary, toString(language) AS language
 FROM frame_names
 WHERE frame_id IN (SELECT arrayJoin(frame_ids) FROM stacks WHERE stack_id IN (SELECT stack_id FROM samples))

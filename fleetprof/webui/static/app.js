@@ -3,7 +3,7 @@
 // window.fleetprof exposes the state, the charts and the flame graph (tests and the browser console read them).
 
 import { Charts } from "./charts.js";
-import { FlameGraph, binaryColor, formatValue, percent } from "./flamegraph.js";
+import { FlameGraph, binaryColor, formatValue, languageColor, percent } from "./flamegraph.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -19,6 +19,7 @@ const state = {
   node: "",
   pid: 0,
   search: "",
+  colorBy: "binary", // the flame graph's colors: "binary" or "language"
 };
 
 const app = { state, charts: null, flame: null, pending: 0, flameVersion: 0, chartsVersion: 0, flameData: null,
@@ -209,12 +210,13 @@ function renderFlameInfo() {
   const legend = $("legend");
   legend.replaceChildren();
   if (!state.diff) {
-    const totals = flame.binaryTotals();
+    const byLanguage = state.colorBy === "language";
+    const totals = flame.binaryTotals(state.colorBy);
     for (const [binary, value] of totals.slice(0, 12)) {
       const item = document.createElement("span");
       item.className = "legend-item";
       const swatch = document.createElement("i");
-      swatch.style.background = binaryColor(binary);
+      swatch.style.background = byLanguage ? languageColor(binary) : binaryColor(binary);
       item.append(swatch, `${binary || "(unknown)"} ${percent(value, data.total)}`);
       legend.append(item);
     }
@@ -302,6 +304,11 @@ function wire() {
     }, 120);
   });
   $("reset-zoom").addEventListener("click", () => app.flame.resetZoom());
+  $("color-by").addEventListener("change", (e) => {
+    state.colorBy = e.target.value;
+    app.flame.setColorBy(state.colorBy);
+    renderFlameInfo();
+  });
   document.addEventListener("keydown", (e) => {
     if (e.key === "Escape" && document.activeElement !== $("search")) app.flame.resetZoom();
   });

@@ -16,6 +16,8 @@ const FONT = "11px ui-monospace, SFMono-Regular, Menlo, Consolas, monospace";
 const PALETTE = [[31, 119, 180], [255, 127, 14], [44, 160, 44], [214, 39, 40], [148, 103, 189], [140, 86, 75],
   [227, 119, 194], [188, 189, 34], [23, 190, 207], [0, 128, 128]];
 const MATCH_COLOR = "#e040fb";
+// Colors by language (frames.language): one hue each, and grey for frames whose language is unknown.
+const LANGUAGE_COLORS = { python: [55, 118, 171], native: [230, 126, 34], kernel: [192, 57, 43], gpu: [39, 174, 96] };
 
 function hash(text) {
   let h = 2166136261; // FNV-1a
@@ -29,9 +31,15 @@ export function binaryColor(binary) {
   return `rgb(${r}, ${g}, ${b})`;
 }
 
-function frameColor(binary, name) {
-  if (!binary) return "rgb(205, 205, 205)";
-  const [r, g, b] = PALETTE[hash(binary) % PALETTE.length];
+export function languageColor(language) {
+  const rgb = LANGUAGE_COLORS[language];
+  return rgb ? `rgb(${rgb[0]}, ${rgb[1]}, ${rgb[2]})` : "rgb(200, 200, 200)";
+}
+
+function frameColor(binary, name, language = null) {
+  const rgb = language === null ? (binary ? PALETTE[hash(binary) % PALETTE.length] : null) : LANGUAGE_COLORS[language];
+  if (!rgb) return "rgb(205, 205, 205)";
+  const [r, g, b] = rgb;
   const mix = 0.45 + (hash(name) % 7) * 0.04; // toward white: text on it stays readable
   return `rgb(${Math.round(r + (255 - r) * mix)}, ${Math.round(g + (255 - g) * mix)}, ${Math.round(b + (255 - b) * mix)})`;
 }
@@ -135,6 +143,7 @@ export function buildTree(data) {
     total: total.subarray(0, count), self: self.subarray(0, count), x, end, maxDepth: longest,
     baseTotal: baseTotal && baseTotal.subarray(0, count), baseSelf: baseSelf && baseSelf.subarray(0, count),
     frames, binaries, frameBinary, diff: Boolean(base),
+    languages: data.languages || [], frameLanguage: data.frame_language || [],
   };
 }
 
@@ -172,6 +181,7 @@ export class FlameGraph {
     this.lastRenderMs = 0;
     this.drawn = { node: [], x: [], w: [] };
     this._frameColors = [];
+    this.colorBy = "binary"; // or "language"
     this._diffScale = 1;
     canvas.addEventListener("mousemove", (e) => this._hover(e));
     canvas.addEventListener("mouseleave", () => { this.tooltip.hidden = true; });
@@ -189,7 +199,7 @@ export class FlameGraph {
     this.model = m;
     this.unit = data.unit || "samples";
     this.focus = 0;
-    this._frameColors = m.frames.map((name, i) => frameColor(m.binaries[m.frameBinary[i]], name));
+    this._paint();
     if (m.diff) {
       // color scale: the largest change in any frame's share of its range
       let largest = 0;
@@ -388,13 +398,36 @@ export class FlameGraph {
     return lines;
   }
 
-  /** Total value per binary of the frames' self values, largest first: the legend. */
-  binaryTotals() {
+  /** Color frames by "binary" or by "language", and draw again. */
+  setColorBy(mode) {
+    this.colorBy = mode === "language" ? "language" : "binary";
+    if (this.model) {
+      this._paint();
+      this.draw();
+    }
+  }
+
+  _paint() {
+    const m = this.model;
+    this._frameColors = m.frames.map((name, i) => frameColor(m.binaries[m.frameBinary[i]], name,
+      this.colorBy === "language" ? this.language(i, true) : null));
+  }
+
+  /** The language of node i (of frame i, with `isFrame`): "unknown" where the answer says none. */
+  language(i, isFrame = false) {
+    const m = this.model;
+    const frame = isFrame ? i : m.frame[i];
+    return (!isFrame && i === 0) ? "" : (m.languages[m.frameLanguage[frame]] || "unknown");
+  }
+
+  /** Total value per binary (or per language, with "language") of the frames' self values, largest first: the
+   * legend. */
+  binaryTotals(by = "binary") {
     const m = this.model;
     const sums = new Map();
     for (let i = 1; i < m.count; i++) {
       if (m.self[i] > 0) {
-        const b = this.binary(i);
+        const b = by === "language" ? this.language(i) : this.binary(i);
         sums.set(b, (sums.get(b) || 0) + m.self[i]);
       }
     }
