@@ -21,6 +21,7 @@ class PythonOffsets:
     # the walk (python.bpf.h struct py_proc)
     interpreters_head: int
     threads_head: int
+    interp_next: int  # the next (older) interpreter: subinterpreters come before the main one
     tstate_next: int
     tstate_native_thread_id: int
     tstate_frame: int  # 3.11, 3.12: cframe; 3.13+: current_frame
@@ -46,24 +47,26 @@ class PythonOffsets:
     bytes_sval: int
 
 
-WALK_FIELDS = ("interpreters_head", "threads_head", "tstate_next", "tstate_native_thread_id", "tstate_frame",
-               "cframe_current_frame", "frame_code", "frame_previous", "frame_instr", "frame_owner", "frame_is_entry",
-               "code_adaptive")
+WALK_FIELDS = ("interpreters_head", "threads_head", "interp_next", "tstate_next", "tstate_native_thread_id",
+               "tstate_frame", "cframe_current_frame", "frame_code", "frame_previous", "frame_instr", "frame_owner",
+               "frame_is_entry", "code_adaptive")
 
 TABLE = {
-    (3, 11): PythonOffsets((3, 11), interpreters_head=40, threads_head=16, tstate_next=8, tstate_native_thread_id=160,
+    (3, 11): PythonOffsets((3, 11), interpreters_head=40, threads_head=16, interp_next=0, tstate_next=8,
+                           tstate_native_thread_id=160,
                            tstate_frame=56, cframe_current_frame=8, frame_code=32, frame_previous=48, frame_instr=56,
                            frame_owner=69, frame_is_entry=68, code_adaptive=184, owner_cstack=0xFF,
                            code_filename=112, code_name=120, code_qualname=128, code_firstlineno=72,
                            code_linetable=136, unicode_length=16, unicode_state=32, unicode_ascii_size=48,
                            unicode_compact_size=72, bytes_size=16, bytes_sval=32),
-    (3, 12): PythonOffsets((3, 12), interpreters_head=40, threads_head=72, tstate_next=8, tstate_native_thread_id=144,
+    (3, 12): PythonOffsets((3, 12), interpreters_head=40, threads_head=72, interp_next=0, tstate_next=8,
+                           tstate_native_thread_id=144,
                            tstate_frame=56, cframe_current_frame=0, frame_code=0, frame_previous=8, frame_instr=56,
                            frame_owner=70, frame_is_entry=NONE, code_adaptive=192, owner_cstack=3,
                            code_filename=112, code_name=120, code_qualname=128, code_firstlineno=68,
                            code_linetable=136, unicode_length=16, unicode_state=32, unicode_ascii_size=40,
                            unicode_compact_size=56, bytes_size=16, bytes_sval=32),
-    (3, 13): PythonOffsets((3, 13), interpreters_head=632, threads_head=7344, tstate_next=8,
+    (3, 13): PythonOffsets((3, 13), interpreters_head=632, threads_head=7344, interp_next=7264, tstate_next=8,
                            tstate_native_thread_id=160, tstate_frame=72, cframe_current_frame=NONE, frame_code=0,
                            frame_previous=8, frame_instr=56, frame_owner=70, frame_is_entry=NONE, code_adaptive=200,
                            owner_cstack=3, code_filename=112, code_name=120, code_qualname=128, code_firstlineno=68,
@@ -122,6 +125,7 @@ def from_debug_offsets(data: bytes) -> PythonOffsets:
         raise UnsupportedPython(f"a free-threaded build of CPython {version[0]}.{version[1]}")
     base = TABLE[version]  # what the debug offsets do not state (the owner's values, sizes of compact strings)
     return replace(base, interpreters_head=d["runtime.interpreters_head"], threads_head=d["interp.threads_head"],
+                   interp_next=d["interp.next"],
                    tstate_next=d["tstate.next"], tstate_native_thread_id=d["tstate.native_thread_id"],
                    tstate_frame=d["tstate.current_frame"], frame_code=d["frame.executable"],
                    frame_previous=d["frame.previous"], frame_instr=d["frame.instr_ptr"], frame_owner=d["frame.owner"],

@@ -26,9 +26,9 @@ from producers.python_runtime import PythonRuntime, read_python_runtime
 log = logging.getLogger("fleetprof.python")
 
 # Keep in step with python.bpf.h.
-PY_PROC_FIELDS = ("runtime", "interpreters_head", "threads_head", "tstate_next", "tstate_native_thread_id",
-                  "tstate_frame", "cframe_current_frame", "frame_code", "frame_previous", "frame_instr",
-                  "frame_owner", "frame_is_entry", "code_adaptive", "owner_cstack")
+PY_PROC_FIELDS = ("runtime", "interpreters_head", "threads_head", "interp_next", "tstate_next",
+                  "tstate_native_thread_id", "tstate_frame", "cframe_current_frame", "frame_code", "frame_previous",
+                  "frame_instr", "frame_owner", "frame_is_entry", "code_adaptive", "owner_cstack")
 PY_STATS = ("samples", "threads_without_state", "frames", "frames_unreadable", "chains_cut_at_frame_limit",
             "threads_idle")
 

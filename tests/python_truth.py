@@ -113,11 +113,12 @@ def write_workloads(folder: Path, lifetime_s: float) -> list[PyWorkload]:
     return out
 
 
-def py_spy(pid: int, seconds: float, rate: int, out: Path) -> subprocess.Popen:
-    """py-spy recording `pid` for `seconds` (raw folded stacks with line numbers, into `out`)."""
+def py_spy(pid: int, seconds: float, rate: int, out: Path, blocking: bool = False) -> subprocess.Popen:
+    """py-spy recording `pid` for `seconds` (raw folded stacks with line numbers, into `out`); `blocking`: stopping
+    the process for each sample (py-spy's default) instead of reading it as it runs."""
     exe = Path(sys.executable).parent / "py-spy"
     return subprocess.Popen([str(exe), "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate",
-                             str(rate), "--nonblocking", "--format", "raw", "-o", str(out)],
+                             str(rate), *([] if blocking else ["--nonblocking"]), "--format", "raw", "-o", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -31,6 +31,7 @@ PERF_PYTHON = Path(__file__).resolve().parent.parent / ".venv" / "bin" / "python
 FIELDS = {
     "interpreters_head": "offsetof(_PyRuntimeState, interpreters.head)",
     "threads_head": "offsetof(PyInterpreterState, threads.head)",
+    "interp_next": "offsetof(PyInterpreterState, next)",
     "tstate_next": "offsetof(PyThreadState, next)",
     "tstate_native_thread_id": "offsetof(PyThreadState, native_thread_id)",
     "frame_previous": "offsetof(_PyInterpreterFrame, previous)",

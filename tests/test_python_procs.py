@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ import pytest
 from producers.process_info import process_info
 from producers.python_offsets import TABLE
 from producers.python_procs import PythonProcs
+from schemas.wire import is_python_frame, python_frame_parts
 from tests.elf_helpers import need, unavailable
 
 STOCK = Path("/usr/bin/python3.11")
@@ -89,3 +91,46 @@ def test_interpreters_the_walker_cannot_read_are_said_once_and_counted(tmp_path,
     said = [r.getMessage() for r in caplog.records if r.name == "fleetprof.python"]
     assert len(said) == 1 and why in said[0] and "native frames only" in said[0], said
     assert procs.counters()["python_processes_unsupported"] == 2 and procs.counters()["python_processes"] == 0
+
+
+# The main thread runs a subinterpreter's code (3.11's private _xxsubinterpreters): its running thread state is
+# that interpreter's, not the main one's.
+SUBINTERPRETER = """
+import _xxsubinterpreters as interpreters
+interp = interpreters.create()
+interpreters.run_string(interp, "def sub_spin():\\n    x = 0\\n    while True:\\n        x += 1\\nsub_spin()\\n")
+"""
+
+
+def test_a_thread_running_a_subinterpreter_gets_that_interpreters_frames(tmp_path) -> None:
+    from producers.cpu_sampler import BpfUnavailable, CpuSampler, check_bpf
+    from producers.python_frames import PythonStacks
+    from producers.unwind_maps import UnwindLoader
+
+    try:
+        check_bpf()
+    except BpfUnavailable as exc:
+        unavailable(f"BPF unavailable: {exc}")
+    if not STOCK.exists():
+        unavailable(f"no {STOCK} (bash infra/setup.sh installs Debian's python3.11)")
+    child = subprocess.Popen([str(STOCK), "-S", "-c", SUBINTERPRETER])
+    loader, procs = UnwindLoader(tmp_path / "cache"), PythonProcs()
+    sampler = CpuSampler(199, pid_filter=child.pid, unwind=loader, python=procs)
+    try:
+        sampler.start()
+        mappings = process_info(child.pid).mappings
+        loader.load(child.pid, mappings)
+        assert procs.load(child.pid, mappings) is not None and loader.wait_idle()
+        sampler.drain()
+        time.sleep(2)
+        samples, codes = PythonStacks(procs).rewrite(sampler.drain())
+    finally:
+        sampler.close()
+        loader.close()
+        child.kill()
+        child.wait()
+    total = sum(n for *_, n in samples)
+    named = [c["qualname"] for c in codes.get(child.pid, [])]
+    on_sub = sum(n for _, _, user, _, n in samples
+                 if any(is_python_frame(a) and named[python_frame_parts(a)[0]] == "sub_spin" for a in user))
+    assert total >= 100 and on_sub >= 0.95 * total, (total, on_sub, named)

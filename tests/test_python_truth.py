@@ -39,7 +39,7 @@ COMM = "fppytruth"
 SECONDS = 10
 WINDOW_S = SECONDS + 3
 FREQUENCY = 499  # ~2,000 samples a workload in the window: a share's noise well under the 3 points allowed
-SPY_RATE = 500
+SPY_RATE = 200  # py-spy reads six processes at once: more would take the CPUs the workloads need
 SHARE_POINTS = 0.03
 MIN_CHAINS = 0.95
 DEEP_COMPARED = 60  # innermost frames compared on the deep workload (our walk keeps 64)
@@ -88,7 +88,10 @@ def truth(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str, module
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         lines = agent_started(agent)
         assert any(line.startswith("collecting") for line in lines), "".join(lines)[-3000:]
-        spies = {name: py_spy(p.pid, SECONDS, SPY_RATE, folder / f"{name}.spy") for name, p in procs.items()}
+        # py-spy stops the 3.13 process for each sample: read as it runs, its 3.13 split came out at 72.5% hot for
+        # work split 75:25 (ours: 75.6%; stopped, py-spy's: 75.8%)
+        spies = {name: py_spy(p.pid, SECONDS, SPY_RATE, folder / f"{name}.spy", blocking=name.endswith("313"))
+                 for name, p in procs.items()}
         for name, spy in spies.items():
             said, _ = spy.communicate(timeout=SECONDS + 60)
             assert spy.returncode == 0, f"py-spy on {name}: {said[-2000:]}"

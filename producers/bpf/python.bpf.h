@@ -21,7 +21,7 @@
 #define PY_MAX_FRAMES 64
 #define PY_FRAMES_PER_CALL 32
 #define PY_MAX_CALLS 2           // programs a Python walk spans: PY_MAX_FRAMES / PY_FRAMES_PER_CALL
-#define PY_MAX_THREADS 128       // thread states looked at to find the sampled thread's
+#define PY_MAX_THREADS 128       // thread states (and interpreters) looked at to find the sampled thread's
 #define PY_NONE 0xffff           // an offset the version does not have
 #define PY_MARK 0xfffffffffffffffdULL  // producers/python_frames.py PY_MARK: Python frames follow
 #define PY_FRAME_READ 80         // bytes of a frame read at once: every field the walk needs lies in them
@@ -37,6 +37,7 @@ struct py_proc {
     u64 runtime;                 // _PyRuntime's address in the process
     u16 interpreters_head;       // in _PyRuntimeState
     u16 threads_head;            // in PyInterpreterState
+    u16 interp_next;             // in PyInterpreterState: the next (older) interpreter
     u16 tstate_next;
     u16 tstate_native_thread_id;
     u16 tstate_frame;            // 3.11, 3.12: cframe; 3.13+: current_frame
@@ -48,7 +49,7 @@ struct py_proc {
     u16 frame_is_entry;          // PY_NONE from 3.12
     u16 code_adaptive;           // where the bytecode starts in a code object
     u8 owner_cstack;             // 0xff: no frames owned by the C stack (3.11)
-    u8 pad[7];
+    u8 pad[5];
 };
 
 // Python walk stats (index into `py_stats`; keep in step with PY_STATS in producers/python_procs.py).
@@ -89,8 +90,9 @@ static __always_inline int py_read(void *dst, u32 size, u64 addr) {
     return addr ? bpf_probe_read_user(dst, size, (void *)addr) : -1;
 }
 
-// The sampled thread's thread state: the one found last time if it still names the thread, else the interpreter's
-// list searched (the main interpreter, the newest first). 0 when the thread has none.
+// The sampled thread's thread state: the one found last time if it still names the thread, else the interpreters'
+// lists searched (the newest interpreter first, then the older ones: subinterpreters, then the main one; in each,
+// the newest thread first). 0 when the thread has none.
 static __always_inline u64 py_thread_state(struct py_proc *pp, u32 tid) {
     u64 ts = 0, id = 0;
     u64 *known = py_threads.lookup(&tid);
@@ -99,8 +101,14 @@ static __always_inline u64 py_thread_state(struct py_proc *pp, u32 tid) {
     u64 interp = 0;
     if (py_read(&interp, 8, pp->runtime + pp->interpreters_head) || py_read(&ts, 8, interp + pp->threads_head))
         return 0;
+    // one bound for threads and interpreters together: a second counter would multiply the verifier's states
 #pragma clang loop unroll(disable)
-    for (int i = 0; i < PY_MAX_THREADS && ts; i++) {
+    for (int i = 0; i < PY_MAX_THREADS; i++) {
+        if (!ts) {  // this interpreter's threads are done: the next one's
+            if (py_read(&interp, 8, interp + pp->interp_next) || !interp || py_read(&ts, 8, interp + pp->threads_head))
+                return 0;
+            continue;
+        }
         if (py_read(&id, 8, ts + pp->tstate_native_thread_id))
             return 0;
         if (id == tid) {
@@ -214,14 +222,20 @@ static __always_inline void py_cut(struct py_walk *w) {
 }
 
 // One program's share of the walk of `tid`'s Python frames; 1 when the caller should tail-call the next program
-// (and py_cut if that fails).
+// (and py_cut if that fails). The first program only finds the thread's state and first frame: the search and a
+// frame loop in one program are past what the verifier takes (every path of the one through the other).
 static __always_inline int py_step(u32 pid, u32 tid, struct py_walk *w) {
     struct py_proc *pp = py_procs.lookup(&pid);
-    if (pp && w->calls == 0 && !py_begin(pp, w, tid))
-        return 0;  // no frames to walk
-    if (!pp || py_frames(pp, w))
+    if (!pp)
         return 0;
-    if (++w->calls < PY_MAX_CALLS)
+    if (w->calls == 0) {
+        int found = py_begin(pp, w, tid);  // 0: no frames to walk
+        w->calls = 1;
+        return found;
+    }
+    if (py_frames(pp, w))
+        return 0;
+    if (++w->calls <= PY_MAX_CALLS)
         return 1;
     py_cut(w);
     return 0;
