@@ -16,6 +16,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 Chain = tuple[str, ...]
+STOCK = Path("/usr/bin/python3.11")  # Debian's own interpreter: no frame pointers, no -X perf
+
+
+def need_bpf_and_stock_python() -> None:
+    """Skip (fail on CI) without BPF or Debian's python3.11."""
+    from producers.cpu_sampler import BpfUnavailable, check_bpf
+    from tests.elf_helpers import unavailable
+
+    try:
+        check_bpf()
+    except BpfUnavailable as exc:
+        unavailable(f"BPF unavailable: {exc}")
+    if not STOCK.exists():
+        unavailable(f"no {STOCK} (bash infra/setup.sh installs Debian's python3.11)")
 
 SPLIT = """
 import time

@@ -103,16 +103,12 @@ interpreters.run_string(interp, "def sub_spin():\\n    x = 0\\n    while True:\\
 
 
 def test_a_thread_running_a_subinterpreter_gets_that_interpreters_frames(tmp_path) -> None:
-    from producers.cpu_sampler import BpfUnavailable, CpuSampler, check_bpf
+    from producers.cpu_sampler import CpuSampler
     from producers.python_frames import PythonStacks
     from producers.unwind_maps import UnwindLoader
+    from tests.python_truth import need_bpf_and_stock_python
 
-    try:
-        check_bpf()
-    except BpfUnavailable as exc:
-        unavailable(f"BPF unavailable: {exc}")
-    if not STOCK.exists():
-        unavailable(f"no {STOCK} (bash infra/setup.sh installs Debian's python3.11)")
+    need_bpf_and_stock_python()
     child = subprocess.Popen([str(STOCK), "-S", "-c", SUBINTERPRETER])
     loader, procs = UnwindLoader(tmp_path / "cache"), PythonProcs()
     sampler = CpuSampler(199, pid_filter=child.pid, unwind=loader, python=procs)

@@ -22,19 +22,25 @@ import sys
 import uuid
 from collections import Counter
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
-from producers.cpu_sampler import BpfUnavailable, check_bpf
 from simulate.gpu_demo import PERF_PYTHON
 from tests.elf_helpers import unavailable
 from tests.pipeline_helpers import agent_started
-from tests.python_truth import chain_agreement, our_chains, py_spy, shares, spy_chains, write_workloads
+from tests.python_truth import (
+    STOCK,
+    chain_agreement,
+    need_bpf_and_stock_python,
+    our_chains,
+    py_spy,
+    shares,
+    spy_chains,
+    write_workloads,
+)
 from tests.test_cpu_profiles import _store_all
 from tests.test_query_cli import run_here, silent_address
 
-STOCK = Path("/usr/bin/python3.11")
 COMM = "fppytruth"
 SECONDS = 10
 WINDOW_S = SECONDS + 3
@@ -60,12 +66,7 @@ def _folded(store, node: str, pid: int) -> str:
 def truth(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str, module_store) -> dict[str, dict]:
     if os.geteuid() != 0:
         unavailable("the agent and py-spy need root")
-    try:
-        check_bpf()
-    except BpfUnavailable as exc:
-        unavailable(f"BPF unavailable: {exc}")
-    if not STOCK.exists():
-        unavailable(f"no {STOCK} (bash infra/setup.sh installs Debian's python3.11)")
+    need_bpf_and_stock_python()
     if not PERF_PYTHON.exists():
         unavailable(f"no CPython 3.13 at {PERF_PYTHON} (bash infra/setup.sh builds it)")
     folder = tmp_path_factory.mktemp("python_truth")
