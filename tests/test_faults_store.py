@@ -92,8 +92,13 @@ class ReadOnly:
     def __enter__(self) -> ReadOnly:
         done = _mount("--bind", str(self.path), str(self.path))
         self.bound = done.returncode == 0
-        if self.bound:
+        # a mount with a file open for writing on it cannot turn read-only (EBUSY): the sink may open one on the new
+        # bind mount between the two commands, and closes it within its batch
+        for _ in range(100 if self.bound else 0):
             done = _mount("-o", "remount,bind,ro", str(self.path))
+            if done.returncode == 0:
+                break
+            time.sleep(0.05)
         if done.returncode != 0:
             self.__exit__()
             unavailable(f"cannot make the store's filesystem read-only: {done.stderr.strip()}")
@@ -101,7 +106,8 @@ class ReadOnly:
 
     def __exit__(self, *exc) -> None:
         if self.bound:  # only the bind mount on top goes; the tmpfs underneath, with the store, stays
-            subprocess.run(["umount", str(self.path)], check=True)
+            if subprocess.run(["umount", str(self.path)], capture_output=True).returncode != 0:
+                subprocess.run(["umount", "--lazy", str(self.path)], check=True)  # files still open on it
             self.bound = False
 
 
