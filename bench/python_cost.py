@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.agent_overhead import cpu_seconds, stop_all  # noqa: E402
 from bench.local_ports import free_ports  # noqa: E402
-from bench.unwind_cost import BPF_STATS, _delta, _median, _prog_stats, _sample_only  # noqa: E402
+from bench.unwind_cost import BPF_STATS, _median, _sample_only, timed_phase  # noqa: E402
 from fleetprof.broker import LocalBroker, create_topics  # noqa: E402
 from producers.cpu_sampler import CpuSampler  # noqa: E402
 from producers.process_info import process_info  # noqa: E402
@@ -92,16 +92,7 @@ def bpf_part(seconds: float, reps: int) -> dict:
             modes = list(samplers) if r % 2 == 0 else list(samplers)[::-1]
             for depth in DEPTHS:
                 for mode in modes:
-                    sampler = samplers[mode]
-                    sampler.drain()
-                    _sample_only(sampler, proc.pid)
-                    before = _prog_stats(sampler)
-                    proc.stdin.write(f"{depth} {seconds}\n")
-                    proc.stdin.flush()
-                    proc.stdout.readline()
-                    ns, runs = _delta(before, _prog_stats(sampler))
-                    _sample_only(sampler, None)
-                    sampler.drain()
+                    ns, runs, _ = timed_phase(samplers[mode], proc, f"{depth} {seconds}")
                     raw[mode, depth].append(round(ns / runs) if runs else None)
         counters = python.counters()
     finally:

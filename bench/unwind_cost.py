@@ -146,6 +146,20 @@ def _sample_only(sampler: CpuSampler, pid: int | None) -> None:
         bpf.attach_perf_event(ev_type=key[0], ev_config=key[1], fn_name=b"on_cpu_clock", sample_freq=HZ, pid=pid)
 
 
+def timed_phase(sampler: CpuSampler, proc: subprocess.Popen, command: str) -> tuple[int, int, list]:
+    """One phase: the sampler's events on the workload alone while it runs `command` (a line it answers when done);
+    (the sampler's BPF ns, its program's runs, the samples)."""
+    sampler.drain()
+    _sample_only(sampler, proc.pid)
+    before = _prog_stats(sampler)
+    proc.stdin.write(command + "\n")
+    proc.stdin.flush()
+    proc.stdout.readline()
+    ns, runs = _delta(before, _prog_stats(sampler))
+    _sample_only(sampler, None)
+    return ns, runs, sampler.drain()
+
+
 def _frames(samples: list, pid: int) -> dict[int, int]:
     """The workload's samples by user frames walked."""
     counts: dict[int, int] = {}
@@ -190,16 +204,9 @@ def bpf_part(tmp: Path, seconds: float, reps: int) -> dict:
             order = [(m, b, f) for f in DEPTHS for m, b in (pairs if r % 2 == 0 else pairs[::-1])]
             for mode, build, frames in [*order, ("frame_pointers", "nofp", DEPTHS[-1])]:
                 sampler = samplers[mode]
-                sampler.drain()
                 walks0 = loader.counters()
-                _sample_only(sampler, proc.pid)
-                before = _prog_stats(sampler)
-                proc.stdin.write(f"{build} {frames - BELOW} {seconds}\n")
-                proc.stdin.flush()
-                proc.stdout.readline()
-                ns, runs = _delta(before, _prog_stats(sampler))
-                _sample_only(sampler, None)
-                seen = _frames(sampler.drain(), proc.pid)
+                ns, runs, samples = timed_phase(sampler, proc, f"{build} {frames - BELOW} {seconds}")
+                seen = _frames(samples, proc.pid)
                 walks1 = loader.counters()
                 raw[mode, build, frames].append({
                     "runs": runs, "samples": sum(seen.values()), "bpf_ns": ns, "lost": sampler.lost_samples,
