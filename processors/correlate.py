@@ -91,7 +91,8 @@ class PartitionState:
 
     def __init__(self) -> None:
         self.launches: OrderedDict[tuple, list] = OrderedDict()  # [seq, time, weight, addrs, stack no, size]
-        self.kernels: OrderedDict[tuple, list] = OrderedDict()  # [seq, start, end, device, stream, name, size]
+        # [seq, start, end, device, stream, name, simulated, size]
+        self.kernels: OrderedDict[tuple, list] = OrderedDict()
         self.procs: OrderedDict[tuple, list] = OrderedDict()  # [seq, time, mappings, mappings id, size]
         # launch stacks by stack number, each stored once while launches that have it wait: [seq, addrs, refs, size]
         self.stacks: dict[int, list] = {}
@@ -274,7 +275,8 @@ class Correlator:
             st.wm[KERNEL] = s
         name = rec["kernel_name"]
         size = 80 + len(node) + len(name)  # kernel_size, inline
-        kern = [0, s, rec["end_ns"], rec["device_id"], rec["stream_id"] & 0xFFFFFFFF, name, size]
+        kern = [0, s, rec["end_ns"], rec["device_id"], rec["stream_id"] & 0xFFFFFFFF, name,
+                bool(rec.get("simulated", False)), size]
         launch = st.launches.get(key)
         if launch is not None:
             lt = launch[1]
@@ -318,12 +320,13 @@ class Correlator:
     def _match(self, st: PartitionState, key: tuple, weight: int, stack: tuple[tuple, int, tuple], kern: list,
                out: Outcome) -> None:
         """One pair: (node, pid, mappings id, mappings, launch addresses leaf first, weight, kernel start, kernel
-        duration, device, stream, kernel name, stack number, the stack's code objects)."""
+        duration, device, stream, kernel name, stack number, the stack's code objects, whether the kernel record
+        came from a simulated GPU library)."""
         node, pid, start, _ = key
         proc = st.procs.get((node, pid, start))
         mid, mappings = (proc[3], proc[2]) if proc is not None else (0, [])
         out.matches.append((node, pid, mid, mappings, stack[0], weight, kern[1], kern[2] - kern[1], kern[3], kern[4],
-                            kern[5], stack[1], stack[2]))
+                            kern[5], stack[1], stack[2], kern[6]))
 
     def _set_mappings(self, st: PartitionState, pkey: tuple, t: int, mappings: list[dict]) -> None:
         old = st.procs.get(pkey)

@@ -91,7 +91,7 @@ def _item(seq: int, kind: int, key: tuple | int, st: PartitionState) -> tuple[in
     if kind == KERNEL:
         return kind, {"seq": seq, "node": key[0], "pid": key[1], "process_start_ns": key[2],
                       "correlation_id": key[3], "start_ns": e[1], "end_ns": e[2], "device_id": e[3],
-                      "stream_id": e[4], "kernel_name": e[5]}, e[-1]
+                      "stream_id": e[4], "kernel_name": e[5], "simulated": e[6]}, e[-1]
     return kind, {"seq": seq, "node": key[0], "pid": key[1], "process_start_ns": key[2], "time_ns": e[1],
                   "mappings": e[2]}, e[-1]
 
@@ -191,7 +191,7 @@ def _apply(corr: Correlator, st: PartitionState, r: dict, where: dict[int, tuple
         elif kind == KERNEL:
             key = (x["node"], x["pid"], x["process_start_ns"], x["correlation_id"])
             entry = [seq, x["start_ns"], x["end_ns"], x["device_id"], x["stream_id"], x["kernel_name"],
-                     kernel_size(key[0], x["kernel_name"])]
+                     x.get("simulated", False), kernel_size(key[0], x["kernel_name"])]
         else:
             key = (x["node"], x["pid"], x["process_start_ns"])
             maps = [dict(m) for m in x["mappings"]]

@@ -100,9 +100,13 @@ def build_gpu_samples(matches: list[tuple], unmatched: list[tuple], window_ns: i
     resolved = stacks.resolve(matches, tables, stats)
     sums: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
     defs: dict[int, tuple] = {}
+    simulated: set[tuple[str, int]] = set()  # (node, window) with a kernel from a simulated GPU library
     for m, (sid, ids, frames) in zip(matches, resolved, strict=True):
         node, pid, weight, kstart, duration = m[0], m[1], m[5], m[6], m[7]
-        cell = sums[(node, clamp_long(kstart - kstart % window_ns), pid, m[8], m[9], sid, m[10])]
+        window = clamp_long(kstart - kstart % window_ns)
+        if m[13]:
+            simulated.add((node, window))
+        cell = sums[(node, window, pid, m[8], m[9], sid, m[10])]
         cell[0] += duration * weight
         cell[1] += weight
         if sid not in defs:
@@ -119,7 +123,8 @@ def build_gpu_samples(matches: list[tuple], unmatched: list[tuple], window_ns: i
         rec = records.get((node, window))
         if rec is None:
             rec = records[(node, window)] = {"node": node, "window_start_ns": window, "window_ns": window_ns,
-                                              "frames": [], "stacks": [], "samples": [], "unmatched": []}
+                                              "frames": [], "stacks": [], "samples": [], "unmatched": [],
+                                              "simulated": (node, window) in simulated}
         return rec
 
     for (node, window, pid, device, stream, sid, name), (ns, launches) in sums.items():

@@ -23,6 +23,7 @@ GPU_SAMPLE_COLUMNS = ["ts", "node", "pid", "comm", "container_id", "device", "st
 ALERT_COLUMNS = ["alert_id", "kind", "state", "node", "gpu_index", "gpu_uuid", "started", "time", "threshold",
                  "observed", "message", "evidence"]
 GPU_UNMATCHED_COLUMNS = ["ts", "node", "pid", "side", "reason", "events", "duration_ns", "launches"]
+PROFILE_WINDOW_COLUMNS = ["ts", "node", "kind", "simulated", "frequency_hz"]
 
 # Tables whose rows are keyed by content (ReplacingMergeTree): safe to write again, no dedup token needed.
 DEFINITION_TABLES = ("frames", "stacks")
@@ -52,6 +53,7 @@ COLUMN_RANGES: dict[str, dict[str, tuple[int, int]]] = {
                            "launches": _U64},
     "gpu_unmatched": {"pid": _U32, "events": _U64, "duration_ns": _U64, "launches": _U64},
     "alerts": {"gpu_index": _U16},
+    "profile_windows": {"frequency_hz": _U32},
 }
 _DATETIME_MAX_S = 2**32 - 1  # DateTime is seconds since 1970 in a UInt32
 
@@ -81,16 +83,32 @@ def _ts_ms(ns: int) -> datetime:
     return datetime.fromtimestamp((ns // 1_000_000) / 1000, tz=UTC)
 
 
-def cpu_samples_rows(rec: dict) -> dict[str, Rows]:
-    ts = _ts(rec["window_start_ns"])
+def _definitions(rec: dict, ts: datetime) -> dict[str, Rows]:
+    """The frames and stacks a CpuSamples or GpuSamples record defines (both have the same shapes)."""
     return {
         "frames": Rows(FRAME_COLUMNS, [[long_to_u64(f["frame_id"]), f["function"], f["binary"], f["kind"], ts]
                                        for f in rec["frames"]]),
         "stacks": Rows(STACK_COLUMNS, [[long_to_u64(s["stack_id"]), [long_to_u64(i) for i in s["frame_ids"]], ts]
                                        for s in rec["stacks"]]),
+    }
+
+
+def _profile_window(rec: dict, ts: datetime, kind: str) -> Rows:
+    """Where a window's samples came from (migration 0012): simulated or not, and the CPU sampling frequency."""
+    if not rec["samples"]:
+        return Rows(PROFILE_WINDOW_COLUMNS)
+    return Rows(PROFILE_WINDOW_COLUMNS, [[ts, rec["node"], kind, bool(rec.get("simulated", False)),
+                                          rec.get("frequency_hz", 0)]])
+
+
+def cpu_samples_rows(rec: dict) -> dict[str, Rows]:
+    ts = _ts(rec["window_start_ns"])
+    return {
+        **_definitions(rec, ts),
         "cpu_samples": Rows(CPU_SAMPLE_COLUMNS, [[ts, rec["node"], s["pid"], s["comm"], s["container_id"],
                                                   long_to_u64(s["stack_id"]), s["count"]]
                                                  for s in rec["samples"]]),
+        "profile_windows": _profile_window(rec, ts, "cpu"),
     }
 
 
@@ -112,10 +130,8 @@ def gpu_metrics_rows(rec: dict) -> dict[str, Rows]:
 
 def gpu_samples_rows(rec: dict) -> dict[str, Rows]:
     ts = _ts(rec["window_start_ns"])
-    definitions = cpu_samples_rows({**rec, "samples": []})  # frames and stacks have CpuSamples' shapes
     return {
-        "frames": definitions["frames"],
-        "stacks": definitions["stacks"],
+        **_definitions(rec, ts),
         "gpu_kernel_samples": Rows(GPU_SAMPLE_COLUMNS, [
             [ts, rec["node"], s["pid"], s["comm"], s["container_id"], s["device"], s["stream"],
              long_to_u64(s["stack_id"]), s["kernel_name"], s["duration_ns"], s["launches"]]
@@ -123,6 +139,7 @@ def gpu_samples_rows(rec: dict) -> dict[str, Rows]:
         "gpu_unmatched": Rows(GPU_UNMATCHED_COLUMNS, [
             [ts, rec["node"], u["pid"], u["side"], u["reason"], u["events"], u["duration_ns"], u["launches"]]
             for u in rec["unmatched"]]),
+        "profile_windows": _profile_window(rec, ts, "gpu"),
     }
 
 

@@ -20,6 +20,9 @@ from schemas.wire import (
     KERNEL_BINARY,
     LONG_MAX,
     LONG_MIN,
+    LOST_STACK_BINARY,
+    LOST_STACK_FRAME,
+    LOST_STACK_NAME,
     PYTHON_FRAME_TAG,
     TRUNCATED_BINARY,
     TRUNCATED_FRAME,
@@ -73,6 +76,7 @@ class SymbolizeStats:
     frames: int = 0
     unknown_frames: int = 0
     truncated_stacks: int = 0  # user stacks the agent marked as not walked to their root
+    lost_stacks: int = 0  # samples whose stack (or its kernel part) the agent's full stack map lost
     missing_build_ids: set[str] = field(default_factory=set)
     # user-space build ids with frames left unknown (table missing, or no symbol covers the address): what a
     # second symbol source such as debuginfod may improve
@@ -148,7 +152,8 @@ def _user_frames(group: np.ndarray, file_off: np.ndarray, is_leaf: np.ndarray, g
     bounds = np.searchsorted(group[order], np.arange(-1, len(groups) + 1))
     orphans = order[bounds[0]:bounds[1]]
     cut = orphans[file_off[orphans] == TRUNCATED_FRAME]  # the agent's mark: the stack did not reach its root
-    orphans = orphans[file_off[orphans] != TRUNCATED_FRAME]
+    lost = orphans[file_off[orphans] == LOST_STACK_FRAME]  # the agent's mark: its stack map was full
+    orphans = orphans[(file_off[orphans] != TRUNCATED_FRAME) & (file_off[orphans] != LOST_STACK_FRAME)]
     python = (file_off[orphans] >> np.uint64(56)) == PYTHON_FRAME_TAG
     if owner is not None and code_tables is not None and python.any():
         _python_frames(ids, orphans[python], file_off[orphans[python]], owner, code_tables, memo, stats)
@@ -156,6 +161,8 @@ def _user_frames(group: np.ndarray, file_off: np.ndarray, is_leaf: np.ndarray, g
     stats.unknown_frames += len(orphans)
     stats.truncated_stacks += len(cut)
     _resolve(ids, cut, file_off[cut], lambda _: memo.frame("truncated", TRUNCATED_BINARY, TRUNCATED_BINARY, "UNKNOWN"))
+    stats.lost_stacks += len(lost)
+    _resolve(ids, lost, file_off[lost], lambda _: memo.frame("lost", LOST_STACK_NAME, LOST_STACK_BINARY, "UNKNOWN"))
     _resolve(ids, orphans, file_off[orphans],
              lambda a: memo.frame(("?", a), f"{UNKNOWN_BINARY} 0x{a:x}", UNKNOWN_BINARY, "UNKNOWN"))
     for (build_id, binary), g in groups.items():
@@ -274,6 +281,8 @@ def symbolize_batch(batch: dict, tables: TableLookup, memo: FrameMemo | None = N
         "node": batch["node"],
         "window_start_ns": batch["window_start_ns"],
         "window_ns": batch["window_ns"],
+        "simulated": bool(batch.get("simulated", False)),
+        "frequency_hz": batch.get("frequency_hz", 0),
         "frames": [{"frame_id": f[0], "function": f[1], "binary": f[2], "kind": f[3]} for f in frames],
         "stacks": [{"stack_id": sid, "frame_ids": list(ids)} for sid, ids in stacks.items()],
         "samples": [

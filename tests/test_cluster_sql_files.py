@@ -170,7 +170,7 @@ def test_creates_run_on_the_cluster_and_each_replicated_table_has_its_own_keeper
             assert whole == (table in ("frames", "schema_migrations", "sink_state")), table
             assert path not in paths, f"{table} and {paths.get(path)} share {path}"
             paths[path] = table
-    assert len(paths) == 12
+    assert len(paths) == 13
 
 
 def _replicated(statement: str) -> dict[str, tuple[str, str, str]]:
@@ -190,6 +190,7 @@ def test_distributed_tables_front_their_local_tables_with_the_documented_keys():
         "gpu_process_metrics": ("gpu_process_metrics_local", "cityHash64(node)"),
         "alerts": ("alerts_local", "cityHash64(alert_id)"),
         "gpu_unmatched": ("gpu_unmatched_local", "cityHash64(node)"),
+        "profile_windows": ("profile_windows_local", "cityHash64(node)"),
         # the hourly rollups sit with the window rows they sum
         "cpu_samples_1h": ("cpu_samples_1h_local", "stack_id"),
         "gpu_kernel_samples_1h": ("gpu_kernel_samples_1h_local", "stack_id"),

@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY
 
 from processors.correlate import KERNEL, LAUNCH, SECOND_NS, CorrelateConfig, Correlator, Outcome
 from processors.correlate_changelog import ChangelogError, changelog, restore, state_key
-from processors.correlate_samples import GPU_BINARY, split_gpu_samples
+from processors.correlate_samples import GPU_BINARY, LaunchStacks, build_gpu_samples, split_gpu_samples
 from processors.correlate_stage import CorrelateStage, config_from_env
 from processors.demangle import demangle
 from processors.messages import Message, Produced
@@ -390,6 +390,25 @@ def test_a_restored_state_skips_what_it_has_seen_and_pairs_what_waits():
     fresh.process(0, KERNEL, 0, kernel(2, T0 + 1, 10), again)
     assert again.replayed == 1 and len(again.matches) == 1
     assert again.matches[0][3] == MAPPINGS  # the process's mappings came back with the state
+
+
+def test_a_simulated_kernel_labels_its_window_even_across_a_restore():
+    """The kernel record's `simulated` flag waits with it, survives the changelog (v3) and marks the window's
+    GpuSamples record, so the store labels simulated GPU time as such; a real kernel's window is not marked."""
+    live = Correlator()
+    live.process(0, KERNEL, 0, {**kernel(1, T0 + 5, 10), "simulated": True}, Outcome())
+    live.process(0, KERNEL, 1, kernel(2, T0 + 20 * SECOND_NS, 10), Outcome())
+    records = {state_key(r, 4096): r for r in changelog(live, "g", 0)}
+    for r in records.values():
+        assert single_object.decode(single_object.encode("CorrelatorState", r))[1] == r
+    fresh = Correlator()
+    restore(fresh, 0, list(records.values()))
+    out = Outcome()
+    fresh.process(0, LAUNCH, 0, launch(1, T0, ["main"]), out)
+    fresh.process(0, LAUNCH, 1, launch(2, T0 + 20 * SECOND_NS - 1, ["main"], maps=False), out)
+    assert [m[13] for m in out.matches] == [True, False]
+    recs = build_gpu_samples(out.matches, [], 10 * SECOND_NS, LaunchStacks(), tables().get)
+    assert sorted((r["window_start_ns"], r["simulated"]) for r in recs) == [(T0, True), (T0 + 20 * SECOND_NS, False)]
 
 
 def test_a_changelog_with_a_gap_is_refused():

@@ -158,6 +158,13 @@ def test_simulated_gpu_node_end_to_end(bpf_ok, kafka_bootstrap, store, tmp_path:
     assert {tuple(r[:10]) for r in rows} == {expected}
     assert all("simulated" in r[10] for r in rows)
 
+    # labels follow the data: the GPU kernel times and NVML readings are simulated, the eBPF CPU samples are not
+    _, labelled = store.query_named("simulated_sources", {"since": since, "until": until, "node": node})
+    assert sorted(tuple(r) for r in labelled) == [("gpu", node), ("nvml", node)]
+    _, windows = store.query_sql("SELECT DISTINCT kind, simulated, frequency_hz FROM profile_windows "
+                                 "WHERE node = {n:String} ORDER BY kind", {"n": node})
+    assert [tuple(r) for r in windows] == [("cpu", False, 99), ("gpu", True, 0)]
+
 
 def _contains_in_order(chain: list[str], path: list[str]) -> bool:
     """`path` appears in `chain` in order, root first (interpreter frames sit between Python ones)."""

@@ -82,6 +82,15 @@ def test_known_batches_are_stored_exactly_and_bad_messages_dead_lettered(kafka_b
     assert +got_self == +exp_self
     assert got_total == exp_total
 
+    # where the windows came from: the batches' simulated flag and sampling frequency, one row per node and window
+    _, windows = store.query_sql("SELECT DISTINCT node, ts, kind, simulated, frequency_hz FROM profile_windows "
+                                 "WHERE node IN {n:Array(String)} ORDER BY node, ts", {"n": [node_a, node_b]})
+    second = t0 // 1_000_000_000
+    assert [(r[0], int(r[1].timestamp()), r[2], bool(r[3]), r[4]) for r in windows] == [
+        (node_a, second, "cpu", True, 99), (node_a, second + 1, "cpu", True, 99), (node_b, second, "cpu", True, 99)]
+    _, labelled = store.query_named("simulated_sources", {"since": second - 60, "until": second + 60, "node": node_b})
+    assert [tuple(r) for r in labelled] == [("cpu", node_b)]
+
     dead = read_topic(kafka_bootstrap, "deadletter",
                       lambda m: m.key() is not None and (m.key().decode().startswith(f"bad-{run}")
                                                          or m.key().decode() == node_a),

@@ -9,7 +9,7 @@ from processors.symbolize import FrameMemo, SymbolizeStats, symbolize_batch
 from schemas import single_object
 from schemas.cpu_batch_reader import decode_columnar
 from schemas.packed_stacks import PackedStacks
-from schemas.wire import TRUNCATED_FRAME, python_frame, u64_to_long
+from schemas.wire import LOST_STACK_FRAME, TRUNCATED_FRAME, python_frame, u64_to_long
 from simulate.synthetic_binaries import KERNEL_BUILD_ID
 from simulate.synthetic_fleet import FREQUENCY_HZ, SyntheticFleet
 
@@ -208,3 +208,23 @@ def test_python_frames_are_named_from_their_process_code_objects():
     # without code objects (a v1 batch), the same words are unknown frames, never a crash
     del batch["processes"][0]["code_objects"]
     assert len(_symbolize(batch, _tables())["frames"]) == 5
+
+
+def test_a_lost_stack_is_named_for_its_cause_and_the_batch_source_carries_through():
+    """The agent's LOST_STACK_FRAME (its stack map was full) becomes one frame that names the cause and the setting,
+    alone (the whole stack lost) or as the leaf under the user frames (the kernel part lost); the batch's simulated
+    flag and sampling frequency reach the CpuSamples record (for labels and pprof's period)."""
+    base = 0x7F0000000000
+    stacks = [{"tid": 7, "user_addrs": [u64_to_long(LOST_STACK_FRAME)], "kernel_addrs": [], "count": 2},
+              {"tid": 7, "user_addrs": [u64_to_long(LOST_STACK_FRAME), base + 0x10], "kernel_addrs": [],
+               "count": 1}]
+    batch = {**_batch(stacks), "simulated": True}
+    stats = SymbolizeStats()
+    out = _symbolize(batch, _tables(), stats=stats)
+    frames = {f["frame_id"]: f for f in out["frames"]}
+    named = sorted([(frames[f]["function"], frames[f]["binary"]) for f in s["frame_ids"]] for s in out["stacks"])
+    assert named == [[("[stack lost: map full, raise agent --stack-entries]", "[lost]")],
+                     [("main", "libc.so.6"), ("[stack lost: map full, raise agent --stack-entries]", "[lost]")]]
+    assert stats.lost_stacks == 2 and stats.unknown_frames == 0
+    assert (out["simulated"], out["frequency_hz"]) == (True, 99)
+    assert single_object.decode(single_object.encode("CpuSamples", out))[1] == out
