@@ -14,7 +14,7 @@ from producers.cpu_sampler import CpuSampler, Sample
 from producers.perf_map import is_anonymous
 from producers.process_info import KEEP_ALL, ProcessCache, ProcessFilter, ProcessInfo, batch_mappings
 from producers.python_frames import PythonStacks
-from schemas.wire import PYTHON_FRAME_TAG, TRUNCATED_FRAME, u64_to_long
+from schemas.wire import LOST_STACK_FRAME, PYTHON_FRAME_TAG, TRUNCATED_FRAME, u64_to_long
 
 if TYPE_CHECKING:
     from producers.python_procs import PythonProcs
@@ -157,7 +157,8 @@ def build_cpu_batch(samples: list[Sample], processes: ProcessCache, node: str, w
     user_addrs: dict[int, set[int]] = {}
     for pid, tid, user, kernel, count in samples:
         user_addrs.setdefault(pid, set()).update(a for a in user
-                                                 if a != TRUNCATED_FRAME and a >> 56 != PYTHON_FRAME_TAG)
+                                                 if a not in (TRUNCATED_FRAME, LOST_STACK_FRAME)
+                                                 and a >> 56 != PYTHON_FRAME_TAG)
         by_pid.setdefault(pid, []).append({
             "tid": tid, "user_addrs": [u64_to_long(a) for a in user],
             "kernel_addrs": [u64_to_long(a) for a in kernel], "count": count})

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from producers.memory import release_after_compile
 from producers.unwind_program import FRAME_POINTERS, load_unwinding_program
+from schemas.wire import LOST_STACK_FRAME
 
 if TYPE_CHECKING:
     from producers.python_procs import PythonProcs
@@ -30,6 +31,7 @@ log = logging.getLogger("fleetprof.cpu_sampler")
 BPF_SOURCE = Path(__file__).resolve().parent / "bpf" / "cpu_sampler.bpf.c"
 # Field names of `struct key_t` in BPF_SOURCE, in order (tests check the compiled struct against this).
 KEY_FIELDS = ("pid", "tid", "user_stack", "user_status", "kernel_stack_id")
+LOST_USER_STACK = (LOST_STACK_FRAME,)  # a sample whose user stack the full stack map lost
 DEFAULT_MAX_ENTRIES = 10240
 RING_POLL_MS = 1000  # the new-pid reader's longest wait: how soon close() gets it back
 MIN_STACK_ENTRIES, MAX_STACK_ENTRIES = 16384, 1 << 20
@@ -209,15 +211,16 @@ class CpuSampler:
                         user[key.user_stack] = tuple(leaf.addrs[:min(leaf.len, len(leaf.addrs))])
                     except KeyError:
                         user[key.user_stack] = ()
-                user_addrs = user[key.user_stack]
-                self._lost += count if not user_addrs else 0
-            else:  # -EFAULT: no user stack (a kernel thread); anything else was lost (the stack map was full)
+                user_addrs = user[key.user_stack] or LOST_USER_STACK
+            elif key.user_status == -errno.EFAULT:  # no user stack: a kernel thread
                 user_addrs = ()
-                self._lost += count if key.user_status != -errno.EFAULT else 0
+            else:  # lost: the stack map was full
+                user_addrs = LOST_USER_STACK
+            lost = user_addrs is LOST_USER_STACK
             sid = key.kernel_stack_id
             if sid < 0:
                 # -EFAULT: no kernel stack (a user-mode sample); anything else was lost
-                self._lost += count if sid != -errno.EFAULT else 0
+                lost = lost or sid != -errno.EFAULT
                 kernel_addrs: tuple[int, ...] = ()
             else:
                 if sid not in kernel:
@@ -226,7 +229,11 @@ class CpuSampler:
                     except KeyError:
                         kernel[sid] = ()
                 kernel_addrs = kernel[sid]
-                self._lost += count if not kernel_addrs else 0
+                lost = lost or not kernel_addrs
+            if lost:
+                self._lost += count
+                if user_addrs is not LOST_USER_STACK:  # the kernel part is gone: the mark ends the user part
+                    user_addrs = (LOST_STACK_FRAME, *user_addrs)
             whole = (int(key.pid), int(key.tid), user_addrs, kernel_addrs)
             self._pending[whole] = self._pending.get(whole, 0) + int(count)
         # Nothing writes to this set until the next flip: clearing it loses nothing, and frees the stack slots.

@@ -49,12 +49,18 @@ UNKNOWN_BINARY = "[unknown]"  # a frame in no known mapping
 # its unwinder cannot follow): no user mapping ever holds it (user space ends below 2**57 on every architecture).
 TRUNCATED_FRAME = (1 << 64) - 2
 TRUNCATED_BINARY = "[truncated]"
+# The one "address" of a user stack whose sample lost its stack, or the leaf of one that lost its kernel part: the
+# agent's stack map was full (a hash collision at get_stackid). Named so that whoever reads the profile knows the
+# cause and the setting that cures it, instead of an empty stack.
+LOST_STACK_FRAME = (1 << 64) - 4
+LOST_STACK_BINARY = "[lost]"
+LOST_STACK_NAME = "[stack lost: map full, raise agent --stack-entries]"
 
 # --- interpreter frames --------------------------------------------------------------------------------------------
 
 # A Python frame among a user stack's addresses (CpuStackBatch v2 on): the tag in the top byte, then the index of its
 # code object in the process's `code_objects` (24 bits) and its line (32 bits). No user address has a top byte of
-# 0xFD (user space ends below 2**57), and TRUNCATED_FRAME's is 0xFF.
+# 0xFD (user space ends below 2**57), and TRUNCATED_FRAME's and LOST_STACK_FRAME's are 0xFF.
 PYTHON_FRAME_TAG = 0xFD
 PYTHON_MAX_CODE_OBJECTS = 1 << 24  # per process and batch
 

@@ -20,6 +20,7 @@ from producers.cpu import CpuCollector
 from producers.cpu_sampler import KEY_FIELDS, BpfUnavailable, CpuSampler, check_bpf, default_stack_entries
 from producers.elf_symbols import read_build_id, symbol_chunks
 from producers.process_info import ProcessCache, process_info
+from schemas.wire import LOST_STACK_FRAME
 from tests.elf_helpers import need, unavailable
 
 FREQUENCY = 99
@@ -234,3 +235,21 @@ def test_each_collect_empties_the_stack_map_it_read(workload: subprocess.Popen) 
     finally:
         sampler.close()
     assert samples and left == [0] * 6, left
+
+
+def test_a_full_stack_map_marks_the_samples_it_lost(workload: subprocess.Popen) -> None:
+    """With room for 2 stacks, system-wide samples collide in the stack map: each sample that lost its user stack
+    carries LOST_STACK_FRAME alone, one that lost its kernel part has it as the user stack's leaf, and lost_samples
+    counts exactly the samples so marked (never an empty stack that reads as nothing)."""
+    sampler = CpuSampler(frequency_hz=FREQUENCY, stack_entries=2)
+    sampler.start()
+    try:
+        sampler.drain()
+        time.sleep(1.5)
+        samples = sampler.drain()
+    finally:
+        sampler.close()
+    marked = [(user, kernel, count) for _, _, user, kernel, count in samples if LOST_STACK_FRAME in user]
+    assert marked and sampler.lost_samples == sum(count for _, _, count in marked)
+    assert all(user.index(LOST_STACK_FRAME) == 0 and not (len(user) > 1 and kernel) for user, kernel, _ in marked)
+    assert not any(not user and not kernel for _, _, user, kernel, _ in samples)
