@@ -15,6 +15,8 @@ from datetime import datetime
 from typing import Any
 
 from fleetprof.query_client import QueryTarget
+from fleetprof.simulated_sources import simulated_sources
+from processors.demangle import demangle
 
 BY_CHOICES = ("node", "gpu", "process", "container", "kernel")
 # The group columns each --by shows, and what identifies a group in a gpu_idle_time row.
@@ -90,6 +92,8 @@ class CostReport:
     kernels: list[KernelTime]  # every kernel, most GPU time first
     stacks: list[KernelTime]  # the top launching stacks
     key_columns: list[str]  # the group columns of --by
+    simulated: dict[str, list[str]]  # kind ('gpu', 'nvml') -> nodes whose data of that kind was simulated
+    full_stacks: bool = False  # launching stacks whole, not folded to their top frames
 
     def cost(self, hours: float) -> float:
         """What `hours` GPU-hours cost at the report's price."""
@@ -126,12 +130,20 @@ def total_of(groups: list[Hours]) -> Hours:
 
 
 def build_report(target: QueryTarget, *, since: datetime, until: datetime, price: float, by: str, node: str = "",
-                 top: int = 10, max_gap_s: float = 60.0) -> CostReport:
-    """Run the report's three queries on `target` and put the results together."""
+                 top: int = 10, max_gap_s: float = 60.0, full_stacks: bool = False) -> CostReport:
+    """Run the report's queries on `target` and put the results together; kernel names demangled, as every other
+    view shows them (a kernel stored under its mangled and its demangled name adds up under one)."""
     window = {"since": since, "until": until, "node": node}
     idle = _records(*target.named("gpu_idle_time", {**window, "max_gap_s": max_gap_s}))
     kernels = _records(*target.named("cost_kernels", window))
     stacks = _records(*target.named("cost_launch_stacks", {**window, "limit": top}))
+    simulated = simulated_sources(target, since, until, node)
+    simulated.pop("cpu", None)  # the report holds no CPU samples
+    names: dict[str, KernelTime] = {}
+    for k in kernels:
+        name = demangle(k["kernel"])
+        old = names.get(name, KernelTime(name, 0.0, 0))
+        names[name] = KernelTime(name, old.hours + int(k["gpu_ns"]) / NS_PER_HOUR, old.launches + int(k["launches"]))
     gpus = total_of(group_hours(idle, "gpu"))
     groups = [] if by == "kernel" else group_hours(idle, by)
     unknown_s = sum(r["unknown_s"] for r in idle if r["level"] == "gpu")
@@ -139,7 +151,7 @@ def build_report(target: QueryTarget, *, since: datetime, until: datetime, price
         since=since, until=until, price=price, by=by, node=node, max_gap_s=max_gap_s, top=top,
         groups=groups, total=gpus if by == "kernel" else total_of(groups), gpus=gpus,
         unknown_hours=unknown_s / SECONDS_PER_HOUR,
-        kernels=[KernelTime(k["kernel"], int(k["gpu_ns"]) / NS_PER_HOUR, int(k["launches"])) for k in kernels],
+        kernels=sorted(names.values(), key=lambda k: (-k.hours, k.name)),
         stacks=[KernelTime(s["stack"], int(s["gpu_ns"]) / NS_PER_HOUR, int(s["launches"])) for s in stacks],
-        key_columns=KEY_COLUMNS[by],
+        key_columns=KEY_COLUMNS[by], simulated=simulated, full_stacks=full_stacks,
     )

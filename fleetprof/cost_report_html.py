@@ -29,6 +29,7 @@ th, td { padding: 3px 10px; border-bottom: 1px solid #e3e6ea; vertical-align: to
 th { text-align: left; background: #f4f6f8; }
 td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
 td.stack { font-family: ui-monospace, monospace; font-size: 12px; word-break: break-all; max-width: 780px; }
+td.stack summary { cursor: pointer; } td.stack details[open] summary { color: #69727d; }
 tr.total td { font-weight: 600; border-top: 2px solid #9aa3ad; }
 svg text { font: 12px system-ui, sans-serif; fill: #1d232b; }
 .busy { fill: #2f7d4f; } .idle { fill: #c9cfd6; } .kernel { fill: #3b6fb6; }
@@ -86,17 +87,22 @@ def kernels_chart(report: CostReport) -> str:
     return _bars(rows, [("kernel GPU-hours", "kernel")], "GPU-hours of the top kernels")
 
 
-def _table(section: Section) -> str:
+def _table(section: Section, whole: list[str] | None = None) -> str:
+    """A section as a table; `whole`: the unfolded first cell of each row, a click away (<details>) where the
+    section shows it folded."""
     stack_column = section.columns[0] in ("launching stack", "kernel")
 
-    def cell(tag: str, text: str, i: int) -> str:
+    def cell(tag: str, text: str, i: int, full: str | None = None) -> str:
         css = "num" if section.numeric[i] else ("stack" if stack_column and i == 0 else "")
         attr = f' class="{css}"' if css else ""
+        if full is not None and full != text:
+            return (f"<{tag}{attr}><details><summary>{escape(text)}</summary>{escape(full)}</details></{tag}>")
         return f"<{tag}{attr}>{escape(text)}</{tag}>"
 
     out = ["<table><thead><tr>", *(cell("th", c, i) for i, c in enumerate(section.columns)), "</tr></thead><tbody>"]
-    for row in section.rows:
-        out += ["<tr>", *(cell("td", c, i) for i, c in enumerate(row)), "</tr>"]
+    for r, row in enumerate(section.rows):
+        out += ["<tr>", *(cell("td", c, i, whole[r] if whole and i == 0 else None) for i, c in enumerate(row)),
+                "</tr>"]
     if section.total is not None:
         out += ['<tr class="total">', *(cell("td", c, i) for i, c in enumerate(section.total)), "</tr>"]
     out.append("</tbody></table>")
@@ -113,7 +119,8 @@ def to_html(report: CostReport) -> str:
             "<h2>Busy and idle GPU-hours</h2>", busy_idle_chart(report),
             "<h2>GPU-hours of the top kernels</h2>", kernels_chart(report)]
     for section in sections(report):
-        body += [f"<h2>{escape(section.title)}</h2>", _table(section)]
+        whole = [s.name for s in report.stacks] if section.columns[0] == "launching stack" else None
+        body += [f"<h2>{escape(section.title)}</h2>", _table(section, whole)]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>\n"
             + "\n".join(body) + "\n</body></html>\n")

@@ -15,10 +15,13 @@ from rich.table import Table
 from rich.text import Text
 
 from fleetprof.cost_report import CostReport, Hours, KernelTime
+from fleetprof.simulated_sources import simulated_line
 
 NO_CONTAINER = "(no container)"
 CENT = Decimal("0.01")
 BY_TITLES = {"node": "node", "gpu": "GPU", "process": "process", "container": "container", "kernel": "kernel"}
+SIMULATED_MARK = " (simulated)"  # after a node whose NVML readings were simulated
+STACK_TOP_FRAMES = 4  # frames of a launching stack shown, the launch's end; --full-stacks shows them all
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,18 @@ def key_cells(report: CostReport, key: tuple) -> list[str]:
     cells = [str(k) for k in key]
     if report.by == "container" and cells == [""]:
         cells = [NO_CONTAINER]
+    if report.by in ("node", "gpu", "process") and cells[0] in report.simulated.get("nvml", ()):
+        cells[0] += SIMULATED_MARK  # these GPU-hours come from the simulated NVML library's readings
     return cells
+
+
+def folded_stack(stack: str, full: bool = False) -> str:
+    """A launching stack ('root;…;leaf') as its top frames, those nearest the launch, after how many it leaves out:
+    '[+12 frames];forward;linear;cublasGemm;launch'. Whole with `full`."""
+    frames = stack.split(";")
+    if full or len(frames) <= STACK_TOP_FRAMES:
+        return stack
+    return ";".join([f"[+{len(frames) - STACK_TOP_FRAMES} frames]", *frames[-STACK_TOP_FRAMES:]])
 
 
 # --- sections -----------------------------------------------------------------------------------------------------
@@ -80,7 +94,8 @@ def key_cells(report: CostReport, key: tuple) -> list[str]:
 def summary_lines(report: CostReport) -> list[str]:
     """The report's head: range, price, the fleet's GPU-hours and their cost, kernel time."""
     g = report.gpus
-    lines = [
+    lines = [simulated_line(kind, nodes) for kind, nodes in sorted(report.simulated.items())]
+    lines += [
         f"Range: {range_text(report)} (UTC)",
         f"Price: {report.price:g} per GPU-hour",
         f"GPUs: {hours_text(g.gpu)} GPU-hours, busy {hours_text(g.busy)} ({pct_text(g.busy, g.gpu)}), "
@@ -133,10 +148,11 @@ def kernels_section(report: CostReport, limit: int | None) -> Section:
 
 
 def stacks_section(report: CostReport) -> Section:
-    """The CPU stacks that launched the most GPU time."""
+    """The CPU stacks that launched the most GPU time, each folded to its top frames unless --full-stacks."""
     columns = ["launching stack", "launches", "GPU time", "GPU-hours", "cost"]
+    stacks = [KernelTime(folded_stack(s.name, report.full_stacks), s.hours, s.launches) for s in report.stacks]
     return Section("Top launching stacks", columns, [False] + [True] * 4,
-                   [_time_row(report, s, None) for s in report.stacks])
+                   [_time_row(report, s, None) for s in stacks])
 
 
 def sections(report: CostReport) -> list[Section]:

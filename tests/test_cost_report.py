@@ -206,3 +206,41 @@ def test_bad_input_is_one_line(store, args, message):
     assert result.exit_code == 1
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("Error: ") and message in result.stderr
     assert result.stdout == ""
+
+
+def test_names_folded_stacks_and_simulated_labels(costs, tmp_path):
+    """A mangled kernel reads demangled (and adds up with its demangled twin), a long launching stack folds to its
+    top frames with the whole one behind --full-stacks and a click in HTML, and only data that was simulated says so:
+    n2's readings and kernel times here, not n1's."""
+    b, store = costs.since, costs.store
+    frames = [[10 + i, f"f{i}", "app", "NATIVE", b] for i in range(7)] + [[30, "k", "[gpu]", "GPU_KERNEL", b]]
+    store.insert("frames", frames, ["frame_id", "function", "binary", "kind", "last_seen"])
+    store.insert("stacks", [[300, [*range(10, 17), 30], b]], ["stack_id", "frame_ids", "last_seen"])
+    store.insert("gpu_kernel_samples", [
+        [b, "n2", 20, "", "", 0, 7, 300, "_Z15native_gemm_bwdPKfS0_Pfi", NS_PER_HOUR // 5, 40],
+        [b, "n2", 20, "", "", 0, 7, 300, "native_gemm_bwd(float const*, float const*, float*, int)",
+         NS_PER_HOUR // 20, 10],
+    ], KERNEL_COLUMNS)
+    store.insert("gpu_device_metrics", [[b, "n2", 1, "GPU-d", "Simulated GPU", "", 10, [], True]], DEVICE_COLUMNS)
+    store.insert("profile_windows", [[b, "n2", "gpu", True, 0], [b, "n1", "gpu", False, 0]],
+                 ["ts", "node", "kind", "simulated", "frequency_hz"])
+    md = report(costs, "--by", "node", "--format", "md")
+    assert md.exit_code == 0, md.output
+    text = md.stdout
+    assert ("- SIMULATED: GPU kernel times from node n2 come from fleetprof's simulated GPU library\n"
+            "- SIMULATED: GPU readings from node n2 come from fleetprof's simulated NVML library\n") in text
+    assert "| n1 | 2.000 |" in text and "| n2 (simulated) | 0.500 |" in text
+    assert "| native_gemm_bwd(float const*, float const*, float*, int) | 50 | 15.0 min | 0.250 |" in text
+    assert "_Z15native_gemm_bwd" not in text
+    assert "| [+3 frames];f3;f4;f5;f6 | 50 | 15.0 min |" in text
+    full = report(costs, "--by", "node", "--format", "md", "--full-stacks").stdout
+    assert "| f0;f1;f2;f3;f4;f5;f6 | 50 | 15.0 min |" in full
+    out = tmp_path / "cost.html"
+    assert report(costs, "--by", "kernel", "--format", "html", "-o", str(out)).exit_code == 0
+    page = out.read_text()
+    assert ('<td class="stack"><details><summary>[+3 frames];f3;f4;f5;f6</summary>f0;f1;f2;f3;f4;f5;f6</details>'
+            '</td>') in page
+    assert "<li>SIMULATED: GPU kernel times from node n2 come from fleetprof&#x27;s simulated GPU library</li>" in page
+    # the fixture's own hour alone: nothing simulated, nothing said
+    plain = report(costs, "--by", "node", "--format", "md", "--node", "n1").stdout
+    assert "SIMULATED" not in plain and "(simulated)" not in plain

@@ -41,11 +41,14 @@ def report() -> None:
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True,
               help="table: terminal tables; csv: the main table with a total row; md: GitHub markdown; "
                    "html: a self-contained page with charts.")
+@click.option("--full-stacks", is_flag=True,
+              help="Show launching stacks whole (they are folded to their top frames, the launch's end; the HTML "
+                   "page unfolds one on a click).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True, path_type=Path), default=None,
               help="Write to this file instead of stdout.")
 @click.pass_obj
 def cost(settings: Settings, since: str, until: str, price_text: str | None, by_text: str, node: str | None,
-         top: int, max_gap_s: float, fmt: str, output: Path | None) -> None:
+         top: int, max_gap_s: float, full_stacks: bool, fmt: str, output: Path | None) -> None:
     """GPU-hours over the range, split into busy and idle, and what they cost, per --by group; plus GPU time by
     kernel and the CPU stacks that launched the most of it.
 
@@ -64,7 +67,7 @@ def cost(settings: Settings, since: str, until: str, price_text: str | None, by_
         # transient, and only on a terminal: a spinner for fleets where the readings take a while to add up
         with Console(stderr=True).status("adding up GPU-hours…"), query_target(settings) as target:
             result = build_report(target, since=start, until=end, price=price, by=by, node=node or "", top=top,
-                                  max_gap_s=max_gap_s)
+                                  max_gap_s=max_gap_s, full_stacks=full_stacks)
     except QueryError as exc:
         raise click.ClickException(str(exc)) from None
     if fmt == "csv":
