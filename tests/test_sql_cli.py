@@ -14,6 +14,7 @@ from click.testing import CliRunner, Result
 from fleetprof.api import serve_api
 from fleetprof.cli import cli
 from fleetprof.commands import COMMANDS
+from fleetprof.settings import REPO_ROOT
 
 DEVICE_COLUMNS = ["ts", "node", "gpu_index", "uuid", "name", "parent_uuid", "gpu_util_pct", "xid_errors", "simulated"]
 
@@ -136,3 +137,33 @@ def test_wire_values_are_epoch_text_at_the_placeholders_precision():
     assert wire_value("Nullable(DateTime64(9, 'UTC'))", t) == "1735787045.123456000"
     assert wire_value("DateTime64(0)", datetime(1969, 12, 31, 23, 59, 59, 500000, tzinfo=UTC)) == "-1"
     assert wire_value("UInt8", 7) == 7
+
+
+RAW = ("SELECT * FROM (SELECT 'gemm' AS kernel, toUInt64(2500000000) AS gpu_ns, 0.75 AS share, toUInt64(3) AS launches "
+       "UNION ALL SELECT 'copy', toUInt64(1234567), 0.25, toUInt64(1)) ORDER BY gpu_ns DESC")
+
+
+def test_table_shows_nanoseconds_and_shares_for_people_csv_and_json_raw(sql_cli):
+    invoke, _ = sql_cli
+    result = invoke(RAW)
+    assert result.exit_code == 0, result.output
+    # not a terminal: the natural width, nothing cut; gpu_ns as durations and share as a percentage by their names
+    assert result.stdout == ("kernel    gpu_ns  share  launches\n"
+                             "─────────────────────────────────\n"
+                             "gemm       2.5 s  75.0%         3\n"
+                             "copy    1.235 ms  25.0%         1\n")
+    assert result.stderr == ""
+    result = invoke(RAW, "--format", "csv")
+    assert result.stdout == "kernel,gpu_ns,share,launches\ngemm,2500000000,0.75,3\ncopy,1234567,0.25,1\n"
+    result = invoke(RAW, "--format", "json")
+    assert json.loads(result.stdout) == [{"kernel": "gemm", "gpu_ns": 2500000000, "share": 0.75, "launches": 3},
+                                         {"kernel": "copy", "gpu_ns": 1234567, "share": 0.25, "launches": 1}]
+
+
+@pytest.mark.parametrize("fmt, out", [("table", ""), ("csv", "\n"), ("json", "[]\n")])
+def test_an_empty_result_says_0_rows(sql_cli, fmt, out):
+    invoke, _ = sql_cli
+    result = invoke("--file", str(REPO_ROOT / "sql/queries/gpu_metrics.sql"), "-p", "since=2h", "-p", "node=nosuch",
+                    "--format", fmt)
+    assert result.exit_code == 0, result.output
+    assert (result.stdout, result.stderr) == (out, "0 rows\n")

@@ -17,13 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from fleetprof.query_client import QueryError, query_target
 from fleetprof.settings import Settings
 from fleetprof.store import NamedQuery, ParamError, bind_named, parse_query, query_file
+from fleetprof.table_format import cell, print_table, say_no_rows, table_cells
 
 FORMATS = ("table", "csv", "json")
 INLINE_NAME = "the statement"
@@ -32,31 +30,22 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _DATETIME64_RE = re.compile(r"DateTime64\(\s*(\d+)")
 
 
-def _cell(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, list | dict):
-        return json.dumps(value, ensure_ascii=False)
-    return str(value)
+def emit(columns: list[str], rows: list[list[Any]], fmt: str, empty: str | None = None) -> None:
+    """Print a result: a table (see fleetprof.table_format: nanoseconds and shares shown for people by column name),
+    CSV with a header row, or JSON (a list of objects, one per row), the last two with the raw values.
 
-
-def emit(columns: list[str], rows: list[list[Any]], fmt: str) -> None:
-    """Print a result: a rich table, CSV with a header row, or JSON (a list of objects, one per row)."""
+    An empty result also says "0 rows" on stderr, followed by `empty` (why, where the caller knows).
+    """
     if fmt == "json":
         click.echo(json.dumps([dict(zip(columns, row, strict=True)) for row in rows], ensure_ascii=False, indent=2))
     elif fmt == "csv":
         writer = csv.writer(sys.stdout, lineterminator="\n")
         writer.writerow(columns)
-        writer.writerows([_cell(v) for v in row] for row in rows)
+        writer.writerows([cell(v) for v in row] for row in rows)
     else:
-        table = Table(show_edge=False, header_style="bold")
-        first = rows[0] if rows else [None] * len(columns)
-        for name, sample in zip(columns, first, strict=True):
-            numeric = isinstance(sample, int | float) and not isinstance(sample, bool)
-            table.add_column(name, justify="right" if numeric else "left", overflow="fold")
-        for row in rows:
-            table.add_row(*(Text(_cell(v)) for v in row))  # Text: '[kernel.kallsyms]' is no markup tag
-        Console(soft_wrap=False).print(table)
+        print_table(columns, *table_cells(columns, rows))
+    if not rows:
+        say_no_rows(empty)
 
 
 def parse_params(pairs: tuple[str, ...]) -> dict[str, str]:
