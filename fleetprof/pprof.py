@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import gzip
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
@@ -61,38 +62,79 @@ Profile = _profile_class()
 _PYTHON_FRAME = re.compile(r"^(.+) \((.+):(\d+)\)$")
 
 
-def build_profile(stacks: Iterable[tuple[list[str], int]], sample_type: str = "samples", unit: str = "count",
-                  time_nanos: int = 0, duration_nanos: int = 0):
-    """A Profile message from (root-first function names, value) pairs; one Function and Location per name."""
+@dataclass(frozen=True)
+class Sample:
+    """One sample: its frames root first, each frame's binary ('' when unknown) and build id ('' when unknown), its
+    values (one per sample type) and its labels (string, or integer for a numeric label)."""
+
+    functions: Sequence[str]
+    values: Sequence[int]
+    binaries: Sequence[str] = ()  # () when no frame's binary is known
+    build_ids: Sequence[str] = ()
+    labels: Sequence[tuple[str, str | int]] = ()
+
+
+def _sample(item: Sample | tuple[Sequence[str], int]) -> Sample:
+    return item if isinstance(item, Sample) else Sample(item[0], (int(item[1]),))
+
+
+def build_profile(samples: Iterable[Sample | tuple[Sequence[str], int]],
+                  sample_types: Sequence[tuple[str, str]] = (("samples", "count"),),
+                  period_type: tuple[str, str] | None = None, period: int = 0, default_sample_type: str = "",
+                  comments: Sequence[str] = (), time_nanos: int = 0, duration_nanos: int = 0):
+    """A Profile message from samples, or (root-first function names, value) pairs.
+
+    One Mapping per binary (its file name, the first build id given for it, HasFunctions: the names are resolved
+    already, so pprof tools do not try to symbolize), one Location and one Function per (function name, binary), each
+    Location pointing at its binary's Mapping (mapping id 0 for a frame whose binary is unknown). A Python frame,
+    `qualname (file:line)`, becomes the Function `qualname` in `file` and the Location's line `line`."""
     strings: dict[str, int] = {"": 0}
 
     def s(text: str) -> int:
         return strings.setdefault(text, len(strings))
 
     prof = Profile()
-    prof.sample_type.add(type=s(sample_type), unit=s(unit))
-    locations: dict[str, int] = {}
-    for functions, value in stacks:
+    for kind, unit in sample_types:
+        prof.sample_type.add(type=s(kind), unit=s(unit))
+    mappings: dict[str, int] = {}
+    locations: dict[tuple[str, str], int] = {}
+    for sample in map(_sample, samples):
+        binaries = sample.binaries or [""] * len(sample.functions)
+        build_ids = sample.build_ids or [""] * len(sample.functions)
         ids = []
-        for name in reversed(functions):  # pprof lists a sample's locations leaf first
-            loc = locations.get(name)
+        # root first, so the first mapping is the binary most stacks start in (pprof tools call it the main one)
+        for name, binary, build_id in zip(sample.functions, binaries, build_ids, strict=True):
+            loc = locations.get((name, binary))
             if loc is None:
-                loc = locations[name] = len(locations) + 1
+                loc = locations[(name, binary)] = len(locations) + 1
+                mapping = mappings.get(binary, 0) if binary else 0
+                if binary and not mapping:
+                    mapping = mappings[binary] = len(mappings) + 1
+                    prof.mapping.add(id=mapping, filename=s(binary), build_id=s(build_id), has_functions=True)
                 python = _PYTHON_FRAME.match(name)
-                if python:  # `qualname (file:line)`: the function, its file and the line, as pprof has them
-                    prof.function.add(id=loc, name=s(python[1]), system_name=s(python[1]), filename=s(python[2]))
-                    prof.location.add(id=loc).line.add(function_id=loc, line=int(python[3]))
+                if python:  # no linker symbol: without a system name pprof shows the name as it is (`<module>`)
+                    prof.function.add(id=loc, name=s(python[1]), filename=s(python[2]))
+                    prof.location.add(id=loc, mapping_id=mapping).line.add(function_id=loc, line=int(python[3]))
                 else:
                     prof.function.add(id=loc, name=s(name), system_name=s(name))
-                    prof.location.add(id=loc).line.add(function_id=loc)
+                    prof.location.add(id=loc, mapping_id=mapping).line.add(function_id=loc)
             ids.append(loc)
-        prof.sample.add(location_id=ids, value=[int(value)])
+        ids.reverse()  # pprof lists a sample's locations leaf first
+        labels = [{"key": s(k), "num": v} if isinstance(v, int) else {"key": s(k), "str": s(v)}
+                  for k, v in sample.labels]
+        prof.sample.add(location_id=ids, value=[int(v) for v in sample.values], label=labels)
+    if period_type:
+        prof.period_type.type, prof.period_type.unit = s(period_type[0]), s(period_type[1])
+        prof.period = period
+    prof.comment.extend(s(c) for c in comments)
+    if default_sample_type:
+        prof.default_sample_type = s(default_sample_type)
     prof.time_nanos = time_nanos
     prof.duration_nanos = duration_nanos
     prof.string_table.extend(strings)
     return prof
 
 
-def pprof_bytes(stacks: Iterable[tuple[list[str], int]], **kwargs) -> bytes:
-    """The gzip'd profile.proto bytes that pprof tools read."""
-    return gzip.compress(build_profile(stacks, **kwargs).SerializeToString(), mtime=0)
+def pprof_bytes(samples: Iterable[Sample | tuple[Sequence[str], int]], **kwargs) -> bytes:
+    """The gzip'd profile.proto bytes that pprof tools read (build_profile's arguments)."""
+    return gzip.compress(build_profile(samples, **kwargs).SerializeToString(), mtime=0)

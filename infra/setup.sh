@@ -157,7 +157,7 @@ if ! perf_python_reason=$(bash infra/perf_python.sh); then
     say "CPython with -X perf unavailable (its test will skip): ${perf_python_reason##*$'\n'}"
 fi
 
-# --- validators of the deployment files (kubeconform, kustomize, Kubernetes schemas, systemd-analyze) ---
+# --- validators of the deployment files (kubeconform, kustomize, Kubernetes schemas, systemd-analyze), and pprof ---
 if ! tools_reason=$(bash infra/tools.sh); then
     say "deployment validators unavailable (their tests will skip): ${tools_reason##*$'\n'}"
 fi

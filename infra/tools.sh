@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the validators of the deployment files into .build/tools (tests/test_deploy_manifests.py uses them):
+# Installs the validators of the deployment files into .build/tools (tests/test_deploy_manifests.py uses them), and
+# pprof, which reads back the profiles fleetprof exports (tests/pprof_tool.py):
 #   kubeconform and kustomize, built from the Go module proxy at pinned versions (`go install`);
 #   the Kubernetes JSON schemas that kubeconform checks against, taken from the kubernetes-validate wheel on PyPI
 #   (it bundles the yannh/kubernetes-json-schema files): one Kubernetes version, strict, with their references
@@ -50,6 +51,17 @@ go_tool() {  # $1: binary name, $2: module path of its main package, $3: version
 
 go_tool kubeconform github.com/yannh/kubeconform/cmd/kubeconform "$KUBECONFORM_VERSION"
 go_tool kustomize sigs.k8s.io/kustomize/kustomize/v5 "$KUSTOMIZE_VERSION"
+
+# --- pprof: the Go distribution ships cmd/pprof as source only, and `go tool pprof` compiles it into the build cache
+# on first use (minutes on two cores, and again whenever that cache is empty); built once here from the toolchain's
+# own source (no download), stamped with the Go version it came from ---
+if ! command -v go >/dev/null; then
+    [ -x "$TOOLS/pprof" ] || fail "no go toolchain to build pprof (install Go 1.22+ and rerun)"
+elif [ ! -x "$TOOLS/pprof" ] || [ "$(cat "$TOOLS/.pprof.version" 2>/dev/null)" != "$(go env GOVERSION)" ]; then
+    say "building pprof from $(go env GOVERSION) (go build cmd/pprof)"
+    step "go build cmd/pprof" go build -o "$TOOLS/pprof" cmd/pprof
+    go env GOVERSION >"$TOOLS/.pprof.version"
+fi
 
 # --- the Kubernetes JSON schemas ---
 if [ "$(cat "$SCHEMA_DIR/.source" 2>/dev/null)" != "$SCHEMA_PACKAGE" ]; then
