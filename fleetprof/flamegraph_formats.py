@@ -63,7 +63,7 @@ def tree(stacks: Stacks) -> dict:
 
 
 _PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<html lang="en"><head><meta charset="utf-8"><title>{head}</title>
 <style>
 body {{ font: 12px system-ui, sans-serif; margin: 8px; }}
 #bar {{ display: flex; gap: 8px; align-items: center; margin-bottom: 6px; }}
@@ -72,7 +72,8 @@ body {{ font: 12px system-ui, sans-serif; margin: 8px; }}
 #graph div.hit {{ background: #e040fb !important; }}
 #graph {{ position: relative; }}
 #info {{ color: #444; }}
-</style></head><body>
+#banner {{ background: #fff3cd; border: 1px solid #e0a800; padding: 4px 8px; margin-bottom: 6px; font-weight: bold; }}
+</style></head><body>{banner}
 <div id="bar"><b>{title}</b><input id="search" placeholder="search (regex)"><button id="reset">reset zoom</button>
 <span id="info"></span></div>
 <div id="graph"></div>
@@ -119,10 +120,13 @@ draw();
 """
 
 
-def html_page(stacks: Stacks, title: str = "fleetprof flame graph") -> bytes:
-    """A self-contained page (no network): an icicle flame graph with click-to-zoom and regex search."""
+def html_page(stacks: Stacks, title: str = "fleetprof flame graph", banner: str = "") -> bytes:
+    """A self-contained page (no network): an icicle flame graph with click-to-zoom and regex search; `banner`, when
+    given, is shown above it and added to the page's title (a warning such as "SIMULATED: ...")."""
     data = json.dumps(tree(stacks)).replace("</", "<\\/")  # never close the script element early
-    return _PAGE.format(title=html.escape(title), data=data).encode()
+    head = f"{title} ({banner})" if banner else title
+    shown = f'\n<div id="banner">{html.escape(banner)}</div>' if banner else ""
+    return _PAGE.format(title=html.escape(title), head=html.escape(head), banner=shown, data=data).encode()
 
 
 FORMATS: dict[str, Callable[..., bytes]] = {

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import re
-import shutil
-import subprocess
 
 import pytest
 from click.testing import CliRunner
@@ -15,6 +12,7 @@ from click.testing import CliRunner
 from fleetprof.cli import _register, cli
 from fleetprof.flamegraph_formats import folded, html_page, speedscope, tree
 from fleetprof.pprof import Profile, pprof_bytes
+from tests.pprof_tool import pprof
 
 STACKS = [(["main", "run", "compute"], 5), (["main", "run", "run", "io"], 3), (["main", "idle"], 2),
           (["main", "odd;name</script>"], 1)]
@@ -55,16 +53,11 @@ def test_pprof_python_frames_carry_their_file_and_line():
                    ("gemm", "", 0)]
 
 
-@pytest.mark.skipif(shutil.which("go") is None and not os.environ.get("CI"), reason="Go toolchain not installed")
 def test_pprof_is_read_by_go_tool_pprof(tmp_path):
     path = tmp_path / "cpu.pb.gz"
     plain = STACKS[:3]  # pprof's text output shortens C++-looking names such as "a</b>"
     path.write_bytes(pprof_bytes(plain))
-    # Go's build cache kept (it lives under HOME by default): with an empty one, `go tool pprof` is compiled anew,
-    # a minute of this test's time on a 2-core machine
-    cache = subprocess.run(["go", "env", "GOCACHE"], capture_output=True, text=True, check=True).stdout.strip()
-    out = subprocess.run(["go", "tool", "pprof", "-traces", str(path)], capture_output=True, text=True,
-                         timeout=120, check=True, env=dict(os.environ, HOME=str(tmp_path), GOCACHE=cache)).stdout
+    out = pprof(path, "-traces")
     # each trace: a count line, then frames leaf first
     traces = []
     for block in out.split("-----------+-------------------------------------------------------")[1:]:
@@ -74,6 +67,13 @@ def test_pprof_is_read_by_go_tool_pprof(tmp_path):
         count, leaf = re.match(r"(\d+)\s+(.*)", lines[0]).groups()
         traces.append((list(reversed([leaf] + lines[1:])), int(count)))
     assert sorted(traces) == sorted(plain)
+
+
+def test_html_page_banner():
+    page = html_page(STACKS, "t", banner="SIMULATED: <x>").decode()
+    assert "<title>t (SIMULATED: &lt;x&gt;)</title>" in page
+    assert '<body>\n<div id="banner">SIMULATED: &lt;x&gt;</div>\n<div id="bar"><b>t</b>' in page
+    assert "banner" not in html_page(STACKS, "t").decode().split("</style>")[1]
 
 
 def test_html_page_embeds_the_tree_safely():
@@ -107,6 +107,7 @@ def test_query_flamegraph_formats_from_the_store(cpu_store, tmp_path, fmt):
         data = re.search(rb'<script id="data" type="application/json">(.*?)</script>', raw, re.S).group(1)
         assert json.loads(data)["v"] == 10
     elif fmt == "folded":
-        assert sorted(raw.decode().splitlines()) == ["main;idle 2", "main;run;compute 5", "main;run;run;io 3"]
+        assert raw.decode() == ("train (pid 10 on n1);main;run;compute 5\ntrain (pid 10 on n1);main;run;run;io 3\n"
+                                "serve (pid 20 on n2);main;idle 2\n")
     else:
         assert sum(s["count"] for s in json.loads(raw)) == 10

@@ -103,7 +103,15 @@ def test_exports_are_the_clis_bytes(served):
         assert gpu.content == cli_export(ui, "pprof", ui.t0, ui.t1, "--kind", "gpu", "--node", "n1")
         assert pprof_stacks(gpu.content) == {**FIRST_HALF_GPU, **SECOND_HALF_GPU}
         folded = http.get("/api/export", params={"since": since, "until": until, "format": "folded"}).text
-        assert folded == "main;run;io 18\nmain;idle 6\n"
+        assert folded == "train (pid 10 on n1);main;run;io 18\nserve (pid 20 on n2);main;idle 6\n"
+        one_node = {"since": since, "until": until, "format": "folded", "node": "n1"}
+        assert http.get("/api/export", params=one_node).text == "train (pid 10);main;run;io 18\n"
+        for fmt in ("folded", "pprof", "html"):
+            merged = http.get("/api/export", params={"since": since, "until": until, "format": fmt,
+                                                     "processes": "merge"})
+            assert merged.content == cli_export(ui, fmt, since, until, "--merge-processes"), fmt
+        assert http.get("/api/export", params={"since": since, "until": until, "processes": "merge"}).text == \
+            "main;run;io 18\nmain;idle 6\n"
 
 
 def test_bad_parameters_are_one_line_400s(served):
@@ -118,6 +126,7 @@ def test_bad_parameters_are_one_line_400s(served):
             ("/api/timeseries", {"since": "yesterday"}, "not a time"),
             ("/api/flamegraph/diff", whole, "base_since is required"),
             ("/api/export", {**whole, "format": "svg"}, "format must be one of"),
+            ("/api/export", {**whole, "processes": "both"}, "processes must be split or merge, not 'both'"),
         ]:
             response = http.get(path, params=params)
             assert response.status_code == 400, (path, params)

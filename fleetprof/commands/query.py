@@ -12,7 +12,7 @@ from fleetprof.commands.query_metrics import metrics
 from fleetprof.commands.sql import emit
 from fleetprof.commands.time_range import time_range
 from fleetprof.flamegraph_formats import BINARY_FORMATS, FORMATS
-from fleetprof.profile_kinds import KINDS, render_profile
+from fleetprof.profile_kinds import KINDS, export_profile
 from fleetprof.query_client import QueryError, QueryTarget, query_target
 from fleetprof.settings import Settings
 
@@ -111,25 +111,36 @@ def _ms(ns: int) -> str:
               help="folded: 'root;...;leaf count' lines (flamegraph.pl, inferno); json: stacks with counts; "
                    "speedscope: speedscope.app JSON; pprof: gzip'd profile.proto (go tool pprof, Parca, Pyroscope); "
                    "html: a self-contained flame graph page.")
+@click.option("--merge-processes", is_flag=True,
+              help="Add all processes' stacks together: no per-process root frames (pprof: no node, pid and comm "
+                   "labels).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True, path_type=Path), default=None,
               help="Write to this file instead of stdout.")
 @click.pass_obj
 def flamegraph(settings: Settings, kind: str, since: str, until: str, node: str | None, pid: int | None,
-               comm: str | None, fmt: str, output: Path | None) -> None:
+               comm: str | None, fmt: str, merge_processes: bool, output: Path | None) -> None:
     """Stacks over the range, root first, with their CPU sample counts (gpu: the launching CPU stack with the
-    kernel as the leaf, and its GPU time in ns), in a flame graph format."""
+    kernel as the leaf, and its GPU time in ns), in a flame graph format.
+
+    \b
+    Each process's stacks hang under a root frame of their own, as in py-spy's and Parca's whole-machine flame
+    graphs: `python3 (pid 1234)`, with the node (`python3 (pid 1234 on gpu-7)`) unless --node picks one;
+    --merge-processes adds the processes together instead. pprof never has that frame: each sample carries the
+    string labels node, pid and comm, which pprof tools group and filter by (go tool pprof -tags, -tagfocus
+    comm=python3, -tagfocus 'pid=^1234$'); it has the period (cpu: the nanoseconds between two samples at the
+    agent's frequency, and a cpu value next to the sample count), one mapping per binary and Python frames' files
+    and lines. When the kind's data came from a simulated source, pprof's comments, speedscope's profile name and
+    the HTML page say so (folded and JSON have no place for it)."""
     out = sys.stdout.buffer
     if output is None and fmt in BINARY_FORMATS and out.isatty():
         raise click.ClickException(f"{fmt} output is binary: write it to a file with -o FILE (or redirect stdout)")
     start, end = time_range(since, until)
-    params = {"since": start, "until": end, **_filters(node, pid, comm)}
-    queries = KINDS[kind]
-    _, rows = _run(settings, lambda target: target.named(queries.flamegraph, params))
-    title = f"fleetprof {kind} {start.isoformat(timespec='seconds')} – {end.isoformat(timespec='seconds')}"
-    data = render_profile(fmt, [(list(functions), int(count)) for functions, count in rows], title, queries)
+    export = _run(settings, lambda target: export_profile(lambda name, params: target.named(name, params)[1], kind,
+                                                          fmt, start, end, _filters(node, pid, comm),
+                                                          merge_processes))
     if output is None:
-        out.write(data)
+        out.write(export.data)
         out.flush()
     else:
-        output.write_bytes(data)
-        click.echo(f"wrote {len(rows)} stacks to {output}", err=True)
+        output.write_bytes(export.data)
+        click.echo(f"wrote {export.stacks} stacks to {output}", err=True)

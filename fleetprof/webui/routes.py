@@ -28,7 +28,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from fleetprof.profile_kinds import KINDS, render_profile
+from fleetprof.profile_kinds import KINDS, export_profile
 from fleetprof.query_client import QueryError, QueryTarget, StoreTarget
 from fleetprof.store import Store, StoreError, one_line, parse_time
 from fleetprof.webui import STATIC_DIR, model
@@ -252,11 +252,12 @@ def ui_routes(target: QueryTarget) -> list[BaseRoute]:
         fmt = request.query_params.get("format", "folded")
         if fmt not in EXPORTS:
             raise BadRequest(f"format must be one of {', '.join(EXPORTS)}, not {fmt!r}")
-        queries = KINDS[kind]
-        rows = _stack_rows(target, queries.flamegraph, {"since": since, "until": until, **filters})
-        # The title and the rendering are the CLI's (fleetprof query flamegraph), so both give the same bytes.
-        title = f"fleetprof {kind} {since.isoformat(timespec='seconds')} – {until.isoformat(timespec='seconds')}"
-        data = render_profile(fmt, [(list(functions), int(count)) for functions, count in rows], title, queries)
+        processes = request.query_params.get("processes", "split")
+        if processes not in ("split", "merge"):
+            raise BadRequest(f"processes must be split or merge, not {processes!r}")
+        # The CLI's export (fleetprof query flamegraph, --merge-processes for merge), so both give the same bytes.
+        data = export_profile(lambda name, params: _stack_rows(target, name, params), kind, fmt, since, until,
+                              filters, merge_processes=processes == "merge").data
         media_type, suffix = EXPORTS[fmt]
         name = f"fleetprof-{kind}-{since:%Y%m%dT%H%M%SZ}-{until:%Y%m%dT%H%M%SZ}.{suffix}"
         return Response(data, media_type=media_type,

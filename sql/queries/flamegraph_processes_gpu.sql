@@ -1,0 +1,43 @@
+-- The GPU flame graph per process, for the per-process flame graph exports and pprof: over [since, until),
+-- optionally for one node / pid / comm ('' and 0 mean "all"), one row per (node, pid, comm, root-to-leaf list of
+-- function names and their binaries: the launching CPU stack, then the kernel as the leaf) with its GPU time in ns.
+-- GPU time per process and stack comes from gpu_kernel_samples_by_process_stack (included below), the names from the
+-- stack_names view (migration 0009) as in flamegraph_gpu, which is this summed over the processes and binaries.
+-- GPU rows carry no comm yet: a process without one is named by the command the CPU sampler saw it run most in the
+-- hours the range touches (the hourly rollup, whole hours; '' when it was never sampled on CPU).
+-- @default until = now
+-- @default node =
+-- @default pid = 0
+-- @default comm =
+WITH
+    samples AS
+    (
+        -- @include gpu_kernel_samples_by_process_stack
+    ),
+    named AS
+    (
+        -- IN on the view reaches the stacks table's sorting key: only the sampled stacks' granules are read
+        SELECT stack_id, functions, binaries FROM stack_names WHERE stack_id IN (SELECT stack_id FROM samples)
+    ),
+    commands AS
+    (
+        SELECT node, pid, argMax(comm, (samples, comm)) AS comm
+        FROM
+        (
+            SELECT node, pid, toString(comm) AS comm, sum(count) AS samples
+            FROM cpu_samples_1h
+            WHERE hour >= toStartOfHour({since:DateTime}, 'UTC') AND hour < {until:DateTime}
+              AND (node, pid) IN (SELECT node, pid FROM samples WHERE comm = '')
+            GROUP BY node, pid, comm
+        )
+        GROUP BY node, pid
+    )
+SELECT toString(s.node) AS node, s.pid AS pid, if(s.comm = '', c.comm, toString(s.comm)) AS comm,
+       if(empty(n.functions), [concat('[unknown stack 0x', lower(hex(s.stack_id)), ']')], n.functions) AS functions,
+       if(empty(n.functions), [''], n.binaries) AS binaries,
+       sum(s.duration_ns) AS count
+FROM samples AS s
+LEFT JOIN named AS n ON n.stack_id = s.stack_id
+LEFT JOIN commands AS c ON c.node = s.node AND c.pid = s.pid
+GROUP BY node, pid, comm, functions, binaries
+ORDER BY count DESC, node ASC, pid ASC, comm ASC, functions ASC, binaries ASC

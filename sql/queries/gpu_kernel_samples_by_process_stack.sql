@@ -1,0 +1,40 @@
+-- GPU kernel time per process and launching stack over [since, until), optionally for one node / pid / comm ('' and 0
+-- mean "all"): one row per (node, pid, comm, stack id) with its GPU time in ns. gpu_kernel_samples_by_stack without
+-- adding the processes together: whole UTC hours from the hourly rollup gpu_kernel_samples_1h, the ragged edges from
+-- the 10 s windows of gpu_kernel_samples (migration 0010), and the same comm filter (GPU rows carry no comm yet, so it
+-- also takes the processes the CPU sampler saw under that comm in the range). The per-process GPU flame graph and
+-- the pprof export include it (`-- @include gpu_kernel_samples_by_process_stack`).
+-- @default until = now
+-- @default node =
+-- @default pid = 0
+-- @default comm =
+WITH
+    -- [first_hour, end_hour): the whole UTC hours inside the range; empty (first_hour >= end_hour) for a short one
+    toStartOfHour({since:DateTime} + INTERVAL 3599 SECOND, 'UTC') AS first_hour,
+    toStartOfHour({until:DateTime}, 'UTC') AS end_hour,
+    comm_processes AS
+    (
+        SELECT node, pid FROM cpu_samples_1h WHERE hour >= first_hour AND hour < end_hour AND comm = {comm:String}
+        UNION ALL
+        SELECT node, pid FROM cpu_samples
+        WHERE ts >= {since:DateTime} AND ts < {until:DateTime} AND (ts < first_hour OR ts >= end_hour)
+          AND comm = {comm:String}
+    )
+SELECT node, pid, comm, stack_id, sum(duration_ns) AS duration_ns
+FROM
+(
+    SELECT node, pid, comm, stack_id, duration_ns
+    FROM gpu_kernel_samples_1h
+    WHERE hour >= first_hour AND hour < end_hour
+      AND ({node:String} = '' OR node = {node:String})
+      AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
+      AND ({comm:String} = '' OR comm = {comm:String} OR (node, pid) IN comm_processes)
+    UNION ALL
+    SELECT node, pid, comm, stack_id, duration_ns
+    FROM gpu_kernel_samples
+    WHERE ts >= {since:DateTime} AND ts < {until:DateTime} AND (ts < first_hour OR ts >= end_hour)
+      AND ({node:String} = '' OR node = {node:String})
+      AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
+      AND ({comm:String} = '' OR comm = {comm:String} OR (node, pid) IN comm_processes)
+)
+GROUP BY node, pid, comm, stack_id
