@@ -143,7 +143,7 @@ def test_gpu_filter_keeps_mig_devices_and_millisecond_bounds(stored):
     until = stored.t1.isoformat()
     result = run_here([*base_args(stored), "query", "metrics", "--since", since, "--until", until, "--format", "json"])
     assert json.loads(result.stdout) == []
-    assert result.stderr == f"no GPU metrics from {since} to {until}\n"
+    assert result.stderr == f"0 rows: no GPU metrics from {since} to {until}\n"
     result = run_here([*base_args(stored), "query", "metrics", "--since", since, "--until", until, "--processes",
                        "--format", "csv"])
     assert result.stdout == ",".join(PROCESS_COLUMNS) + "\n"
@@ -198,3 +198,97 @@ def test_bad_arguments(stored, extra, code, needle):
     assert needle in result.stderr
     if code == 1:
         assert result.stderr.count("\n") == 1
+
+
+# --- the table: units, --columns, empty results, simulated labels ----------------------------------------------
+
+
+def shown(t: datetime) -> str:
+    """How the table shows a stored time: UTC to the millisecond."""
+    return t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def ruled(header: str) -> str:
+    """A table's header line and the rule under it."""
+    return f"{header}\n{'─' * len(header)}\n"
+
+
+def simulated(node: str) -> str:
+    return f"SIMULATED: GPU readings from node {node} come from fleetprof's simulated NVML library\n"
+
+
+def test_table_of_a_readable_set_in_units(stored):
+    result = run_here([*base_args(stored), "query", "metrics", *window(stored), "--node", stored.a])
+    assert result.exit_code == 0, result.output
+    t0, t1, a = shown(stored.t0), shown(stored.t1), stored.a
+    # GiB, W, MHz, °C and MB/s (KiB/s / 1024) from bytes, mW and KiB/s; a MIG device by its uuid's start; null empty;
+    # not a terminal: the natural width, nothing cut
+    assert result.stdout == (
+        ruled("time (UTC)               node           gpu         GPU util %  mem util %  mem used GiB  SM MHz"
+              "  power W  temp °C  PCIe tx MB/s  PCIe rx MB/s  XID") +
+        f"{t0}  {a}  0                   90          40          10.0    1980      500       65           1.0"
+        "           2.0\n"
+        f"{t0}  {a}  1                               40          10.0    1980      500       65           1.0"
+        "           2.0\n"
+        f"{t0}  {a}  1 MIG-a1-1                      40          10.0    1980      500                    1.0"
+        "           2.0\n"
+        f"{t1}  {a}  0                   15          40          10.0    1980      500       65           1.0"
+        "           2.0  79\n"
+        f"{t1}  {a}  1                               40          10.0    1980      500       65           1.0"
+        "           2.0\n"
+        f"{t1}  {a}  1 MIG-a1-1                      40          10.0    1980      500                    1.0"
+        "           2.0\n")
+    assert result.stderr == simulated(a)
+
+
+def test_columns_picks_stored_columns(stored):
+    picked = ["ts", "uuid", "mem_total_bytes", "power_limit_mw", "clock_event_reasons", "simulated"]
+    args = [*base_args(stored), "query", "metrics", *window(stored), "--node", stored.b, "--columns", ",".join(picked)]
+    result = run_here(args)
+    assert result.exit_code == 0, result.output
+    header = "time (UTC)               uuid    mem total GiB  power limit W  clock events  simulated"
+    row = f"{shown(stored.t0)}  GPU-b0           80.0            700  0x0           yes\n"
+    assert result.stdout == ruled(header) + row
+    # CSV and JSON: the same columns as stored (bytes, mW), in the order asked for
+    result = run_here([*args, "--format", "csv"])
+    assert result.stdout == (",".join(picked) + "\n" + f"{stamp(stored.t0)},GPU-b0,{80 * GIB},700000,0,True\n")
+    assert result.stderr == ""
+    result = run_here([*args, "--format", "json"])
+    assert json.loads(result.stdout) == [{"ts": stamp(stored.t0), "uuid": "GPU-b0", "mem_total_bytes": 80 * GIB,
+                                          "power_limit_mw": 700_000, "clock_event_reasons": 0, "simulated": True}]
+
+
+@pytest.mark.parametrize("extra, known", [([], DEVICE_COLUMNS), (["--processes"], PROCESS_COLUMNS)])
+def test_an_unknown_column_is_a_one_line_error_naming_the_known_ones(stored, extra, known):
+    result = run_here([*base_args(stored), "query", "metrics", *extra, "--columns", "ts,power,pid_x"])
+    assert result.exit_code == 1
+    assert result.stderr == f"Error: --columns: no column 'power', 'pid_x' (known: {', '.join(known)})\n"
+
+
+def test_process_table(stored):
+    result = run_here([*base_args(stored), "query", "metrics", *window(stored), "--processes"])
+    assert result.exit_code == 0, result.output
+    t0, t1, a = shown(stored.t0), shown(stored.t1), stored.a
+    assert result.stdout == (
+        ruled("time (UTC)               node           gpu  pid  comm   SM util %  mem util %  used GiB") +
+        f"{t0}  {a}  0    100  train         85          20       4.0\n"
+        f"{t0}  {a}  1    200  train                     20       4.0\n"
+        f"{t1}  {a}  0    100  train         12          20       4.0\n")
+    assert result.stderr == simulated(a)
+
+
+def test_an_empty_table_says_0_rows_and_the_known_values(stored):
+    headers = ruled("time (UTC)  node  gpu  GPU util %  mem util %  mem used GiB  SM MHz  power W  temp °C"
+                    "  PCIe tx MB/s  PCIe rx MB/s  XID")
+    result = run_here([*base_args(stored), "query", "metrics", *window(stored), "--node", "nosuch"])
+    assert result.exit_code == 0, result.output
+    # a has more readings than b: it comes first
+    assert result.stdout == headers
+    assert result.stderr == f"0 rows: no node 'nosuch' in this range (known: {stored.a}, {stored.b})\n"
+    result = run_here([*base_args(stored), "query", "metrics", *window(stored), "--node", stored.b, "--gpu", "7"])
+    assert (result.stdout, result.stderr) == (headers,
+                                              f"0 rows: no GPU 7 on node {stored.b} in this range (known: 0)\n")
+    until = stored.t0.isoformat()
+    result = run_here([*base_args(stored), "query", "metrics", "--since", "2h", "--until", until])
+    since = (stored.t0 - timedelta(hours=2)).isoformat()
+    assert (result.stdout, result.stderr) == (headers, f"0 rows: no GPU metrics from {since} to {until}\n")
