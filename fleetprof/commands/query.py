@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import click
 
 from fleetprof.commands.query_metrics import metrics
+from fleetprof.commands.query_notes import simulated_note, why_empty
 from fleetprof.commands.sql import emit
 from fleetprof.commands.time_range import time_range
 from fleetprof.flamegraph_formats import BINARY_FORMATS, FORMATS
 from fleetprof.profile_kinds import KINDS, export_profile
 from fleetprof.query_client import QueryError, QueryTarget, query_target
 from fleetprof.settings import Settings
+from fleetprof.table_format import duration_ns, print_table, say_no_rows
 
 
 def _filters(node: str | None, pid: int | None, comm: str | None) -> dict[str, Any]:
@@ -63,46 +66,56 @@ query.add_command(metrics)
 def top(settings: Settings, kind: str, since: str, until: str, node: str | None, pid: int | None,
         comm: str | None, limit: int, fmt: str) -> None:
     """Top functions by self samples (gpu: kernels and launching functions by self GPU time), with total
-    (inclusive) samples or time and the share of all in the range."""
+    (inclusive) samples or time and the share of all in the range.
+
+    The table shows GPU time as durations and shares as percentages; JSON and CSV keep samples or ns and a 0..1
+    share. A line on stderr says when the rows come from a simulated source, and why an empty result is empty."""
     start, end = time_range(since, until)
-    params = {"since": start, "until": end, **_filters(node, pid, comm)}
+    filters = _filters(node, pid, comm)
+    params = {"since": start, "until": end, **filters}
     queries = KINDS[kind]
 
-    def work(target: QueryTarget) -> tuple[list[str], list[list[Any]], list[list[Any]]]:
+    def work(target: QueryTarget) -> tuple[list[str], list[list[Any]], list[list[Any]], str | None, str | None]:
         columns, rows = target.named(queries.top, {**params, "limit": limit})
         _, totals = target.named(queries.totals, params)
-        return columns, rows, totals
+        if not rows:
+            return columns, rows, totals, why_empty(target, kind, start, end, filters), None
+        return columns, rows, totals, None, simulated_note(target, kind, start, end, node)
 
-    columns, rows, totals = _run(settings, work)
+    columns, rows, totals, empty, simulated = _run(settings, work)
     all_samples = sum(int(r[1]) for r in totals)
     records = [dict(zip(columns, row, strict=True)) for row in rows]
     for rec in records:
         rec["share"] = rec["self"] / all_samples if all_samples else 0.0
-    if fmt == "table" and kind == "gpu":
-        out_columns = ["function", "binary", "self ms", "self %", "total ms", "total %"]
-        out_rows = [[r["function"], r["binary"], _ms(r["self"]), _pct(r["self"], all_samples), _ms(r["total"]),
-                     _pct(r["total"], all_samples)] for r in records]
-        emit(out_columns, out_rows, fmt)
-        click.echo(f"{all_samples / 1e9:,.6f} s of GPU time from {start.isoformat(timespec='seconds')} to "
-                   f"{end.isoformat(timespec='seconds')}", err=True)
-    elif fmt == "table":
-        out_columns = ["function", "binary", "self", "self %", "total", "total %"]
-        out_rows = [[r["function"], r["binary"], r["self"], _pct(r["self"], all_samples), r["total"],
-                     _pct(r["total"], all_samples)] for r in records]
-        emit(out_columns, out_rows, fmt)
-        click.echo(f"{all_samples} samples from {start.isoformat(timespec='seconds')} to "
-                   f"{end.isoformat(timespec='seconds')}", err=True)
+    if fmt == "table":
+        value = duration_ns if kind == "gpu" else str
+        cells = [[r["function"], r["binary"], value(r["self"]), _pct(r["self"], all_samples), value(r["total"]),
+                  _pct(r["total"], all_samples)] for r in records]
+        print_table(["function", "binary", "self", "self %", "total", "total %"], cells, [False, False] + [True] * 4)
+        span = f"from {start.isoformat(timespec='seconds')} to {end.isoformat(timespec='seconds')}"
+        if not rows:
+            say_no_rows(empty)
+        elif kind == "gpu":
+            click.echo(f"{duration_ns(all_samples)} of GPU time {span}", err=True)
+        else:
+            click.echo(f"{all_samples} samples {span}", err=True)
     else:
         out_columns = ["function", "binary", "self", "total", "share"]
-        emit(out_columns, [[r[c] for c in out_columns] for r in records], fmt)
+        emit(out_columns, [[r[c] for c in out_columns] for r in records], fmt, empty)
+    if simulated:
+        click.echo(simulated, err=True)
 
 
 def _pct(part: int, whole: int) -> str:
     return f"{100.0 * part / whole:.1f}%" if whole else "-"
 
 
-def _ms(ns: int) -> str:
-    return f"{ns / 1e6:,.3f}"
+def say_if_empty(settings: Settings, kind: str, start: datetime, end: datetime, filters: dict[str, Any],
+                 found: int) -> None:
+    """For a command that found nothing (`found` == 0): "0 rows: …" on stderr, naming the values of the filters
+    that name nothing in the range (`fleetprof query flamegraph` calls it last, with the stacks it wrote)."""
+    if not found:
+        say_no_rows(_run(settings, lambda target: why_empty(target, kind, start, end, filters)))
 
 
 @query.command()
@@ -144,3 +157,4 @@ def flamegraph(settings: Settings, kind: str, since: str, until: str, node: str 
     else:
         output.write_bytes(export.data)
         click.echo(f"wrote {export.stacks} stacks to {output}", err=True)
+    say_if_empty(settings, kind, start, end, _filters(node, pid, comm), export.stacks)
