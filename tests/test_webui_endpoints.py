@@ -12,15 +12,19 @@ import httpx
 import pytest
 
 from fleetprof.flamegraph_formats import FORMATS
+from fleetprof.query_client import StoreTarget
 from fleetprof.settings import REPO_ROOT
+from fleetprof.webui import model
 from fleetprof.webui.routes import EXPORTS
 from tests.webui_helpers import (
     FIRST_HALF_CPU,
     FIRST_HALF_GPU,
-    SECOND_HALF_CPU,
     SECOND_HALF_GPU,
+    SERVE,
+    TRAIN,
     cli_export,
     pprof_stacks,
+    rooted,
     stacks_of,
 )
 
@@ -33,23 +37,60 @@ def test_flamegraph_endpoints_return_exact_stacks(served):
     second = {"since": ui.t0 + 60, "until": ui.t1}
     with httpx.Client(base_url=ui.url, timeout=30) as http:
         body = http.get("/api/flamegraph", params=whole).json()
-        assert stacks_of(body) == {**FIRST_HALF_CPU, **SECOND_HALF_CPU}
-        assert body["total"] == 54 and body["unit"] == "samples" and body["simulated"] is True
+        # each process's stacks under a frame of its own, named as the exports name it (node too: all nodes)
+        assert stacks_of(body) == {**rooted(FIRST_HALF_CPU, TRAIN), "train (pid 10 on n1);main;run;io": 18,
+                                   "serve (pid 20 on n2);main;idle": 6}
+        assert body["total"] == 54 and body["unit"] == "samples"
         binary_of = {body["frames"][i]: body["binaries"][b] for i, b in enumerate(body["frame_binary"])}
-        assert binary_of == {"main": "app", "run": "app", "compute": "app", "io": "libc.so.6", "idle": "app"}
-        assert stacks_of(http.get("/api/flamegraph", params=second).json()) == SECOND_HALF_CPU
+        assert binary_of == {TRAIN: "", SERVE: "", "main": "app", "run": "app", "compute": "app", "io": "libc.so.6",
+                             "idle": "app"}
+        language_of = {body["frames"][i]: body["languages"][k] for i, k in enumerate(body["frame_language"])}
+        assert language_of[TRAIN] == language_of[SERVE] == "process" and language_of["main"] == "native"
+        # labels follow the data: n2's CPU samples are loadgen's (simulated), n1's are real eBPF samples
+        assert body["simulated"] == ["n2"]
+        assert body["simulated_line"] == ("SIMULATED: CPU samples from node n2 come from fleetprof loadgen's "
+                                          "simulated fleet")
+        n1 = http.get("/api/flamegraph", params={**whole, "node": "n1"}).json()
+        assert stacks_of(n1) == rooted({**FIRST_HALF_CPU, "main;run;io": 18}, "train (pid 10)")
+        assert (n1["simulated"], n1["simulated_line"]) == ([], "")
+        assert stacks_of(http.get("/api/flamegraph", params=second).json()) == {
+            "train (pid 10 on n1);main;run;io": 18, "serve (pid 20 on n2);main;idle": 6}
         gpu = http.get("/api/flamegraph", params={**whole, "kind": "gpu"}).json()
-        assert stacks_of(gpu) == {**FIRST_HALF_GPU, **SECOND_HALF_GPU} and gpu["unit"] == "ns"
+        assert stacks_of(gpu) == rooted({**FIRST_HALF_GPU, **SECOND_HALF_GPU}, TRAIN) and gpu["unit"] == "ns"
+        assert gpu["simulated"] == ["n1"]  # n1's GPU kernel times come from the simulated GPU library
+        assert gpu["simulated_line"] == ("SIMULATED: GPU kernel times from node n1 come from fleetprof's simulated "
+                                         "GPU library")
         n2 = http.get("/api/flamegraph", params={**whole, "node": "n2"}).json()
-        assert stacks_of(n2) == {"main;idle": 6} and n2["simulated"] is False  # n2 has no NVML readings
-        assert stacks_of(http.get("/api/flamegraph", params={**whole, "pid": 10}).json()) == {
-            "main;run;compute": 30, "main;run;io": 18}
+        assert stacks_of(n2) == {"serve (pid 20);main;idle": 6} and n2["simulated"] == ["n2"]
+        assert stacks_of(http.get("/api/flamegraph", params={**whole, "pid": 10}).json()) == rooted(
+            {**FIRST_HALF_CPU, "main;run;io": 18}, TRAIN)
         diff = http.get("/api/flamegraph/diff", params={**second, "base_since": ui.t0, "base_until": ui.t0 + 60})
         body = diff.json()
-        assert stacks_of(body) == {"main;run;io": 18, "main;idle": 6, "main;run;compute": 0}
+        assert stacks_of(body) == {f"{TRAIN};main;run;io": 18, f"{SERVE};main;idle": 6, f"{TRAIN};main;run;compute": 0}
         base = dict(zip(stacks_of(body), body["base_counts"], strict=True))
-        assert base == {"main;run;io": 0, "main;idle": 0, "main;run;compute": 30}
+        assert base == {f"{TRAIN};main;run;io": 0, f"{SERVE};main;idle": 0, f"{TRAIN};main;run;compute": 30}
         assert (body["total"], body["base_total"]) == (24, 30)
+
+
+def test_gpu_processes_without_a_command_are_named_from_cpu_samples(ui_store):
+    """GPU rows carry no comm yet: the GPU flame graph names such a process by its command on CPU, as the export does
+    (flamegraph_processes_gpu), and a process never sampled on CPU by its pid alone."""
+    from datetime import UTC, datetime
+
+    ts = datetime.fromtimestamp(ui_store.t0 + 5, tz=UTC)
+    ui_store.store.insert("gpu_kernel_samples", [[ts, "n1", 10, "", "", 0, 7, 200, "gemm_kernel", 500, 1],
+                                                 [ts, "n1", 77, "", "", 0, 7, 200, "gemm_kernel", 300, 1]],
+                          ["ts", "node", "pid", "comm", "container_id", "device", "stream", "stack_id", "kernel_name",
+                           "duration_ns", "launches"])
+    target = StoreTarget(ui_store.store)
+    window = {"since": datetime.fromtimestamp(ui_store.t0, tz=UTC), "until": datetime.fromtimestamp(ui_store.t1,
+                                                                                                    tz=UTC)}
+    params = {**window, "node": "n1"}
+    answer = model.flamegraph_of_ids(model.StackIds.from_rows(target.named("flamegraph_ids_gpu", params)[1]),
+                                     target.named("flamegraph_names_gpu", params)[1], one_node=True)
+    assert stacks_of(answer) == {"train (pid 10);main;launch;gemm_kernel": 24_000_500,
+                                 "train (pid 10);main;launch;nccl_allreduce": 6_000_000,
+                                 "pid 77;main;launch;gemm_kernel": 300}
 
 
 def test_timeseries_nodes_and_processes(served):
@@ -58,7 +99,11 @@ def test_timeseries_nodes_and_processes(served):
         ts = http.get("/api/timeseries", params={"since": ui.t0, "until": ui.t1}).json()
         assert (ts["since_ms"], ts["until_ms"], ts["step_ms"], ts["activity_step_ms"]) == (
             ui.t0 * 1000, ui.t1 * 1000, 1000, 10_000)
-        assert ts["simulated"] is True and ts["truncated"] is False
+        assert ts["simulated"] == ["n1"] and ts["truncated"] is False  # n1's NVML readings; n2 has none
+        assert ts["simulated_line"] == ("SIMULATED: GPU readings from node n1 come from fleetprof's simulated NVML "
+                                        "library")
+        assert http.get("/api/timeseries", params={"since": ui.t0, "until": ui.t1, "node": "n2"}).json()[
+            "simulated"] == []
         [device] = ts["devices"]
         assert (device["node"], device["gpu_index"], device["uuid"], device["name"]) == ("n1", 0, "GPU-0001",
                                                                                            "Simulated H100")
@@ -82,10 +127,11 @@ def test_timeseries_nodes_and_processes(served):
             {"node": "n1", "cpu_samples": 48, "gpu_ns": 30_000_000, "gpus": 1, "simulated": True},
             {"node": "n2", "cpu_samples": 6, "gpu_ns": 0, "gpus": 0, "simulated": False}]}
         assert http.get("/api/processes", params={"since": ui.t0, "until": ui.t1}).json() == {"processes": [
-            {"node": "n1", "pid": 10, "comm": "train", "cpu_samples": 48, "gpu_ns": 30_000_000},
-            {"node": "n2", "pid": 20, "comm": "serve", "cpu_samples": 6, "gpu_ns": 0}]}
+            {"node": "n1", "pid": 10, "comm": "train", "cpu_samples": 48, "gpu_ns": 30_000_000, "kernel_thread": False},
+            {"node": "n2", "pid": 20, "comm": "serve", "cpu_samples": 6, "gpu_ns": 0, "kernel_thread": False}]}
         assert http.get("/api/processes", params={"since": ui.t0, "until": ui.t1, "node": "n2"}).json()[
-            "processes"] == [{"node": "n2", "pid": 20, "comm": "serve", "cpu_samples": 6, "gpu_ns": 0}]
+            "processes"] == [{"node": "n2", "pid": 20, "comm": "serve", "cpu_samples": 6, "gpu_ns": 0,
+                              "kernel_thread": False}]
 
 
 def test_exports_are_the_clis_bytes(served):
@@ -138,7 +184,9 @@ def test_the_page_and_its_files_are_served(served):
     with httpx.Client(base_url=served.url, timeout=30) as http:
         page = http.get("/")
         assert page.status_code == 200 and '<canvas id="flame">' in page.text
-        for path in ("/static/app.js", "/static/flamegraph.js", "/static/charts.js", "/static/style.css",
+        for path in ("/static/app.js", "/static/flamegraph.js", "/static/tree.js", "/static/colors.js",
+                     "/static/format.js", "/static/legend.js", "/static/processes.js", "/static/charts.js",
+                     "/static/style.css",
                      "/static/vendor/uPlot.iife.min.js", "/static/vendor/uPlot.min.css"):
             assert http.get(path).status_code == 200, path
         assert http.get("/static/../api.py").status_code == 404
@@ -166,7 +214,8 @@ def test_fleetprof_ui_serves_through_ups_api(served):
             assert http.get("/healthz").json()["service"] == "fleetprof-ui"
             assert '<canvas id="flame">' in http.get("/").text
             body = http.get("/api/flamegraph", params={"since": ui.t0 + 60, "until": ui.t1}).json()
-            assert stacks_of(body) == SECOND_HALF_CPU
+            # through the API's JSON rows (not Arrow): the process columns too
+            assert stacks_of(body) == {f"{TRAIN};main;run;io": 18, f"{SERVE};main;idle": 6}
             folded = http.get("/api/export", params={"since": ui.t0, "until": ui.t1, "format": "folded"})
             assert folded.content == cli_export(ui, "folded", ui.t0, ui.t1)
         proc.send_signal(signal.SIGINT)

@@ -3,6 +3,7 @@ ranges, and a big random graph through the API in every encoding."""
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import random
@@ -62,15 +63,21 @@ def plain(payload: dict) -> dict:
     return orjson.loads(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY))
 
 
-def ids_graph(store, kind: str, *windows: dict) -> dict:
+def ids_graph(store, kind: str, *windows: dict, processes: bool = False) -> dict:
     """model.py's answer for one window (or a diff of two) from the store's Arrow columns, checked against the same
-    built from the rows the API gives `fleetprof ui` (JSON: ids as plain numbers)."""
+    built from the rows the API gives `fleetprof ui` (JSON: ids as plain numbers). Without `processes`, the answer of
+    stacks without their process (as from rows without the process columns): the naming and merging alone."""
     target = StoreTarget(store)
-    arrays = [model.StackIds.from_arrow(store.query_named_arrow(f"flamegraph_ids_{kind}", w)) for w in windows]
+
+    def keep(ids: model.StackIds) -> model.StackIds:
+        return ids if processes else dataclasses.replace(ids, process=None, processes=())
+
+    arrays = [keep(model.StackIds.from_arrow(store.query_named_arrow(f"flamegraph_ids_{kind}", w))) for w in windows]
     names = [row for w in windows for row in store.query_named(f"flamegraph_names_{kind}", w)[1]]
     build = model.flamegraph_of_ids if len(windows) == 1 else model.flamegraph_diff_of_ids
     answer = plain(build(*arrays, names))
-    rows = [model.StackIds.from_rows(target.named(f"flamegraph_ids_{kind}", w)[1]) for w in windows]
+    rows = [model.StackIds.from_rows([r if processes else r[:3] for r in target.named(f"flamegraph_ids_{kind}", w)[1]])
+            for w in windows]
     json_names = [row for w in windows for row in target.named(f"flamegraph_names_{kind}", w)[1]]
     assert plain(build(*rows, json_names)) == answer
     return answer
@@ -105,6 +112,34 @@ def test_flame_graph_from_ids_names_and_merges_like_the_sql(edge_store):
                      "stacks": [], "counts": [], "total": 0}
 
 
+def test_flame_graph_roots_each_process_at_a_frame_of_its_own(edge_store):
+    """Stacks merge within a process, never across: the same stacks sampled in another process (another node, pid
+    or comm) are its own, under its own root frame; a process's frame is the first of each of its stacks."""
+    store, t0 = edge_store.store, edge_store.first["since"]
+    store.insert("cpu_samples", [[t0, "n2", 10, "train", "", 0x100, 7], [t0, "n1", 10, "train2", "", 0x101, 1],
+                                 [t0, "n1", 12, "", "", 0x05, 3]],
+                 ["ts", "node", "pid", "comm", "container_id", "stack_id", "count"])
+    got = ids_graph(store, "cpu", edge_store.first, processes=True)
+    folded = [(";".join(got["frames"][f] for f in stack), n) for stack, n in zip(got["stacks"], got["counts"],
+                                                                                strict=True)]
+    # by value, then functions, then binaries (io in app before io in libc.so.6): the roots order equal values
+    assert folded == [
+        ("train (pid 10 on n1);main;run;io", 9), ("train (pid 10 on n1);main;run;io", 9),
+        ("train (pid 10 on n2);main;run;io", 7), ("pid 12 on n1;[unknown stack 0x05]", 3),
+        ("train (pid 10 on n1);[unknown stack 0x05]", 2),
+        ("train (pid 10 on n1);[unknown stack 0xfffffffffffffffe]", 2),
+        ("train (pid 10 on n1);main", 2), ("train (pid 10 on n1);main;[unknown 0x0b];[unknown 0x0abc]", 2),
+        ("train (pid 10 on n1);main;gemm_kernel", 1), ("train2 (pid 10 on n1);main;run;io", 1)]
+    language = {got["frames"][f]: got["languages"][k] for f, k in enumerate(got["frame_language"])}
+    assert [name for name, lang in language.items() if lang == "process"] == [
+        "train (pid 10 on n1)", "train (pid 10 on n2)", "pid 12 on n1", "train2 (pid 10 on n1)"]
+    one = ids_graph(store, "cpu", {**edge_store.first, "node": "n2"}, processes=True)
+    assert plain(model.flamegraph_of_ids(model.StackIds.from_arrow(store.query_named_arrow(
+        "flamegraph_ids_cpu", {**edge_store.first, "node": "n2"})), store.query_named(
+        "flamegraph_names_cpu", {**edge_store.first, "node": "n2"})[1], one_node=True))["frames"][0] == "train (pid 10)"
+    assert one["frames"][0] == "train (pid 10 on n2)"
+
+
 def test_flame_graph_diff_from_ids(edge_store):
     got = ids_graph(edge_store.store, "cpu", edge_store.first, edge_store.second)
     # the first range's stacks in its order, then the baseline's others in theirs (io;main before main;idle)
@@ -135,7 +170,8 @@ def test_big_flame_graph_is_the_sql_grouping_in_every_encoding(store):
     grouped: dict[tuple, int] = {}
     for s, n in counts.items():
         frames = [named.get(f, (f"[unknown 0x{model.ch_hex(f)}]", "")) for f in stacks[s]] if s in defined else []
-        frames = frames or [(f"[unknown stack 0x{model.ch_hex(s)}]", "")]
+        # every stack under its process's frame (the API's answer is for all nodes: the node is named)
+        frames = [("c (pid 1 on n1)", ""), *(frames or [(f"[unknown stack 0x{model.ch_hex(s)}]", "")])]
         key = (tuple(f for f, _ in frames), tuple(b for _, b in frames))
         grouped[key] = grouped.get(key, 0) + n
     # ClickHouse compares arrays of strings element by element, bytewise, a prefix first: as Python compares these

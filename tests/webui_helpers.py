@@ -23,8 +23,10 @@ SECOND_HALF_GPU = {"main;launch;nccl_allreduce": 6_000_000}
 
 
 def known_rows(store) -> SimpleNamespace:
-    """`store` with known profile rows and NVML readings over [t0, t0 + 120 s), an hour ago (n1 simulated):
-    .store, .t0, .t1 (epoch seconds). The `ui_store` fixture (tests/conftest.py)."""
+    """`store` with known profile rows and NVML readings over [t0, t0 + 120 s), an hour ago: .store, .t0, .t1 (epoch
+    seconds). The `ui_store` fixture (tests/conftest.py). What is simulated follows the kind, per node
+    (profile_windows, migration 0012): n1 is `fleetprof up --simulate-gpu` (real eBPF CPU samples, simulated GPU
+    kernel times and NVML readings), n2 is loadgen's (simulated CPU samples, no GPU)."""
     now = datetime.now(tz=UTC).replace(microsecond=0)
     t0 = now - timedelta(hours=1, seconds=now.second % 10)
     frames = [[1, "main", "app", "NATIVE", t0], [2, "run", "app", "NATIVE", t0], [3, "compute", "app", "NATIVE", t0],
@@ -33,9 +35,10 @@ def known_rows(store) -> SimpleNamespace:
               [8, "nccl_allreduce", "[gpu]", "GPU_KERNEL", t0]]
     stacks = [[100, [1, 2, 3], t0], [101, [1, 2, 4], t0], [102, [1, 5], t0], [200, [1, 6, 7], t0],
               [201, [1, 6, 8], t0]]
-    cpu, gpu, devices, processes = [], [], [], []
+    cpu, gpu, devices, processes, windows = [], [], [], [], []
     for i in range(12):
         ts = t0 + timedelta(seconds=10 * i)
+        windows += [[ts, "n1", "cpu", False, 19], [ts, "n1", "gpu", True, 0], [ts, "n2", "cpu", True, 19]]
         if i < 6:
             cpu.append([ts, "n1", 10, "train", "", 100, 5])
             gpu.append([ts, "n1", 10, "train", "", 0, 7, 200, "gemm_kernel", 4_000_000, 4])
@@ -55,6 +58,7 @@ def known_rows(store) -> SimpleNamespace:
     store.insert("cpu_samples", cpu, ["ts", "node", "pid", "comm", "container_id", "stack_id", "count"])
     store.insert("gpu_kernel_samples", gpu, ["ts", "node", "pid", "comm", "container_id", "device", "stream",
                                              "stack_id", "kernel_name", "duration_ns", "launches"])
+    store.insert("profile_windows", windows, ["ts", "node", "kind", "simulated", "frequency_hz"])
     store.insert("gpu_device_metrics", devices, [
         "ts", "node", "gpu_index", "uuid", "name", "parent_uuid", "gpu_util_pct", "mem_util_pct", "mem_used_bytes",
         "mem_total_bytes", "sm_clock_mhz", "mem_clock_mhz", "power_mw", "power_limit_mw", "temperature_c",
@@ -63,6 +67,37 @@ def known_rows(store) -> SimpleNamespace:
                                                     "sm_util_pct", "mem_util_pct", "used_memory_bytes", "simulated"])
     t0_s = int(t0.timestamp())
     return SimpleNamespace(store=store, t0=t0_s, t1=t0_s + 120)
+
+
+# The frames that root each process's stacks (fleetprof.profile_kinds.process_frame), with the node in an answer
+# for all nodes, without it for one node's
+TRAIN, SERVE = "train (pid 10 on n1)", "serve (pid 20 on n2)"
+
+
+def rooted(stacks: dict[str, int], process: str) -> dict[str, int]:
+    """Folded stacks under one process's frame."""
+    return {f"{process};{stack}": n for stack, n in stacks.items()}
+
+
+def add_machine(ui) -> None:
+    """More of n1 in the first window, so that its flame graph is a machine's: the idle task and two kernel threads
+    (kernel stacks), and a Python process (python3, pid 40) with JIT code, an undefined frame and a stack the agent
+    lost. n1's CPU samples: train 48, swapper/0 40, python3 24, kworker/0:1-events 3, ksoftirqd/0 2 (117)."""
+    t0 = datetime.fromtimestamp(ui.t0, tz=UTC)
+    frames = [[20, "do_idle", "[kernel.kallsyms]", "KERNEL"], [21, "worker_thread", "[kernel.kallsyms]", "KERNEL"],
+              [22, "run_ksoftirqd", "[kernel.kallsyms]", "KERNEL"], [23, "<module> (serve.py:1)", "serve.py",
+                                                                     "INTERPRETED"],
+              [24, "handle (serve.py:9)", "serve.py", "INTERPRETED"], [25, "jit_stub", "[jit]", "NATIVE"],
+              [26, "[stack lost: map full, raise agent --stack-entries]", "[lost]", "UNKNOWN"],
+              [27, "_PyEval_EvalFrameDefault", "python3.11", "NATIVE"]]
+    stacks = [[300, [20]], [301, [21]], [302, [22]], [303, [27, 23, 24]], [304, [27, 23, 25]], [305, [26]],
+              [306, [27, 28]]]  # frame 28 has no definition: "[unknown 0x1c]"
+    samples = [(0, "swapper/0", 300, 40), (31, "kworker/0:1-events", 301, 3), (14, "ksoftirqd/0", 302, 2),
+               (40, "python3", 303, 12), (40, "python3", 304, 6), (40, "python3", 305, 4), (40, "python3", 306, 2)]
+    ui.store.insert("frames", [[*f, t0] for f in frames], ["frame_id", "function", "binary", "kind", "last_seen"])
+    ui.store.insert("stacks", [[*s, t0] for s in stacks], ["stack_id", "frame_ids", "last_seen"])
+    ui.store.insert("cpu_samples", [[t0, "n1", pid, comm, "", stack, n] for pid, comm, stack, n in samples],
+                    ["ts", "node", "pid", "comm", "container_id", "stack_id", "count"])
 
 
 def stacks_of(payload: dict) -> dict[str, int]:

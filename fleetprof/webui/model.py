@@ -10,6 +10,10 @@ It gives exactly what `GROUP BY functions, binaries ORDER BY value DESC, functio
 view gives: stacks whose (function, binary) lists are equal merge and their values add up, ordered by value, then
 functions, then binaries, compared as ClickHouse compares arrays of strings (element by element, bytewise, a prefix
 first).
+
+Each stack is rooted at a frame of its process ("python3 (pid 1234)", as the per-process exports name it, language
+"process", binary ''), so the graph of a machine has one root per process, as py-spy's and Parca's have; stacks merge
+only within a process. The page can merge the processes again by skipping that first frame.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from fleetprof.profile_kinds import process_frame
 
 # Chart bucket widths, seconds: the smallest that keeps a range under MAX_POINTS buckets.
 STEPS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
@@ -83,6 +89,7 @@ class _Interner:
 
 UNKNOWN_FRAME = "[unknown 0x{}]"  # stack_frame_names' name for a frame id without a definition (0009)
 UNKNOWN_STACK = "[unknown stack 0x{}]"  # flamegraph_cpu's for a sampled stack id without one
+PROCESS_LANGUAGE = "process"  # the language of the frames that root each process's stacks
 
 
 def ch_hex(value: int) -> str:
@@ -94,49 +101,71 @@ def ch_hex(value: int) -> str:
 @dataclass(frozen=True)
 class StackIds:
     """flamegraph_ids_* rows as arrays: per sampled stack its id and value, and its frame ids, root first, in
-    frame_id[offsets[i]:offsets[i + 1]] (none for a stack without a definition)."""
+    frame_id[offsets[i]:offsets[i + 1]] (none for a stack without a definition); with the processes columns (node,
+    pid, comm), per stack the index of its process in `processes`."""
 
     stack_id: np.ndarray  # uint64
     value: np.ndarray  # uint64
     offsets: np.ndarray  # int64, one more than stacks
     frame_id: np.ndarray  # uint64
+    process: np.ndarray | None = None  # int64 per stack, an index into processes; None: no process columns
+    processes: tuple[tuple[str, int, str], ...] = ()  # (node, pid, comm)
 
     @classmethod
     def from_arrow(cls, table: Any) -> StackIds:
         """From the query's Arrow table (Store.query_named_arrow): no Python object per frame."""
         frames = table.column("frame_ids").combine_chunks()
         offsets = frames.offsets.to_numpy().astype(np.int64) if len(frames) else np.zeros(1, np.int64)
+        process, processes = (_processes(*(table.column(c).to_numpy(zero_copy_only=False)
+                                           for c in ("node", "pid", "comm")))
+                              if "pid" in table.column_names else (None, ()))
         return cls(table.column("stack_id").to_numpy().astype(np.uint64),
                    table.column("value").to_numpy().astype(np.uint64),
-                   offsets - offsets[0], frames.flatten().to_numpy().astype(np.uint64))
+                   offsets - offsets[0], frames.flatten().to_numpy().astype(np.uint64), process, processes)
 
     @classmethod
     def from_rows(cls, rows: Sequence[Sequence[Any]]) -> StackIds:
-        """From (stack_id, frame_ids, value) rows, as the API's JSON gives them."""
+        """From (stack_id, frame_ids, value[, node, pid, comm]) rows, as the API's JSON gives them."""
         n = len(rows)
         offsets = np.zeros(n + 1, np.int64)
         np.cumsum(np.fromiter((len(r[1]) for r in rows), np.int64, n), out=offsets[1:])
+        process, processes = (_processes(*(np.array([r[c] for r in rows], object) for c in (3, 4, 5)))
+                              if rows and len(rows[0]) > 3 else (None, ()))
         return cls(np.fromiter((r[0] for r in rows), np.uint64, n), np.fromiter((r[2] for r in rows), np.uint64, n),
-                   offsets, np.fromiter(chain.from_iterable(r[1] for r in rows), np.uint64, int(offsets[-1])))
+                   offsets, np.fromiter(chain.from_iterable(r[1] for r in rows), np.uint64, int(offsets[-1])),
+                   process, processes)
 
 
-def flamegraph_of_ids(stacks: StackIds, names: Iterable[Sequence[Any]]) -> dict[str, Any]:
+def _processes(nodes: np.ndarray, pids: np.ndarray, comms: np.ndarray) -> tuple[np.ndarray, tuple]:
+    """Per row the index of its (node, pid, comm) among the distinct ones, and those, in order of appearance."""
+    process = np.zeros(len(pids), np.int64)
+    for column in (nodes, pids, comms):
+        codes, uniques = pd.factorize(column)
+        # renumbered after each column, so the combined key stays below the number of rows
+        process = pd.factorize(process * len(uniques) + codes)[0]
+    first = np.unique(process, return_index=True)[1].tolist()
+    return process.astype(np.int64), tuple((str(nodes[i]), int(pids[i]), str(comms[i])) for i in first)
+
+
+def flamegraph_of_ids(stacks: StackIds, names: Iterable[Sequence[Any]], one_node: bool = False) -> dict[str, Any]:
     """The compact flame graph of flamegraph_ids_* arrays and flamegraph_names_* rows (frame_id, function, binary,
     language):
     what flamegraph() gives for the rows of grouping them by names in SQL, except that each stack is a numpy array
-    of frame indices (routes.py writes them with orjson, without a Python int per frame)."""
+    of frame indices (routes.py writes them with orjson, without a Python int per frame). With processes, each stack
+    starts with its process's frame (named without the node when `one_node`: the answer is one node's)."""
     frames = _FrameNames(names)
-    merged = frames.merge([frames.tokens(stacks)])
+    merged = frames.merge([frames.tokens(stacks, one_node)])
     counts = merged.values[:, 0].tolist()
     return {**merged.compact(frames.language), "counts": counts, "total": sum(counts)}
 
 
-def flamegraph_diff_of_ids(stacks: StackIds, base: StackIds, names: Iterable[Sequence[Any]]) -> dict[str, Any]:
+def flamegraph_diff_of_ids(stacks: StackIds, base: StackIds, names: Iterable[Sequence[Any]],
+                           one_node: bool = False) -> dict[str, Any]:
     """Two ranges' flame graphs over one frame table, stacks as in flamegraph_of_ids: every stack of either, with
     `counts` (the range shown) and `base_counts` (the baseline it is compared with); a stack missing from one range
     has 0 there. `names` holds the rows of both ranges' flamegraph_names_* queries."""
     frames = _FrameNames(names)
-    merged = frames.merge([frames.tokens(stacks), frames.tokens(base)])
+    merged = frames.merge([frames.tokens(stacks, one_node), frames.tokens(base, one_node)])
     counts, base_counts = merged.values[:, 0].tolist(), merged.values[:, 1].tolist()
     return {**merged.compact(frames.language), "counts": counts, "total": sum(counts), "base_counts": base_counts,
             "base_total": sum(base_counts)}
@@ -200,8 +229,9 @@ class _FrameNames:
     def _pair(self, function: str, binary: str) -> int:
         return self.pairs.setdefault((function, binary), len(self.pairs))
 
-    def tokens(self, stacks: StackIds) -> _Tokens:
-        """Every frame as its pair; a stack without frames as the one frame "[unknown stack 0x…]" (binary '')."""
+    def tokens(self, stacks: StackIds, one_node: bool = False) -> _Tokens:
+        """Every frame as its pair; a stack without frames as the one frame "[unknown stack 0x…]" (binary ''); with
+        processes, its process's frame first."""
         codes, distinct = pd.factorize(stacks.frame_id)  # a hash table: 2.5M frames, a few 10k distinct ids
         at = np.searchsorted(self.ids, distinct)
         known = at < len(self.ids)
@@ -221,7 +251,26 @@ class _FrameNames:
             spread[spread_offsets[:-1][empty]] = [self._pair(UNKNOWN_STACK.format(ch_hex(i)), "")
                                                   for i in stacks.stack_id[empty].tolist()]
             pair, offsets = spread, spread_offsets
-        return _Tokens(pair, offsets, stacks.value)
+        if stacks.process is None:
+            return _Tokens(pair, offsets, stacks.value)
+        return self._rooted(pair, offsets, stacks, one_node)
+
+    def _rooted(self, pair: np.ndarray, offsets: np.ndarray, stacks: StackIds, one_node: bool) -> _Tokens:
+        """The stacks with their process's frame put first."""
+        roots = np.array([self._process_pair(p, one_node) for p in stacks.processes], np.int64)
+        starts = offsets[:-1] + np.arange(len(offsets) - 1)  # where each stack starts, one more frame per stack
+        rooted = np.empty(len(pair) + len(starts), np.int64)
+        leading = np.zeros(len(rooted), bool)
+        leading[starts] = True
+        rooted[starts] = roots[stacks.process]
+        rooted[~leading] = pair
+        return _Tokens(rooted, offsets + np.arange(len(offsets)), stacks.value)
+
+    def _process_pair(self, process: tuple[str, int, str], one_node: bool) -> int:
+        node, pid, comm = process
+        pair = self._pair(process_frame(comm, pid, None if one_node else node), "")
+        self.language[pair] = PROCESS_LANGUAGE
+        return pair
 
     def merge(self, ranges: Sequence[_Tokens]) -> _Merged:
         """The stacks of one or more ranges with equal (function, binary) lists merged, their values summed per range,

@@ -2,14 +2,19 @@
 
   GET /                         the page (static/index.html); GET /static/... its modules, CSS and vendored uPlot
   GET /api/timeseries           NVML device and per-process series and profile activity, bucketed for charts
-  GET /api/nodes                nodes with data in the range;  GET /api/processes  processes (node, pid, comm)
-  GET /api/flamegraph           one range's CPU or GPU-time flame graph, frames interned (see model.py)
+  GET /api/nodes                nodes with data in the range;  GET /api/processes  processes (node, pid, comm),
+                                the busiest first, kernel threads marked
+  GET /api/flamegraph           one range's CPU or GPU-time flame graph, frames interned, each process's stacks
+                                rooted at a frame of its own (see model.py)
   GET /api/flamegraph/diff      the range against base_since / base_until
   GET /api/export               the range as pprof, folded, speedscope, json or html: the same bytes as
                                 `fleetprof query flamegraph --format F` with the same options
 Parameters: since, until (5m, 2h, epoch seconds or ISO-8601; a relative since counts back from until), kind=cpu|gpu,
-node, pid, comm ('' and 0 mean "all"). Errors are {"error": "<one line>"}: 400 for a bad parameter, 503 when the
-store did not answer. Big answers are compressed: zstd where the client accepts it, else gzip.
+node, pid, comm ('' and 0 mean "all"). The charts and each flame graph say which of their data came from a simulated
+source (sql/queries/simulated_sources.sql: NVML readings for the charts, the kind's samples for a flame graph), per
+node, in `simulated` (nodes) and `simulated_line` (what the page shows). Errors are {"error": "<one line>"}: 400 for
+a bad parameter, 503 when the store did not answer. Big answers are compressed: zstd where the client accepts it,
+else gzip.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from starlette.staticfiles import StaticFiles
 
 from fleetprof.profile_kinds import KINDS, export_profile
 from fleetprof.query_client import QueryError, QueryTarget, StoreTarget
+from fleetprof.simulated_sources import simulated_line, simulated_sources
 from fleetprof.store import Store, StoreError, one_line, parse_time
 from fleetprof.webui import STATIC_DIR, model
 
@@ -190,9 +196,10 @@ def ui_routes(target: QueryTarget) -> list[BaseRoute]:
     def index(request: Request) -> Response:
         return FileResponse(STATIC_DIR / "index.html", headers={"Cache-Control": "no-cache"})
 
-    def simulated(since: datetime, until: datetime, node: str) -> bool:
-        _, rows = target.named("ui_simulated", {"since": since, "until": until, "node": node})
-        return bool(rows and rows[0][0])
+    def simulated(kind: str, since: datetime, until: datetime, node: str) -> dict[str, Any]:
+        """The nodes whose data of `kind` ('cpu', 'gpu', 'nvml') in the range came from a simulated source."""
+        nodes = simulated_sources(target, since, until, node).get(kind, [])
+        return {"simulated": nodes, "simulated_line": simulated_line(kind, nodes) if nodes else ""}
 
     def timeseries(request: Request) -> Response:
         since, until = _window(request)
@@ -208,7 +215,7 @@ def ui_routes(target: QueryTarget) -> list[BaseRoute]:
         processes = model.series(proc_cols, proc_rows, ("node", "gpu_index", "pid"), model.PROCESS_FIELDS)
         return _json(request, {
             "since_ms": _ms(since), "until_ms": _ms(until), "step_ms": step, "activity_step_ms": activity_step,
-            "simulated": any(s["simulated"] for s in devices + processes),
+            **simulated("nvml", since, until, filters["node"]),
             "truncated": max(len(dev_rows), len(proc_rows)) >= SERIES_ROW_LIMIT,
             "devices": devices, "processes": processes, "activity": model.activity(act_rows)})
 
@@ -231,11 +238,12 @@ def ui_routes(target: QueryTarget) -> list[BaseRoute]:
 
     def header(kind: str, since: datetime, until: datetime, filters: dict[str, Any]) -> dict[str, Any]:
         return {"kind": kind, "unit": KINDS[kind].unit, "since_ms": _ms(since), "until_ms": _ms(until),
-                "filters": filters, "simulated": simulated(since, until, filters["node"])}
+                "filters": filters, **simulated(kind, since, until, filters["node"])}
 
     def flamegraph(request: Request) -> Response:
         kind, (since, until), filters = _kind(request), _window(request), _filters(request)
-        payload = model.flamegraph_of_ids(stacks(kind, since, until, filters), names(kind, since, until, filters))
+        payload = model.flamegraph_of_ids(stacks(kind, since, until, filters), names(kind, since, until, filters),
+                                          one_node=bool(filters["node"]))
         return _json(request, {**header(kind, since, until, filters), **payload})
 
     def flamegraph_diff(request: Request) -> Response:
@@ -243,7 +251,8 @@ def ui_routes(target: QueryTarget) -> list[BaseRoute]:
         base_since, base_until = _window(request, "base_since", "base_until", default_since=None)
         payload = model.flamegraph_diff_of_ids(
             stacks(kind, since, until, filters), stacks(kind, base_since, base_until, filters),
-            [*names(kind, since, until, filters), *names(kind, base_since, base_until, filters)])
+            [*names(kind, since, until, filters), *names(kind, base_since, base_until, filters)],
+            one_node=bool(filters["node"]))
         return _json(request, {**header(kind, since, until, filters), "base_since_ms": _ms(base_since),
                                "base_until_ms": _ms(base_until), **payload})
 

@@ -1,11 +1,13 @@
--- The web UI's CPU flame graph as frame ids, for ranges of 100k distinct stacks: one row per sampled stack over
--- [since, until), optionally for one node / pid / comm ('' and 0 mean "all"), with its frame ids root first and its
--- CPU sample count. The same samples, filters and deduplication as flamegraph_cpu: the samples per stack from
--- cpu_samples_by_stack (included below), and each stack's newest definition from the stack_frames view (migration
--- 0009); a stack without a definition, or whose newest definition is empty, has frame_ids [].
--- The UI names the frames with flamegraph_names_cpu and merges stacks whose (function, binary) lists are equal
--- itself (fleetprof/webui/model.py), so it ships ~25 integers per stack instead of ~25 names and binaries as strings,
--- and ClickHouse builds no arrays of strings. Exports use flamegraph_cpu, as the CLI does.
+-- The web UI's CPU flame graph as frame ids, for ranges of 100k distinct stacks: one row per process and sampled
+-- stack over [since, until), optionally for one node / pid / comm ('' and 0 mean "all"), with the stack's frame ids
+-- root first, its CPU sample count in that process, and the process (node, pid, comm): the UI roots each process's
+-- stacks at a frame of its own, as the per-process exports do (flamegraph_processes_cpu). The same samples, filters
+-- and deduplication as flamegraph_processes_cpu: the samples per process and stack from cpu_samples_by_process_stack
+-- (included below), and each stack's newest definition from the stack_frames view (migration 0009); a stack without
+-- a definition, or whose newest definition is empty, has frame_ids [].
+-- The UI names the frames with flamegraph_names_cpu and merges stacks whose process and (function, binary) lists are
+-- equal itself (fleetprof/webui/model.py), so it ships ~25 integers per stack instead of ~25 names and binaries as
+-- strings, and ClickHouse builds no arrays of strings. Exports use flamegraph_processes_cpu, as the CLI does.
 -- @default until = now
 -- @default node =
 -- @default pid = 0
@@ -13,7 +15,7 @@
 WITH
     samples AS
     (
-        -- @include cpu_samples_by_stack
+        -- @include cpu_samples_by_process_stack
     ),
     defined AS
     (
@@ -21,6 +23,7 @@ WITH
         SELECT stack_id, frame_ids FROM stack_frames WHERE stack_id IN (SELECT stack_id FROM samples)
     )
 -- a LEFT JOIN fills a stack without a definition with [] (join_use_nulls is off)
-SELECT s.stack_id AS stack_id, d.frame_ids AS frame_ids, s.count AS value
+SELECT s.stack_id AS stack_id, d.frame_ids AS frame_ids, s.count AS value,
+       toString(s.node) AS node, s.pid AS pid, toString(s.comm) AS comm
 FROM samples AS s
 LEFT JOIN defined AS d ON d.stack_id = s.stack_id
