@@ -70,7 +70,10 @@ def export_profile(rows: Rows, kind_name: str, fmt: str, since: datetime, until:
                  if k == kind_name]
     note = simulated_line(kind_name, simulated) if simulated else ""
     if fmt == "pprof":
-        return _pprof(rows(kind.processes, params), kind_name, since, until, note, merge_processes)
+        process_rows = rows(kind.processes, params)
+        binaries = sorted({b for r in process_rows for b in r[4] if b})
+        build_ids = {str(b): str(i) for b, i in rows("binary_build_ids", {"binaries": binaries})} if binaries else {}
+        return _pprof(process_rows, kind_name, since, until, note, merge_processes, build_ids)
     if merge_processes:
         stacks = [(list(functions), int(count)) for functions, count in rows(kind.flamegraph, params)]
     else:
@@ -102,8 +105,9 @@ def render_profile(fmt: str, stacks: list[tuple[list[str], int]], title: str, ki
 
 
 def _pprof(process_rows: Sequence[Sequence[Any]], kind_name: str, since: datetime, until: datetime, note: str,
-           merge_processes: bool) -> Export:
-    """pprof with context: period, one mapping per binary, labels node / pid / comm (unless merge_processes)."""
+           merge_processes: bool, build_ids: dict[str, str]) -> Export:
+    """pprof with context: period, one mapping per binary with its build id, labels node / pid / comm (unless
+    merge_processes)."""
     cpu = kind_name == "cpu"
     # cpu: a sample count and its CPU time, as Go's CPU profiles have them; gpu: GPU time
     sample_types = [("samples", "count"), ("cpu", "nanoseconds")] if cpu else [("gpu_time", "nanoseconds")]
@@ -118,7 +122,7 @@ def _pprof(process_rows: Sequence[Sequence[Any]], kind_name: str, since: datetim
         got = samples.setdefault(key, [0] * len(values))
         for i, v in enumerate(values):
             got[i] += v
-    data = pprof_bytes([Sample(functions, values, binaries, labels=labels)
+    data = pprof_bytes([Sample(functions, values, binaries, [build_ids.get(b, "") for b in binaries], labels=labels)
                         for (functions, binaries, labels), values in samples.items()],
                        sample_types=sample_types, period_type=sample_types[-1], period=period,
                        default_sample_type=sample_types[-1][0],

@@ -17,7 +17,7 @@ from schemas.packed_stacks import PackedStacks
 GPU_BINARY = "[gpu]"
 GPU_KERNEL_KIND = "GPU_KERNEL"
 
-Frame = tuple[int, str, str, str]  # (frame_id, function, binary, kind), as FrameMemo.by_id holds them
+Frame = tuple[int, str, str, str, str]  # (frame_id, function, binary, kind, build id), as FrameMemo.by_id holds them
 
 
 class LaunchStacks:
@@ -79,7 +79,8 @@ class LaunchStacks:
         stats.unknown_frames += call.unknown_frames
         stats.missing_build_ids |= call.missing_build_ids
         stats.unknown_build_ids |= call.unknown_build_ids
-        frames = {f["frame_id"]: (f["frame_id"], f["function"], f["binary"], f["kind"]) for f in rec["frames"]}
+        frames = {f["frame_id"]: (f["frame_id"], f["function"], f["binary"], f["kind"], f["build_id"])
+                  for f in rec["frames"]}
         stacks = {s["stack_id"]: tuple(s["frame_ids"]) for s in rec["stacks"]}
         by_pid = {s["pid"]: stacks[s["stack_id"]] for s in rec["samples"]}
         uncached = {}
@@ -139,13 +140,14 @@ def build_gpu_samples(matches: list[tuple], unmatched: list[tuple], window_ns: i
         sids = list(dict.fromkeys(s["stack_id"] for s in rec["samples"]))
         rec["stacks"] = [{"stack_id": sid, "frame_ids": list(defs[sid][0])} for sid in sids]
         fdefs = {f[0]: f for sid in sids for f in defs[sid][1]}
-        rec["frames"] = [{"frame_id": f[0], "function": f[1], "binary": f[2], "kind": f[3]} for f in fdefs.values()]
+        rec["frames"] = [{"frame_id": f[0], "function": f[1], "binary": f[2], "kind": f[3], "build_id": f[4]}
+                         for f in fdefs.values()]
     return list(records.values())
 
 
 def estimated_bytes(rec: dict) -> int:
     """An upper bound of the encoded GpuSamples record's size, without encoding it."""
-    frames = sum(len(f["function"]) * 4 + len(f["binary"]) + 24 for f in rec["frames"])
+    frames = sum(len(f["function"]) * 4 + len(f["binary"]) + len(f.get("build_id", "")) + 24 for f in rec["frames"])
     stacks = sum(10 * len(s["frame_ids"]) + 12 for s in rec["stacks"])
     samples = sum(4 * (len(s["kernel_name"]) + len(s["comm"]) + len(s["container_id"])) + 64 for s in rec["samples"])
     return 64 + 4 * len(rec["node"]) + frames + stacks + samples + 48 * len(rec["unmatched"])
@@ -162,7 +164,7 @@ def split_gpu_samples(rec: dict, max_bytes: int) -> list[dict]:
     size = 48 * len(rec["unmatched"])
     for sample in rec["samples"]:
         st = stacks[sample["stack_id"]]
-        cost = 12 * len(st["frame_ids"]) + sum(4 * len(frames[i]["function"]) + 40 for i in st["frame_ids"]) + \
+        cost = 12 * len(st["frame_ids"]) + sum(4 * len(frames[i]["function"]) + 80 for i in st["frame_ids"]) + \
             4 * len(sample["kernel_name"]) + 128
         if parts[-1] and size + cost > max_bytes:
             parts.append([])

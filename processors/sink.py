@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from processors.messages import Message
 from schemas.wire import long_to_u64
 
-FRAME_COLUMNS = ["frame_id", "function", "binary", "kind", "last_seen"]
+FRAME_COLUMNS = ["frame_id", "function", "binary", "kind", "last_seen", "build_id"]
 STACK_COLUMNS = ["stack_id", "frame_ids", "last_seen"]
 CPU_SAMPLE_COLUMNS = ["ts", "node", "pid", "comm", "container_id", "stack_id", "count"]
 DEVICE_COLUMNS = ["ts", "node", "gpu_index", "uuid", "name", "parent_uuid", "gpu_util_pct", "mem_util_pct",
@@ -86,8 +86,8 @@ def _ts_ms(ns: int) -> datetime:
 def _definitions(rec: dict, ts: datetime) -> dict[str, Rows]:
     """The frames and stacks a CpuSamples or GpuSamples record defines (both have the same shapes)."""
     return {
-        "frames": Rows(FRAME_COLUMNS, [[long_to_u64(f["frame_id"]), f["function"], f["binary"], f["kind"], ts]
-                                       for f in rec["frames"]]),
+        "frames": Rows(FRAME_COLUMNS, [[long_to_u64(f["frame_id"]), f["function"], f["binary"], f["kind"], ts,
+                                        f.get("build_id", "")] for f in rec["frames"]]),
         "stacks": Rows(STACK_COLUMNS, [[long_to_u64(s["stack_id"]), [long_to_u64(i) for i in s["frame_ids"]], ts]
                                        for s in rec["stacks"]]),
     }

@@ -47,10 +47,10 @@ class FrameMemo:
 
     max_entries: int = 2_000_000
     frames: dict = field(default_factory=dict)  # key -> frame id
-    by_id: dict = field(default_factory=dict)  # frame id -> (frame_id, function, binary, kind)
+    by_id: dict = field(default_factory=dict)  # frame id -> (frame_id, function, binary, kind, build id)
     stacks: dict = field(default_factory=dict)  # tuple(frame ids) -> stack id
 
-    def frame(self, key: object, function: str, binary: str, kind: str) -> int:
+    def frame(self, key: object, function: str, binary: str, kind: str, build_id: str = "") -> int:
         fid = self.frames.get(key)
         if fid is None:
             if len(self.frames) >= self.max_entries:
@@ -58,7 +58,7 @@ class FrameMemo:
                 self.by_id.clear()
             fid = frame_id(function, binary, kind)
             self.frames[key] = fid
-            self.by_id[fid] = (fid, function, binary, kind)
+            self.by_id[fid] = (fid, function, binary, kind, build_id)
         return fid
 
     def stack(self, frame_ids: tuple[int, ...]) -> int:
@@ -183,7 +183,8 @@ def _user_frames(group: np.ndarray, file_off: np.ndarray, is_leaf: np.ndarray, g
             names = table.names
             kind = _frame_kind(table)
             _resolve(ids, sel[known], syms[known],
-                     lambda s, t=build_id, b=binary, n=names, k=kind: memo.frame((t, b, s), demangle(n[s]), b, k(n[s])))
+                     lambda s, t=build_id, b=binary, n=names, k=kind: memo.frame((t, b, s), demangle(n[s]), b, k(n[s]),
+                                                                                 _gnu_build_id(t)))
         unknown = int((~known).sum())
         stats.unknown_frames += unknown
         if unknown and build_id:
@@ -201,11 +202,17 @@ def _kernel_frames(addrs: np.ndarray, is_leaf: np.ndarray, table: SymbolTable | 
     if table is not None:
         names = table.names
         _resolve(ids, np.flatnonzero(known), syms[known],
-                 lambda s, t=table.build_id: memo.frame(("k", t, s), demangle(names[s]), KERNEL_BINARY, "KERNEL"))
+                 lambda s, t=table.build_id: memo.frame(("k", t, s), demangle(names[s]), KERNEL_BINARY, "KERNEL", t))
     stats.unknown_frames += int((~known).sum())
     _resolve(ids, np.flatnonzero(~known), addrs[~known],
              lambda a: memo.frame(("k?", a), f"{UNKNOWN_BINARY} {KERNEL_BINARY}+0x{a:x}", KERNEL_BINARY, "UNKNOWN"))
     return ids
+
+
+def _gnu_build_id(build_id: str) -> str:
+    """The id a frame stores: a GNU build id as it is, '' for the stand-ins (a file hash, a perf map's digest) that
+    no debuginfod or pprof tool can look up."""
+    return build_id if build_id and all(c in "0123456789abcdef" for c in build_id) else ""
 
 
 def _native(name: str) -> str:
@@ -283,7 +290,8 @@ def symbolize_batch(batch: dict, tables: TableLookup, memo: FrameMemo | None = N
         "window_ns": batch["window_ns"],
         "simulated": bool(batch.get("simulated", False)),
         "frequency_hz": batch.get("frequency_hz", 0),
-        "frames": [{"frame_id": f[0], "function": f[1], "binary": f[2], "kind": f[3]} for f in frames],
+        "frames": [{"frame_id": f[0], "function": f[1], "binary": f[2], "kind": f[3], "build_id": f[4]}
+                   for f in frames],
         "stacks": [{"stack_id": sid, "frame_ids": list(ids)} for sid, ids in stacks.items()],
         "samples": [
             {"pid": pid, "comm": comm, "container_id": cid, "stack_id": sid, "count": clamp_long(n)}
@@ -294,7 +302,7 @@ def symbolize_batch(batch: dict, tables: TableLookup, memo: FrameMemo | None = N
 
 def estimated_bytes(rec: dict) -> int:
     """An upper-bound-ish size of the encoded CpuSamples record, without encoding it."""
-    frames = sum(len(f["function"]) + len(f["binary"]) + 24 for f in rec["frames"])
+    frames = sum(len(f["function"]) + len(f["binary"]) + len(f.get("build_id", "")) + 24 for f in rec["frames"])
     stacks = sum(10 * len(s["frame_ids"]) + 12 for s in rec["stacks"])
     samples = sum(len(s["comm"]) + len(s["container_id"]) + 28 for s in rec["samples"])
     return 64 + len(rec["node"]) + frames + stacks + samples
@@ -310,7 +318,7 @@ def split_samples(rec: dict, max_bytes: int) -> list[dict]:
     parts, current, size = [], [], 0
     for sample in rec["samples"]:
         st = stacks[sample["stack_id"]]
-        cost = 12 * len(st["frame_ids"]) + sum(len(frames[i]["function"]) + 40 for i in st["frame_ids"]) + 64
+        cost = 12 * len(st["frame_ids"]) + sum(len(frames[i]["function"]) + 80 for i in st["frame_ids"]) + 64
         if current and size + cost > max_bytes:
             parts.append(current)
             current, size = [], 0

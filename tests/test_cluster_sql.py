@@ -197,8 +197,8 @@ def known_rows(base: datetime) -> dict[str, tuple[list[str], list[list]]]:
     t = [base + timedelta(seconds=10 * i) for i in range(6)]
     kinds = ["NATIVE"] * 6 + ["GPU_KERNEL", "GPU_KERNEL"]
     names = ["main", "run", "compute", "io", "idle", "launch", "gemm", "reduce"]
-    frames = [[i + 1, name, "app" if i != 3 else "libc.so.6", kind, t[0]] for i, (name, kind) in
-              enumerate(zip(names, kinds, strict=True))]
+    frames = [[i + 1, name, "app" if i != 3 else "libc.so.6", kind, t[0], "" if i > 5 else f"{i:02x}" * 20]
+              for i, (name, kind) in enumerate(zip(names, kinds, strict=True))]
     stacks = [[100, [1, 2, 3], t[0]], [101, [1, 2, 2, 4], t[0]], [102, [1, 5], t[0]], [103, [1, 6, 7], t[0]],
               [104, [1, 2, 6, 8], t[0]], [105, [1, 99], t[0]], [105, [1, 2, 99], t[1]]]
     cpu = [[t[0], "n1", 10, "train", "", 100, 5], [t[0], "n1", 10, "train", "", 100, 1],
@@ -222,10 +222,12 @@ def known_rows(base: datetime) -> dict[str, tuple[list[str], list[list]]]:
               ["a-n1-1", "gpu_util_drop", "RESOLVED", "n1", 0, "GPU-n1", t[2], t[4], 20.0, 85.0, "back", "[]"],
               ["a-n3-2", "gpu_util_drop", "FIRING", "n3", 0, "GPU-n3", t[1], t[1], 20.0, 4.0, "drop", "[]"]]
     unmatched = [[t[0], "n1", 10, "LAUNCH", "EXPIRED", 2, 0, 2], [t[0], "n3", 30, "KERNEL", "LATE", 1, 500, 0]]
+    windows = [[t[0], "n1", "cpu", False, 19], [t[1], "n1", "cpu", False, 19], [t[2], "n2", "cpu", True, 99],
+               [t[1], "n3", "cpu", False, 19], [t[1], "n1", "gpu", False, 0], [t[1], "n3", "gpu", True, 0]]
     state = [["gpu.samples", 0, 0, 9, "BEFORE", t[0]], ["gpu.samples", 0, 0, 9, "AFTER", t[0] + timedelta(seconds=1)],
              ["gpu.samples", 1, 10, 19, "BEFORE", t[1]]]
     return {
-        "frames": (["frame_id", "function", "binary", "kind", "last_seen"], frames),
+        "frames": (["frame_id", "function", "binary", "kind", "last_seen", "build_id"], frames),
         "stacks": (["stack_id", "frame_ids", "last_seen"], stacks),
         "cpu_samples": (["ts", "node", "pid", "comm", "container_id", "stack_id", "count"], cpu),
         "gpu_kernel_samples": (["ts", "node", "pid", "comm", "container_id", "device", "stream", "stack_id",
@@ -240,6 +242,7 @@ def known_rows(base: datetime) -> dict[str, tuple[list[str], list[list]]]:
                     "observed", "message", "evidence"], alerts),
         "gpu_unmatched": (["ts", "node", "pid", "side", "reason", "events", "duration_ns", "launches"], unmatched),
         "sink_state": (["topic", "partition", "min_offset", "max_offset", "state", "updated"], state),
+        "profile_windows": (["ts", "node", "kind", "simulated", "frequency_hz"], windows),
     }
 
 
@@ -248,7 +251,7 @@ def query_cases(base: datetime) -> dict[str, tuple[str, dict]]:
     from fleetprof.store import named_queries, named_query
 
     values = {"since": base - timedelta(minutes=1), "until": base + timedelta(minutes=5), "node": "n1", "pids": [10],
-              "step_ms": 10_000, "topic": "gpu.samples"}
+              "step_ms": 10_000, "topic": "gpu.samples", "binaries": ["app", "libc.so.6", "nosuch"]}
     cases = {}
     for name in named_queries():
         query = named_query(name)

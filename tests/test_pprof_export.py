@@ -22,6 +22,9 @@ CPU_STACK = ";".join([*PY, "gemm"])
 GPU_STACK = ";".join([*PY, "gemm_kernel"])
 
 
+APP_ID, TORCH_ID = "5f0c" + "a1" * 18, "77be" + "02" * 18  # GNU build ids as the symbolizer stores them
+
+
 @pytest.fixture
 def py_store(store):
     """n1: pid 10 and pid 11, both python3, in Python code down to gemm (5 and 2 samples at 99 Hz), pid 10 also
@@ -31,12 +34,13 @@ def py_store(store):
 
     now = datetime.now(tz=UTC).replace(microsecond=0)
     since = now - timedelta(hours=1, seconds=now.second % 10)
-    frames = [[1, "_start", "app", "NATIVE", since], [2, PY[1], "/srv/train.py", "INTERPRETED", since],
-              [3, PY[2], "/srv/model.py", "INTERPRETED", since], [4, "gemm", "libtorch.so", "NATIVE", since],
-              [5, "idle", "app", "NATIVE", since], [6, "gemm_kernel", "[gpu]", "GPU_KERNEL", since]]
+    frames = [[1, "_start", "app", "NATIVE", since, APP_ID], [2, PY[1], "/srv/train.py", "INTERPRETED", since, ""],
+              [3, PY[2], "/srv/model.py", "INTERPRETED", since, ""],
+              [4, "gemm", "libtorch.so", "NATIVE", since, TORCH_ID], [5, "idle", "app", "NATIVE", since, APP_ID],
+              [6, "gemm_kernel", "[gpu]", "GPU_KERNEL", since, ""]]
     stacks = [[100, [1, 2, 3, 4], since], [101, [1, 5], since], [200, [1, 2, 3, 6], since]]
     at = [since + timedelta(seconds=10 * i) for i in range(3)]
-    store.insert("frames", frames, ["frame_id", "function", "binary", "kind", "last_seen"])
+    store.insert("frames", frames, ["frame_id", "function", "binary", "kind", "last_seen", "build_id"])
     store.insert("stacks", stacks, ["stack_id", "frame_ids", "last_seen"])
     store.insert("cpu_samples", [[at[0], "n1", 10, "python3", "", 100, 5], [at[1], "n1", 11, "python3", "", 100, 2],
                                  [at[2], "n2", 20, "serve", "", 101, 3]],
@@ -86,11 +90,11 @@ def test_pprof_raw_has_period_mappings_labels_and_python_lines(py_store, tmp_pat
         "     3: 0x0 M=3 Model.forward /srv/model.py:12:0 s=0()",
         "     4: 0x0 M=4 gemm :0:0 s=0",
         "     5: 0x0 M=1 idle :0:0 s=0",
-        "Mappings",  # one per binary, the first the one stacks start in (no build ids stored yet)
-        "1: 0x0/0x0/0x0 app  [FN]",
+        "Mappings",  # one per binary with its build id, the first the one stacks start in
+        f"1: 0x0/0x0/0x0 app {APP_ID} [FN]",
         "2: 0x0/0x0/0x0 /srv/train.py  [FN]",
         "3: 0x0/0x0/0x0 /srv/model.py  [FN]",
-        "4: 0x0/0x0/0x0 libtorch.so  [FN]",
+        f"4: 0x0/0x0/0x0 libtorch.so {TORCH_ID} [FN]",
     ]
     # what pprof tools group and filter by (string labels, as Go's own: a bare number would be read as a range)
     focused = pprof(path, "-traces", "-tagfocus", "pid=^11$")

@@ -15,7 +15,7 @@ def test_cpu_samples_rows():
            "samples": [{"pid": 3, "comm": "c", "container_id": "k", "stack_id": -2, "count": 9}]}
     rows = cpu_samples_rows(rec)
     ts = datetime.fromtimestamp(T // 10**9, tz=UTC)
-    assert rows["frames"].rows == [[2**64 - 1, "f", "b", "NATIVE", ts]]
+    assert rows["frames"].rows == [[2**64 - 1, "f", "b", "NATIVE", ts, ""]]
     assert rows["stacks"].rows == [[2**64 - 2, [2**64 - 1, 5], ts]]
     assert rows["cpu_samples"].rows == [[ts, "n", 3, "c", "k", 2**64 - 2, 9]]
 

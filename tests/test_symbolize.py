@@ -226,5 +226,8 @@ def test_a_lost_stack_is_named_for_its_cause_and_the_batch_source_carries_throug
     assert named == [[("[stack lost: map full, raise agent --stack-entries]", "[lost]")],
                      [("main", "libc.so.6"), ("[stack lost: map full, raise agent --stack-entries]", "[lost]")]]
     assert stats.lost_stacks == 2 and stats.unknown_frames == 0
+    # a frame keeps its binary's GNU build id (for pprof's mappings); the mark has none
+    assert sorted((f["function"], f["build_id"]) for f in out["frames"]) == [
+        ("[stack lost: map full, raise agent --stack-entries]", ""), ("main", LIBC)]
     assert (out["simulated"], out["frequency_hz"]) == (True, 99)
     assert single_object.decode(single_object.encode("CpuSamples", out))[1] == out
