@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -19,8 +21,11 @@ from tests.webui_helpers import (
     FIRST_HALF_GPU,
     SECOND_HALF_CPU,
     SECOND_HALF_GPU,
+    SERVE,
+    TRAIN,
     cli_export,
     pprof_stacks,
+    rooted,
 )
 
 ARTIFACTS = REPO_ROOT / "test-artifacts" / "webui"
@@ -122,45 +127,93 @@ def test_page_draws_charts_and_a_dragged_range_drives_the_flame_graph(browser, s
                       ["power", 2, 120], ["temperature", 1, 120], ["pcie", 2, 120], ["process-util", 1, 120],
                       ["process-memory", 1, 120]]
     assert page.js("window.fleetprof.charts.plots[1].data[1].slice(58, 62)") == [90, 90, 20, 20]
-    assert page.page.locator("#simulated").is_visible()
-    assert page.page.locator("#flame-title").inner_text().startswith("SIMULATED · CPU samples · 54 samples")
-    assert page.folded() == {**FIRST_HALF_CPU, **SECOND_HALF_CPU}
-    assert page.page.locator("#legend").inner_text().split("\n") == ["app 66.7%", "libc.so.6 33.3%"]
+    # labels follow the data, per kind and node: n1's NVML readings are simulated, and n2's CPU samples (loadgen's)
+    assert page.page.locator("#simulated").inner_text().split("\n") == [
+        "SIMULATED: GPU readings from node n1 come from fleetprof's simulated NVML library.",
+        "SIMULATED: CPU samples from node n2 come from fleetprof loadgen's simulated fleet."]
+    assert page.page.locator("#flame-title").inner_text() == "SIMULATED · CPU samples · 54 samples"
+    assert page.folded() == {**rooted(FIRST_HALF_CPU, TRAIN), f"{TRAIN};main;run;io": 18, f"{SERVE};main;idle": 6}
+    # total time, callees included: every sample has a process frame and app's main; a third is in libc's io
+    assert page.page.locator("#legend").inner_text().split("\n") == ["total time in:", "app 100.0%",
+                                                                      "process 100.0%", "libc.so.6 33.3%"]
     page.shot("overview")
 
     # the second half, where GPU utilization dropped: from just before it to past the end of the chart
     page.drag("util", ui.t0 + 55, ui.t1 + 30)
     since, until = page.js("window.fleetprof.state.selection")
     assert ui.t0 + 54 <= since <= ui.t0 + 56 and until == ui.t1
-    assert page.folded() == SECOND_HALF_CPU
+    assert page.folded() == {f"{TRAIN};main;run;io": 18, f"{SERVE};main;idle": 6}
     assert f"sel={since}%2C{until}" in page.page.url
     page.shot("second-half")
 
     exported = page.download("#export-folded")
-    assert exported == cli_export(ui, "folded", since, until) == b"main;run;io 18\nmain;idle 6\n"
+    assert exported == cli_export(ui, "folded", since, until) == (
+        f"{TRAIN};main;run;io 18\n{SERVE};main;idle 6\n".encode())
     pprof = page.download("#export-pprof")
     assert pprof == cli_export(ui, "pprof", since, until)
-    assert pprof_stacks(pprof) == SECOND_HALF_CPU
+    assert pprof_stacks(pprof) == SECOND_HALF_CPU  # pprof keeps the processes in labels
     speedscope = page.download("#export-speedscope")
     assert speedscope == cli_export(ui, "speedscope", since, until)
     assert json.loads(speedscope)["profiles"][0]["weights"] == [18, 6]
 
     page.changing(lambda: page.page.check("input[name=kind][value=gpu]"))
-    assert page.folded() == SECOND_HALF_GPU
-    assert page.page.locator("#flame-title").inner_text().startswith("SIMULATED · GPU kernel time by launching "
-                                                                     "CPU stack · 6.000 ms")
-    # colored by language (frames.language): every GPU stack's self time is its kernel's
+    assert page.folded() == rooted(SECOND_HALF_GPU, TRAIN)
+    assert page.page.locator("#flame-title").inner_text() == ("SIMULATED · GPU kernel time by launching CPU stack · "
+                                                              "6.000 ms")
+    assert page.page.locator("#simulated").inner_text().split("\n")[1] == (
+        "SIMULATED: GPU kernel times from node n1 come from fleetprof's simulated GPU library.")
+    # colored by language (frames.language): every GPU stack holds its kernel, its CPU frames and its process
     page.page.select_option("#color-by", "language")
-    assert page.page.locator("#legend").inner_text().split("\n") == ["gpu 100.0%"]
+    assert page.page.locator("#legend").inner_text().split("\n") == ["total time in:", "GPU kernels 100.0%",
+                                                                      "native 100.0%", "process 100.0%"]
     page.shot("gpu-by-language")
     page.changing(lambda: page.page.check("input[name=kind][value=cpu]"))
-    assert page.page.locator("#legend").inner_text().split("\n") == ["native 100.0%"]
+    assert page.page.locator("#legend").inner_text().split("\n") == ["total time in:", "native 100.0%",
+                                                                      "process 100.0%"]
     page.page.select_option("#color-by", "binary")
-    # the second half's self time: io (libc.so.6) 18, idle (app) 6
-    assert page.page.locator("#legend").inner_text().split("\n") == ["libc.so.6 75.0%", "app 25.0%"]
+    # the second half: io (libc.so.6) 18 of 24, under app's main like idle
+    assert page.page.locator("#legend").inner_text().split("\n") == ["total time in:", "app 100.0%",
+                                                                      "process 100.0%", "libc.so.6 75.0%"]
     page.changing(lambda: page.page.check("input[name=kind][value=gpu]"))
     page.changing(lambda: page.page.click("#clear-selection"))
-    assert page.folded() == {**FIRST_HALF_GPU, **SECOND_HALF_GPU}
+    assert page.folded() == rooted({**FIRST_HALF_GPU, **SECOND_HALF_GPU}, TRAIN)
+    assert page.errors == []
+
+
+def test_one_time_format_and_round_axis_ticks(browser, served):
+    """24-hour UTC, 'YYYY-MM-DD HH:MM:SS', in the range inputs (wide enough for it), the labels and the charts' hover
+    legend, the time axis cut from it; value axes from 0 on round ticks, labelled with their units."""
+    ui = served
+    page = Page(browser, ui)
+    start, end = (datetime.fromtimestamp(t, tz=UTC).strftime("%Y-%m-%d %H:%M:%S") for t in (ui.t0, ui.t1))
+    assert page.js("[document.getElementById('since').value, document.getElementById('until').value]") == [start, end]
+    assert page.js("['since', 'until'].every(id => { const el = document.getElementById(id); "
+                   "return el.scrollWidth <= el.clientWidth; })")
+    assert page.page.locator("#range-label").inner_text() == f"whole range: {start} – {end} (120 s)"
+    page.page.click("#set-baseline")
+    assert page.page.locator("#baseline-label").inner_text() == f"baseline {start} – {end}"
+    # hover the utilization chart 30 s in: its legend names that time in the same format
+    page.page.locator("[data-chart=util]").scroll_into_view_if_needed()
+    point = page.js(f"window.fleetprof.charts.pointOf('util', {(ui.t0 + 30) * 1000})")
+    page.page.mouse.move(point["x"], point["y"], steps=3)
+    page.next_frame()
+    legend = page.page.locator("[data-chart=util] .u-legend .u-series").first
+    at = datetime.fromtimestamp(ui.t0 + 30, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+    assert (legend.locator(".u-label").inner_text(), legend.locator(".u-value").inner_text()) == ("time (UTC)", at)
+    axes = page.js("""Object.fromEntries(window.fleetprof.charts.plots.map(p => [p.fleetprofId,
+        p.axes.map(a => [a.label || null, a._splits, a._values])]))""")
+    ticks = axes["util"][0][2]
+    assert ticks and all(re.fullmatch(r"\d\d:\d\d:\d\d", t) for t in ticks)
+    tick_times = [datetime.fromtimestamp(s, tz=UTC).strftime("%H:%M:%S") for s in axes["util"][0][1]]
+    assert ticks == tick_times and all(s % 15 == 0 for s in axes["util"][0][1])  # round times, UTC
+    assert axes["util"][1] == ["%", [0, 50, 100], ["0", "50", "100"]]
+    assert axes["memory"][1] == ["GiB", [0, 10, 20, 30, 40], ["0", "10", "20", "30", "40"]]
+    assert axes["clocks"][1] == ["MHz", [0, 1000, 2000, 3000], ["0", "1000", "2000", "3000"]]
+    assert axes["power"][1] == ["W", [0, 100, 200, 300, 400], ["0", "100", "200", "300", "400"]]
+    # the activity chart: two units on two labelled axes (CPU 0.5 samples/s at most, GPU 0.4 ms/s)
+    assert axes["activity"][1] == ["CPU samples/s", [0, 0.2, 0.4, 0.6], ["0.0", "0.2", "0.4", "0.6"]]
+    assert axes["activity"][2] == ["GPU ms/s", [0, 0.1, 0.2, 0.3, 0.4], ["0.0", "0.1", "0.2", "0.3", "0.4"]]
+    page.shot("time-and-axes")
     assert page.errors == []
 
 
@@ -171,43 +224,31 @@ def test_search_and_zoom(browser, served):
     assert page.page.locator("#match").inner_text() == "matched 33.3% (18 samples)"
     assert page.js("Array.from(window.fleetprof.flame.match)") == [
         int(name == "io") for name in page.js("window.fleetprof.flame.model.frames")]
-    page.page.mouse.move(*page.frame_point("main", "run", "io"))
+    page.page.mouse.move(*page.frame_point(TRAIN, "main", "run", "io"))
     assert page.page.locator("#tooltip").inner_text() == (
         "io  (libc.so.6)\ntotal 18 samples (33.3%)\nself  18 samples (33.3%)")
+    assert page.page.locator("#legend .legend-item").last.inner_text() == "search match 33.3%"
+    page.page.mouse.move(*page.frame_point(TRAIN))
+    assert page.page.locator("#tooltip").inner_text() == (
+        f"{TRAIN}  (process)\ntotal 48 samples (88.9%)\nself  0 samples (0.0%)")
     page.shot("search")
 
-    run = page.js("window.fleetprof.flame.find('main', 'run')")
-    page.page.mouse.click(*page.frame_point("main", "run"))
+    run = page.js(f"window.fleetprof.flame.find('{TRAIN}', 'main', 'run')")
+    page.page.mouse.click(*page.frame_point(TRAIN, "main", "run"))
     assert page.js("window.fleetprof.flame.focus") == run
-    assert page.page.locator("#zoom-label").inner_text() == "zoomed: main › run"
+    assert page.page.locator("#zoom-label").inner_text() == f"zoomed: {TRAIN} › main › run"
     width = page.js("window.fleetprof.flame.canvas.clientWidth")
     after = page.js(f"window.fleetprof.flame.rectOf({run})")
     assert after["x"] == 0 and after["w"] == width  # the zoomed frame spans the graph
-    compute = page.js("window.fleetprof.flame.rectOf(window.fleetprof.flame.find('main', 'run', 'compute'))")
+    compute = page.js(f"window.fleetprof.flame.rectOf(window.fleetprof.flame.find('{TRAIN}', 'main', 'run', "
+                      "'compute'))")
     assert compute["w"] == pytest.approx(width * 30 / 48)
-    assert page.js("window.fleetprof.flame.rectOf(window.fleetprof.flame.find('main', 'idle'))") is None
+    assert page.js(f"window.fleetprof.flame.rectOf(window.fleetprof.flame.find('{SERVE}', 'main', 'idle'))") is None
     page.shot("zoomed")
     page.page.click("#reset-zoom")
     assert page.js("window.fleetprof.flame.focus") == 0
-    assert page.js("window.fleetprof.flame.rectOf(window.fleetprof.flame.find('main', 'idle'))") is not None
-    assert page.errors == []
-
-
-def test_node_and_process_filters(browser, served):
-    page = Page(browser, served)
-    assert page.page.locator("#node option").all_inner_texts() == ["all nodes", "n1", "n2"]
-    assert page.page.locator("#process option").all_inner_texts() == ["all processes", "train 10 · n1",
-                                                                      "serve 20 · n2"]
-    page.changing(lambda: page.page.select_option("#process", "n2|20"))
-    assert page.folded() == {"main;idle": 6}
-    assert page.js("[window.fleetprof.state.node, window.fleetprof.state.pid]") == ["n2", 20]
-    # n2 has no NVML readings: only the activity chart, and no SIMULATED banner
-    assert page.js("window.fleetprof.charts.plots.map(p => p.fleetprofId)") == ["activity"]
-    assert not page.page.locator("#simulated").is_visible()
-    page.shot("process-filter")
-    page.changing(lambda: page.page.select_option("#node", "n1"))
-    assert page.folded() == {"main;run;compute": 30, "main;run;io": 18}
-    assert page.js("window.fleetprof.state.pid") == 0
+    assert page.js(f"window.fleetprof.flame.rectOf(window.fleetprof.flame.find('{SERVE}', 'main', 'idle'))") \
+        is not None
     assert page.errors == []
 
 
@@ -216,10 +257,10 @@ def test_diff_of_two_ranges(browser, served):
     page = Page(browser, ui)
     page.drag("activity", ui.t0 + 55, ui.t0 - 30)  # right to left, past the start: the first half
     assert page.js("window.fleetprof.state.selection")[0] == ui.t0
-    assert page.folded() == FIRST_HALF_CPU
+    assert page.folded() == rooted(FIRST_HALF_CPU, TRAIN)
     page.page.click("#set-baseline")
     page.drag("activity", ui.t0 + 55, ui.t1 + 30)
-    assert page.folded() == SECOND_HALF_CPU
+    assert page.folded() == {f"{TRAIN};main;run;io": 18, f"{SERVE};main;idle": 6}
     page.changing(lambda: page.page.check("#diff"))
     assert page.page.locator("#flame-title").inner_text().endswith(
         "diff vs baseline (30 samples): red grew, blue shrank, in share of its range")
@@ -227,21 +268,42 @@ def test_diff_of_two_ranges(browser, served):
     def described(*path: str) -> dict:
         return page.js(f"window.fleetprof.flame.describe(window.fleetprof.flame.find(...{json.dumps(path)}))")
 
-    io = described("main", "run", "io")
+    io = described(TRAIN, "main", "run", "io")
     assert (io["total"], io["baseTotal"], io["delta"]) == (18, 0, pytest.approx(0.75))
-    run = described("main", "run")
+    run = described(TRAIN, "main", "run")
     assert (run["total"], run["baseTotal"], run["delta"]) == (18, 30, pytest.approx(-0.25))
-    compute = described("main", "run", "compute")
+    compute = described(TRAIN, "main", "run", "compute")
     assert (compute["total"], compute["baseTotal"], compute["delta"]) == (0, 30, pytest.approx(-1.0))
-    assert described("main")["delta"] == 0
+    assert described(SERVE)["delta"] == pytest.approx(0.25)
     # width by the new range: compute, gone from it, is not drawn; colors: io red (grew), run blue (shrank)
-    assert page.js("window.fleetprof.flame.rectOf(window.fleetprof.flame.find('main', 'run', 'compute'))") is None
-    io_color = page.js("window.fleetprof.flame._color(window.fleetprof.flame.find('main', 'run', 'io'))")
-    run_color = page.js("window.fleetprof.flame._color(window.fleetprof.flame.find('main', 'run'))")
-    assert io_color.startswith("hsl(0,") and run_color.startswith("hsl(215,")
+    assert page.js(f"window.fleetprof.flame.rectOf(window.fleetprof.flame.find('{TRAIN}', 'main', 'run', "
+                   "'compute'))") is None
+    io_color = page.js(f"window.fleetprof.flame._color(window.fleetprof.flame.find('{TRAIN}', 'main', 'run', 'io'))")
+    run_color = page.js(f"window.fleetprof.flame._color(window.fleetprof.flame.find('{TRAIN}', 'main', 'run'))")
+    assert (io_color, run_color) == ("hsl(0, 85%, 61.5%)", "hsl(215, 85%, 84.5%)")
+    # the color scale: its ends are the largest change (compute: -100 points), from full blue to full red
+    assert page.page.locator("#legend").inner_text().split("\n") == [
+        "change in share of its range:", "−100.0 points (shrank)", "+100.0 points (grew)",
+        "width: the range shown; a changed frame is drawn at least 3 px wide; frames gone from it are not drawn"]
+    gradient = page.js("document.querySelector('#legend .scale-bar').style.background")
+    assert gradient.startswith("linear-gradient(to right, rgb(") and gradient.count("rgb(") == 21
+    assert page.js("getComputedStyle(document.querySelector('#legend .scale-bar')).backgroundImage") == gradient
     page.shot("diff")
-    assert page.errors == []
 
+    # a frame too narrow to see that changed is still drawn, 3 px wide; one that did not change is not
+    got = page.js("""(() => {
+        const graph = window.fleetprof.flame;
+        graph.setData({frames: ["a", "big", "tiny", "same"], binaries: ["x"], frame_binary: [0, 0, 0, 0],
+                       stacks: [[0, 1], [0, 2], [0, 3]], counts: [20000, 2, 2], base_counts: [10000, 0, 1],
+                       total: 20004, base_total: 10001, unit: "samples"});
+        const rect = (name) => graph.rectOf(graph.find("a", name));
+        return {tiny: rect("tiny"), same: rect("same"), changed: graph.changed(graph.find("a", "tiny")),
+                width: graph.canvas.clientWidth};
+    })()""")
+    assert got["changed"] and got["tiny"]["w"] == 3 and got["same"] is None
+    # where it is, past big, but kept inside the graph: at the right edge
+    assert got["width"] * 20000 / 20004 > got["tiny"]["x"] == got["width"] - 3
+    assert page.errors == []
 
 
 def test_call_tree_of_stacks(browser, served):

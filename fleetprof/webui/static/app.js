@@ -3,7 +3,10 @@
 // window.fleetprof exposes the state, the charts and the flame graph (tests and the browser console read them).
 
 import { Charts } from "./charts.js";
-import { FlameGraph, binaryColor, formatValue, languageColor, percent } from "./flamegraph.js";
+import { FlameGraph } from "./flamegraph.js";
+import { formatTime, formatValue, percent } from "./format.js";
+import { renderLegend } from "./legend.js";
+import { ProcessPicker } from "./processes.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -20,10 +23,12 @@ const state = {
   pid: 0,
   search: "",
   colorBy: "binary", // the flame graph's colors: "binary" or "language"
+  merge: false, // the flame graph's processes merged (no root frame per process)
 };
 
-const app = { state, charts: null, flame: null, pending: 0, flameVersion: 0, chartsVersion: 0, flameData: null,
-  lastError: "", renderMs: 0, simulated: { charts: false, flame: false } };
+// simulated: per source ("charts", "flame") the line the banner shows for it, "" when its data is real
+const app = { state, charts: null, flame: null, processes: null, pending: 0, flameVersion: 0, chartsVersion: 0,
+  flameData: null, lastError: "", renderMs: 0, simulated: { charts: "", flame: "" } };
 window.fleetprof = app;
 
 function query(values) {
@@ -69,8 +74,6 @@ function status(text, error = false) {
   el.classList.toggle("error", error);
 }
 
-const utc = (ms) => new Date(ms).toISOString().replace(".000Z", "Z");
-const clock = (s) => new Date(s * 1000).toISOString().slice(11, 19);
 
 function wholeRange() {
   return [Math.floor(state.sinceMs / 1000), Math.ceil(state.untilMs / 1000)];
@@ -94,6 +97,7 @@ function readURL() {
   state.node = q.get("node") || "";
   state.pid = Number(q.get("pid")) || 0;
   state.search = q.get("search") || "";
+  state.merge = q.get("merge") === "1";
   const pair = (text) => {
     const parts = (text || "").split(",").map(Number);
     return parts.length === 2 && parts.every(Number.isFinite) && parts[0] < parts[1] ? parts : null;
@@ -106,7 +110,8 @@ function readURL() {
 function writeURL() {
   const q = query({ since: state.sinceText, until: state.untilText, kind: state.kind === "cpu" ? "" : state.kind,
     node: state.node, pid: state.pid, sel: state.selection ? state.selection.join(",") : "",
-    base: state.baseline ? state.baseline.join(",") : "", diff: state.diff ? "1" : "", search: state.search });
+    base: state.baseline ? state.baseline.join(",") : "", diff: state.diff ? "1" : "", search: state.search,
+    merge: state.merge ? "1" : "" });
   history.replaceState(null, "", `${location.pathname}?${q}`);
 }
 
@@ -119,13 +124,13 @@ async function loadAll() {
     if (!current()) return;
     state.sinceMs = ts.since_ms;
     state.untilMs = ts.until_ms;
-    $("since").value = utc(ts.since_ms);
-    $("until").value = utc(ts.until_ms);
+    $("since").value = formatTime(ts.since_ms);
+    $("until").value = formatTime(ts.until_ms);
     const [a, b] = wholeRange();
     if (state.selection && (state.selection[1] <= a || state.selection[0] >= b)) state.selection = null;
     app.charts.selection = state.selection && state.selection.map((s) => s * 1000);
     app.charts.update(ts);
-    setSimulated("charts", ts.simulated);
+    setSimulated("charts", ts.simulated_line);
     $("truncated").hidden = !ts.truncated;
     app.chartsVersion += 1;
     await loadFilters();
@@ -143,11 +148,8 @@ async function loadFilters() {
   if (state.node && !names.includes(state.node)) names.push(state.node);
   for (const name of names) nodeSelect.append(new Option(name, name));
   nodeSelect.value = state.node;
-  const procSelect = $("process");
-  procSelect.replaceChildren(new Option("all processes", ""));
-  const procs = processes.processes.slice().sort((a, b) => a.node.localeCompare(b.node) || a.pid - b.pid);
-  for (const p of procs) procSelect.append(new Option(`${p.comm || "?"} ${p.pid} · ${p.node}`, `${p.node}|${p.pid}`));
-  procSelect.value = state.pid ? `${state.node}|${state.pid}` : "";
+  // the answer's order: the busiest first
+  app.processes.set(processes.processes, state.pid ? { node: state.node, pid: state.pid } : null);
 }
 
 async function loadFlame() {
@@ -165,33 +167,42 @@ async function loadFlame() {
     if (!current()) return;
     app.flameData = data;
     app.renderMs = app.flame.setData(data, state.search);
-    setSimulated("flame", data.simulated);
+    setSimulated("flame", data.simulated_line);
     renderFlameInfo();
     app.flameVersion += 1;
   });
 }
 
-// The banner stays while the charts or the flame graph show readings of the simulated NVML library.
-function setSimulated(source, simulated) {
-  app.simulated[source] = Boolean(simulated);
-  $("simulated").hidden = !(app.simulated.charts || app.simulated.flame);
+// The banner names what on screen is simulated, per kind and node: the charts' NVML readings, the flame graph's
+// samples; real data is never labelled simulated because some other kind is.
+function setSimulated(source, line) {
+  app.simulated[source] = line || "";
+  const lines = [app.simulated.charts, app.simulated.flame].filter(Boolean);
+  $("simulated").replaceChildren(...lines.map((text) => {
+    const el = document.createElement("div");
+    el.textContent = `${text}.`;
+    return el;
+  }));
+  $("simulated").hidden = lines.length === 0;
 }
 
 // --- labels, legend, exports ---
 
 function updateLabels() {
   const [since, until] = flameRange();
-  $("range-label").textContent = `${state.selection ? "selected" : "whole range"}: ${utc(since * 1000)} – `
-    + `${utc(until * 1000)} (${until - since} s)`;
-  $("baseline-label").textContent = state.baseline ? `baseline ${clock(state.baseline[0])}–${clock(state.baseline[1])}`
-    : "";
+  $("range-label").textContent = `${state.selection ? "selected" : "whole range"}: ${formatTime(since * 1000)} – `
+    + `${formatTime(until * 1000)} (${until - since} s)`;
+  $("baseline-label").textContent = state.baseline ? `baseline ${formatTime(state.baseline[0] * 1000)} – `
+    + `${formatTime(state.baseline[1] * 1000)}` : "";
   $("diff").disabled = !state.baseline;
   $("diff").checked = state.diff;
   $("clear-selection").disabled = !state.selection;
   for (const format of ["pprof", "folded", "speedscope"]) {
-    $(`export-${format}`).href = `api/export?${query({ kind: state.kind, format, since, until, ...filters() })}`;
+    $(`export-${format}`).href = `api/export?${query({ kind: state.kind, format, since, until, ...filters(),
+      processes: state.merge ? "merge" : "" })}`;
   }
   for (const radio of document.querySelectorAll("input[name=kind]")) radio.checked = radio.value === state.kind;
+  $("merge-processes").checked = state.merge;
 }
 
 function renderFlameInfo() {
@@ -204,24 +215,12 @@ function renderFlameInfo() {
   if (state.diff && data.base_counts) {
     parts.push(`diff vs baseline (${formatValue(data.base_total, data.unit)}): red grew, blue shrank, in share of its range`);
   }
-  $("flame-title").textContent = (data.simulated ? "SIMULATED · " : "") + parts.join(" · ");
-  $("flame-title").classList.toggle("simulated", Boolean(data.simulated));
+  // simulated only when this kind's samples are, on the nodes shown (not because of the NVML readings)
+  const simulated = data.simulated.length > 0;
+  $("flame-title").textContent = (simulated ? "SIMULATED · " : "") + parts.join(" · ");
+  $("flame-title").classList.toggle("simulated", simulated);
   $("flame-empty").hidden = data.total > 0 || (data.base_total || 0) > 0;
-  const legend = $("legend");
-  legend.replaceChildren();
-  if (!state.diff) {
-    const byLanguage = state.colorBy === "language";
-    const totals = flame.binaryTotals(state.colorBy);
-    for (const [binary, value] of totals.slice(0, 12)) {
-      const item = document.createElement("span");
-      item.className = "legend-item";
-      const swatch = document.createElement("i");
-      swatch.style.background = byLanguage ? languageColor(binary) : binaryColor(binary);
-      item.append(swatch, `${binary || "(unknown)"} ${percent(value, data.total)}`);
-      legend.append(item);
-    }
-    if (totals.length > 12) legend.append(`+${totals.length - 12} more binaries`);
-  }
+  renderLegend($("legend"), flame, data.total);
 }
 
 function renderMatch(flame) {
@@ -263,15 +262,12 @@ function wire() {
     state.pid = 0;
     loadAll();
   });
-  $("process").addEventListener("change", (e) => {
-    if (e.target.value) {
-      const [node, pid] = e.target.value.split("|");
-      state.node = node;
-      state.pid = Number(pid);
-    } else {
-      state.pid = 0;
-    }
-    loadAll();
+  $("merge-processes").addEventListener("change", (e) => {
+    state.merge = e.target.checked;
+    writeURL();
+    updateLabels();
+    app.flame.setMergeProcesses(state.merge);
+    renderFlameInfo();
   });
   for (const radio of document.querySelectorAll("input[name=kind]")) {
     radio.addEventListener("change", (e) => {
@@ -301,6 +297,7 @@ function wire() {
       state.search = e.target.value;
       writeURL();
       app.flame.setSearch(state.search);
+      if (app.flameData) renderFlameInfo();
     }, 120);
   });
   $("reset-zoom").addEventListener("click", () => app.flame.resetZoom());
@@ -319,6 +316,16 @@ function start() {
   $("search").value = state.search;
   app.charts = new Charts($("charts"), onChartSelect);
   app.flame = new FlameGraph($("flame"), $("tooltip"), renderMatch);
+  app.flame.mergeProcesses = state.merge;
+  app.processes = new ProcessPicker($("process"), $("process-list"), (picked) => {
+    if (picked) {
+      state.node = picked.node;
+      state.pid = picked.pid;
+    } else {
+      state.pid = 0;
+    }
+    loadAll();
+  });
   wire();
   loadAll();
 }

@@ -1,8 +1,11 @@
 // The metric charts (uPlot, vendored under vendor/): NVML device and per-process series and profile activity, all
 // on the page's time range. Dragging across any chart selects a time range: onSelect(sinceMs, untilMs), and every
-// chart shows the selection.
+// chart shows the selection. Times are the page's one format (format.js: 24-hour UTC) on the axis and in the hover
+// legend; value axes start at 0, end on a round value and carry round ticks, each labelled with its unit.
 
 /* global uPlot */
+
+import { TIME_ZONE, formatNumber, formatTicks, formatTime, formatTimeTick, niceMax, niceTicks } from "./format.js";
 
 const GIB = 2 ** 30;
 const HEIGHT = 150;
@@ -11,23 +14,35 @@ const SERIES_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#
 
 // Each chart: where its series come from, and one line per series per field (value * scale).
 const CHARTS = [
-  { id: "util", title: "GPU utilization (%)", source: "devices", y: [0, 100],
+  { id: "util", title: "GPU utilization (%)", unit: "%", source: "devices", y: [0, 100],
     lines: [{ field: "gpu_util_pct" }] },
-  { id: "memory", title: "GPU memory used (GiB)", source: "devices",
+  { id: "memory", title: "GPU memory used (GiB)", unit: "GiB", source: "devices",
     lines: [{ field: "mem_used_bytes", scale: 1 / GIB }] },
-  { id: "clocks", title: "Clocks (MHz): SM, memory dashed", source: "devices",
+  { id: "clocks", title: "Clocks (MHz): SM, memory dashed", unit: "MHz", source: "devices",
     lines: [{ field: "sm_clock_mhz", suffix: " SM" }, { field: "mem_clock_mhz", suffix: " mem", dash: [5, 4] }] },
-  { id: "power", title: "Power (W), power limit dashed", source: "devices",
+  { id: "power", title: "Power (W), power limit dashed", unit: "W", source: "devices",
     lines: [{ field: "power_mw", scale: 1e-3 }, { field: "power_limit_mw", scale: 1e-3, suffix: " limit", dash: [6, 4] }] },
-  { id: "temperature", title: "Temperature (°C)", source: "devices", lines: [{ field: "temperature_c" }] },
-  { id: "pcie", title: "PCIe (MB/s): TX, RX dashed", source: "devices",
+  { id: "temperature", title: "Temperature (°C)", unit: "°C", source: "devices", lines: [{ field: "temperature_c" }] },
+  { id: "pcie", title: "PCIe (MB/s): TX, RX dashed", unit: "MB/s", source: "devices",
     lines: [{ field: "pcie_tx_kbps", scale: 1 / 1024, suffix: " TX" },
       { field: "pcie_rx_kbps", scale: 1 / 1024, suffix: " RX", dash: [5, 4] }] },
-  { id: "process-util", title: "GPU utilization per process (%)", source: "processes", y: [0, 100],
+  { id: "process-util", title: "GPU utilization per process (%)", unit: "%", source: "processes", y: [0, 100],
     lines: [{ field: "sm_util_pct" }] },
-  { id: "process-memory", title: "GPU memory per process (GiB)", source: "processes",
+  { id: "process-memory", title: "GPU memory per process (GiB)", unit: "GiB", source: "processes",
     lines: [{ field: "used_memory_bytes", scale: 1 / GIB }] },
 ];
+const AXIS_SIZE = 62; // px for a value axis: its ticks and its unit label
+
+/** A value axis on `scale`, labelled with its unit, ticks at round values from 0. */
+function valueAxis(scale, unit, extra = {}) {
+  return { scale, label: unit, labelSize: 14, labelFont: "11px system-ui, sans-serif", size: AXIS_SIZE,
+    splits: (u, axisIdx, min, max) => niceTicks(min, max), values: (u, vals) => formatTicks(vals), ...extra };
+}
+
+/** A scale from 0 to a round value above its data (or a fixed range). */
+function valueScale(fixed) {
+  return fixed ? { range: () => fixed } : { range: (u, min, max) => [0, niceMax(max)] };
+}
 
 function seriesLabel(source, s) {
   if (source === "devices") return `${s.node} gpu${s.gpu_index}${s.parent_uuid ? ` ${s.uuid.slice(0, 12)}` : ""}`;
@@ -49,24 +64,13 @@ function align(columns) {
   return data;
 }
 
-// x ticks in UTC, 24-hour: seconds only when the ticks are less than a minute apart, the date when they span days
+// x ticks: the page's time format cut to the ticks' spacing (seconds only when they are less than a minute apart,
+// the date when they span days)
 function timeTicks(u, splits, axisIdx, space, incr) {
-  return splits.map((s) => {
-    const iso = new Date(s * 1000).toISOString();
-    if (incr >= 86400) return iso.slice(5, 10);
-    if (incr < 60) return iso.slice(11, 19);
-    return (u.scales.x.max - u.scales.x.min > 86400 ? `${iso.slice(5, 10)} ` : "") + iso.slice(11, 16);
-  });
+  return splits.map((s) => formatTimeTick(s * 1000, incr, u.scales.x.max - u.scales.x.min));
 }
 
-function formatTick(v) {
-  if (v === null || v === undefined) return "";
-  const a = Math.abs(v);
-  if (a >= 1e6) return `${(v / 1e6).toFixed(1)}M`;
-  if (a >= 1e4) return `${(v / 1e3).toFixed(0)}k`;
-  if (a >= 100 || Number.isInteger(v)) return `${Math.round(v)}`;
-  return v.toFixed(a >= 10 ? 1 : 2);
-}
+const hoverValue = (u, v) => formatNumber(v);
 
 export class Charts {
   constructor(container, onSelect) {
@@ -111,10 +115,11 @@ export class Charts {
         for (const line of def.lines) {
           columns.push({ t: s.t, v: s[line.field], scale: line.scale });
           series.push({ label: seriesLabel(def.source, s) + (line.suffix || ""), stroke: color, width: 1.5,
-            dash: line.dash, spanGaps: false, value: (u, v) => formatTick(v) });
+            dash: line.dash, spanGaps: false, value: hoverValue });
         }
       });
-      this._add({ def, data: align(columns), series });
+      this._add({ def, data: align(columns), series, axes: [valueAxis("y", def.unit)],
+        scales: { y: valueScale(def.y) } });
     }
     if (!ts.devices.length && !ts.processes.length) {
       const note = document.createElement("div");
@@ -132,12 +137,14 @@ export class Charts {
       { t: ts.activity.gpu.t, v: ts.activity.gpu.v.map((v) => v / 1e6 / perSecond) },
     ];
     const series = [{},
-      { label: "CPU samples/s", stroke: "#d62728", width: 1.5, scale: "cpu", value: (u, v) => formatTick(v) },
-      { label: "GPU kernel time (ms/s)", stroke: "#2ca02c", width: 1.5, scale: "gpu", value: (u, v) => formatTick(v) }];
-    const def = { id: "activity", title: "Profiled: CPU samples/s, GPU kernel time (ms/s)", lines: [] };
-    const axes = [{ scale: "cpu", values: (u, vals) => vals.map(formatTick), size: 50 },
-      { scale: "gpu", side: 1, values: (u, vals) => vals.map(formatTick), size: 50, grid: { show: false } }];
-    return { def, data: align(columns), series, axes, scales: { cpu: { auto: true }, gpu: { auto: true } } };
+      { label: "CPU samples/s", stroke: "#d62728", width: 1.5, scale: "cpu", value: hoverValue },
+      { label: "GPU kernel time (ms/s)", stroke: "#2ca02c", width: 1.5, scale: "gpu", dash: [5, 4], value: hoverValue }];
+    const def = { id: "activity", title: "Profiled: CPU samples/s (left), GPU kernel time, ms/s (right, dashed)",
+      lines: [] };
+    // two units, two axes: CPU on the left in red, GPU on the right in green, each labelled
+    const axes = [valueAxis("cpu", "CPU samples/s", { stroke: "#b71c1c" }),
+      valueAxis("gpu", "GPU ms/s", { side: 1, stroke: "#1b5e20", grid: { show: false } })];
+    return { def, data: align(columns), series, axes, scales: { cpu: valueScale(), gpu: valueScale() } };
   }
 
   _add({ def, data, series, axes, scales }) {
@@ -151,13 +158,11 @@ export class Charts {
       tzDate: (ts) => uPlot.tzDate(new Date(ts * 1000), "Etc/UTC"), // UTC, as the CLI and the API speak
       width: this._width(),
       height: HEIGHT,
-      series,
-      scales: {
-        x: { time: true, range: () => [since / 1000, until / 1000] },
-        y: def.y ? { range: () => def.y } : { auto: true },
-        ...(scales || {}),
-      },
-      axes: [{ values: timeTicks }, ...(axes || [{ values: (u, vals) => vals.map(formatTick), size: 50 }])],
+      // the hover legend's time: the page's one format
+      series: [{ label: `time (${TIME_ZONE})`, value: (u, v) => (v === null || v === undefined ? "--"
+        : formatTime(v * 1000)) }, ...series.slice(1)],
+      scales: { x: { time: true, range: () => [since / 1000, until / 1000] }, ...scales },
+      axes: [{ values: timeTicks }, ...axes],
       legend: { show: series.length <= 9 },
       cursor: {
         drag: { x: true, y: false, setScale: false },

@@ -1,166 +1,20 @@
 // The flame graph: an icicle (root on top) drawn on a canvas, so that 100k distinct stacks render in well under a
-// second, which SVG or one DOM element per frame cannot do.
-//
-// The call tree is kept as typed arrays over its nodes in preorder (parent, frame, depth, total, self, x, end), built
-// in one pass: the stacks are sorted by frame name first, so stacks that share a prefix are neighbours and each one
-// only adds the nodes past its common prefix with the previous one. No per-node objects, no hash map; siblings come
-// out in name order, as in flamegraph.pl. `end[i]` is one past the last node of i's subtree, so a frame too narrow to
-// see skips its whole subtree while drawing.
+// second, which SVG or one DOM element per frame cannot do. The call tree is built by tree.js; colors come from
+// colors.js. The canvas is as tall as the deepest frame drawn, so no row is clipped and no empty area is left.
+
+import { ROOT_COLOR, MATCH_COLOR, diffColor, frameCategory, frameColor, textColor } from "./colors.js";
+import { formatValue, percent } from "./format.js";
+import { buildTree } from "./tree.js";
+
+export { buildTree } from "./tree.js";
+export { formatValue, percent } from "./format.js";
 
 const ROW = 17; // px per stack level
 const MIN_PX = 0.5; // narrower frames (and everything under them) are not drawn
+const MIN_CHANGED_PX = 3; // in a diff, a frame whose color shows a change is drawn at least this wide
+const CHANGED = 0.025; // ... that is, a change of at least this fraction of the color scale (the first shade)
 const LABEL_MIN_PX = 24;
 const FONT = "11px ui-monospace, SFMono-Regular, Menlo, Consolas, monospace";
-// Colors by binary: a qualitative palette (Tableau 10, teal for its grey: grey means "unknown binary" here), lightened,
-// then a small lightness step per function so neighbouring frames of one binary stay apart.
-const PALETTE = [[31, 119, 180], [255, 127, 14], [44, 160, 44], [214, 39, 40], [148, 103, 189], [140, 86, 75],
-  [227, 119, 194], [188, 189, 34], [23, 190, 207], [0, 128, 128]];
-const MATCH_COLOR = "#e040fb";
-// Colors by language (frames.language): one hue each, and grey for frames whose language is unknown.
-const LANGUAGE_COLORS = { python: [55, 118, 171], native: [230, 126, 34], kernel: [192, 57, 43], gpu: [39, 174, 96] };
-
-function hash(text) {
-  let h = 2166136261; // FNV-1a
-  for (let i = 0; i < text.length; i++) h = Math.imul(h ^ text.charCodeAt(i), 16777619);
-  return h >>> 0;
-}
-
-export function binaryColor(binary) {
-  if (!binary) return "rgb(200, 200, 200)";
-  const [r, g, b] = PALETTE[hash(binary) % PALETTE.length];
-  return `rgb(${r}, ${g}, ${b})`;
-}
-
-export function languageColor(language) {
-  const rgb = LANGUAGE_COLORS[language];
-  return rgb ? `rgb(${rgb[0]}, ${rgb[1]}, ${rgb[2]})` : "rgb(200, 200, 200)";
-}
-
-function frameColor(binary, name, language = null) {
-  const rgb = language === null ? (binary ? PALETTE[hash(binary) % PALETTE.length] : null) : LANGUAGE_COLORS[language];
-  if (!rgb) return "rgb(205, 205, 205)";
-  const [r, g, b] = rgb;
-  const mix = 0.45 + (hash(name) % 7) * 0.04; // toward white: text on it stays readable
-  return `rgb(${Math.round(r + (255 - r) * mix)}, ${Math.round(g + (255 - g) * mix)}, ${Math.round(b + (255 - b) * mix)})`;
-}
-
-function compareText(a, b) {
-  return a < b ? -1 : a > b ? 1 : 0;
-}
-
-/** The call tree of a /api/flamegraph (or /diff) answer, as typed arrays in preorder. */
-export function buildTree(data) {
-  const { frames, binaries, stacks, counts } = data;
-  const frameBinary = data.frame_binary;
-  const base = data.base_counts || null;
-  const nFrames = frames.length;
-  const byName = Array.from({ length: nFrames }, (_, i) => i)
-    .sort((a, b) => compareText(frames[a], frames[b]) || compareText(binaries[frameBinary[a]], binaries[frameBinary[b]]));
-  const rank = new Int32Array(nFrames);
-  byName.forEach((f, r) => { rank[f] = r; });
-
-  // Every stack's frames as ranks, in one flat array (stack k at [start[k], start[k + 1])): comparisons stay in one
-  // typed array instead of 100k small ones.
-  const n = stacks.length;
-  const start = new Int32Array(n + 1);
-  for (let k = 0; k < n; k++) start[k + 1] = start[k] + stacks[k].length;
-  const ranks = new Int32Array(start[n]);
-  let longest = 0;
-  for (let k = 0; k < n; k++) {
-    const s = stacks[k];
-    const at = start[k];
-    for (let j = 0; j < s.length; j++) ranks[at + j] = rank[s[j]];
-    if (s.length > longest) longest = s.length;
-  }
-  const order = new Int32Array(n);
-  for (let k = 0; k < n; k++) order[k] = k;
-  order.sort((a, b) => {
-    const ia = start[a], ib = start[b];
-    const la = start[a + 1] - ia, lb = start[b + 1] - ib;
-    const m = la < lb ? la : lb;
-    for (let i = 0; i < m; i++) {
-      const d = ranks[ia + i] - ranks[ib + i];
-      if (d !== 0) return d;
-    }
-    return la - lb;
-  });
-
-  const capacity = start[n] + 1;
-  const parent = new Int32Array(capacity);
-  const frame = new Int32Array(capacity);
-  const depth = new Uint16Array(capacity);
-  const total = new Float64Array(capacity);
-  const self = new Float64Array(capacity);
-  const baseTotal = base ? new Float64Array(capacity) : null;
-  const baseSelf = base ? new Float64Array(capacity) : null;
-  parent[0] = -1;
-  frame[0] = -1;
-  const path = new Int32Array(longest + 1); // path[d]: the node at depth d of the stack being added
-  let count = 1;
-  let prevAt = 0;
-  let prevLen = 0;
-  for (let q = 0; q < n; q++) {
-    const k = order[q];
-    const at = start[k], len = start[k + 1] - at;
-    let common = 0;
-    const m = len < prevLen ? len : prevLen;
-    while (common < m && ranks[at + common] === ranks[prevAt + common]) common++;
-    for (let j = common; j < len; j++) {
-      const node = count++;
-      parent[node] = path[j];
-      frame[node] = byName[ranks[at + j]];
-      depth[node] = j + 1;
-      path[j + 1] = node;
-    }
-    self[path[len]] += counts[k];
-    if (base) baseSelf[path[len]] += base[k];
-    prevAt = at;
-    prevLen = len;
-  }
-  // totals: self plus the children's totals; children come after their parent in preorder
-  for (let i = 0; i < count; i++) total[i] = self[i];
-  for (let i = count - 1; i > 0; i--) total[parent[i]] += total[i];
-  if (base) {
-    for (let i = 0; i < count; i++) baseTotal[i] = baseSelf[i];
-    for (let i = count - 1; i > 0; i--) baseTotal[parent[i]] += baseTotal[i];
-  }
-
-  // x: where each node starts, in value units; children follow each other from their parent's start.
-  const x = new Float64Array(count);
-  const next = new Float64Array(count);
-  for (let i = 1; i < count; i++) {
-    const p = parent[i];
-    x[i] = next[p];
-    next[p] += total[i];
-    next[i] = x[i];
-  }
-  const end = new Int32Array(count);
-  for (let i = 0; i < count; i++) end[i] = i + 1;
-  for (let i = count - 1; i > 0; i--) if (end[i] > end[parent[i]]) end[parent[i]] = end[i];
-
-  return {
-    count, parent: parent.subarray(0, count), frame: frame.subarray(0, count), depth: depth.subarray(0, count),
-    total: total.subarray(0, count), self: self.subarray(0, count), x, end, maxDepth: longest,
-    baseTotal: baseTotal && baseTotal.subarray(0, count), baseSelf: baseSelf && baseSelf.subarray(0, count),
-    frames, binaries, frameBinary, diff: Boolean(base),
-    languages: data.languages || [], frameLanguage: data.frame_language || [],
-  };
-}
-
-/** A value in the flame graph's unit, for people. */
-export function formatValue(value, unit) {
-  if (unit === "ns") {
-    if (value >= 1e9) return `${(value / 1e9).toFixed(3)} s`;
-    if (value >= 1e6) return `${(value / 1e6).toFixed(3)} ms`;
-    if (value >= 1e3) return `${(value / 1e3).toFixed(1)} µs`;
-    return `${value} ns`;
-  }
-  return `${value.toLocaleString("en-US")} ${value === 1 ? "sample" : "samples"}`;
-}
-
-export function percent(part, whole) {
-  return whole > 0 ? `${((100 * part) / whole).toFixed(1)}%` : "-";
-}
 
 function escapeRegExp(text) {
   return text.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
@@ -172,6 +26,7 @@ export class FlameGraph {
     this.canvas = canvas;
     this.tooltip = tooltip;
     this.onChange = onChange;
+    this.data = null;
     this.model = null;
     this.unit = "samples";
     this.focus = 0;
@@ -180,9 +35,11 @@ export class FlameGraph {
     this.renders = 0;
     this.lastRenderMs = 0;
     this.drawn = { node: [], x: [], w: [] };
+    this.category = []; // per frame: its colors.js category
     this._frameColors = [];
     this.colorBy = "binary"; // or "language"
-    this._diffScale = 1;
+    this.mergeProcesses = false;
+    this.diffScale = 1;
     canvas.addEventListener("mousemove", (e) => this._hover(e));
     canvas.addEventListener("mouseleave", () => { this.tooltip.hidden = true; });
     canvas.addEventListener("click", (e) => {
@@ -195,21 +52,32 @@ export class FlameGraph {
   /** Show a /api/flamegraph or /api/flamegraph/diff answer; returns the milliseconds from data to drawn. */
   setData(data, search = "") {
     const started = performance.now();
-    const m = buildTree(data);
-    this.model = m;
+    this.data = data;
     this.unit = data.unit || "samples";
+    this._build(search);
+    this.lastRenderMs = performance.now() - started;
+    return this.lastRenderMs;
+  }
+
+  /** With `merge`, the processes' stacks merge (no root frame per process); drawn again. */
+  setMergeProcesses(merge) {
+    this.mergeProcesses = Boolean(merge);
+    if (this.data) this._build(this.searchText || "");
+  }
+
+  _build(search) {
+    const m = buildTree(this.data, this.mergeProcesses);
+    this.model = m;
     this.focus = 0;
     this._paint();
     if (m.diff) {
       // color scale: the largest change in any frame's share of its range
       let largest = 0;
       for (let i = 1; i < m.count; i++) largest = Math.max(largest, Math.abs(this._delta(i)));
-      this._diffScale = largest || 1;
+      this.diffScale = largest || 1;
     }
     this._search(search);
     this.draw();
-    this.lastRenderMs = performance.now() - started;
-    return this.lastRenderMs;
   }
 
   setSearch(text) {
@@ -232,6 +100,11 @@ export class FlameGraph {
     const now = m.total[0] ? m.total[i] / m.total[0] : 0;
     const before = m.baseTotal[0] ? m.baseTotal[i] / m.baseTotal[0] : 0;
     return now - before;
+  }
+
+  /** Whether node i's color shows a change (diff mode). */
+  changed(i) {
+    return this.model.diff && Math.abs(this._delta(i)) >= CHANGED * this.diffScale;
   }
 
   _search(text) {
@@ -264,13 +137,10 @@ export class FlameGraph {
 
   _color(i) {
     const m = this.model;
-    if (i === 0) return "rgb(190, 190, 190)";
+    if (i === 0) return ROOT_COLOR;
     if (this.match && this.match[m.frame[i]]) return MATCH_COLOR;
     if (!m.diff) return this._frameColors[m.frame[i]];
-    const t = Math.min(1, Math.abs(this._delta(i)) / this._diffScale);
-    const level = Math.round(t * 20) / 20; // 21 shades: the string cache stays tiny
-    const light = 96 - 46 * level;
-    return this._delta(i) >= 0 ? `hsl(0, 85%, ${light}%)` : `hsl(215, 85%, ${light}%)`;
+    return diffColor(this._delta(i), this.diffScale);
   }
 
   name(i) {
@@ -281,12 +151,45 @@ export class FlameGraph {
     return i === 0 ? "" : this.model.binaries[this.model.frameBinary[this.model.frame[i]]];
   }
 
+  /** The nodes to draw at the current zoom, as [node, x, w] in CSS pixels for a graph `width` wide: ancestors of
+   * the focus across the width, then its subtree, frames under MIN_PX left out with everything under them, except
+   * that in a diff a changed frame is drawn at least MIN_CHANGED_PX wide, last, so nothing covers it. */
+  _layout(width) {
+    const m = this.model;
+    const out = [];
+    const late = [];
+    const focus = this.focus;
+    const focusTotal = m.total[focus];
+    if (focusTotal <= 0) return out;
+    const scale = width / focusTotal;
+    const x0 = m.x[focus];
+    for (let a = m.parent[focus]; a >= 0; a = m.parent[a]) out.push([a, 0, width]);
+    for (let i = focus, stop = m.end[focus]; i < stop;) {
+      const w = m.total[i] * scale;
+      if (w < MIN_CHANGED_PX && m.total[i] > 0 && m.diff && this.changed(i)) {
+        late.push([i, Math.min((m.x[i] - x0) * scale, width - MIN_CHANGED_PX), MIN_CHANGED_PX]);
+        i++;
+        continue;
+      }
+      if (w < MIN_PX) {
+        i = m.end[i];
+        continue;
+      }
+      out.push([i, (m.x[i] - x0) * scale, w]);
+      i++;
+    }
+    return out.concat(late);
+  }
+
   draw() {
     const m = this.model;
     if (!m) return;
     const canvas = this.canvas;
     const width = Math.max(100, canvas.parentElement.clientWidth);
-    const height = (m.maxDepth + 1) * ROW + 1;
+    const layout = this._layout(width);
+    let deepest = 0;
+    for (const [i] of layout) if (m.depth[i] > deepest) deepest = m.depth[i];
+    const height = (deepest + 1) * ROW + 1;
     const dpr = window.devicePixelRatio || 1;
     if (canvas.width !== Math.round(width * dpr) || canvas.height !== Math.round(height * dpr)) {
       canvas.width = Math.round(width * dpr);
@@ -301,22 +204,7 @@ export class FlameGraph {
     ctx.textBaseline = "middle";
     const charWidth = ctx.measureText("mmmmmmmmmm").width / 10;
     this.drawn = { node: [], x: [], w: [] };
-    const focus = this.focus;
-    const focusTotal = m.total[focus];
-    if (focusTotal > 0) {
-      const scale = width / focusTotal;
-      const x0 = m.x[focus];
-      for (let a = m.parent[focus]; a >= 0; a = m.parent[a]) this._rect(ctx, a, 0, width, charWidth);
-      for (let i = focus, stop = m.end[focus]; i < stop;) {
-        const w = m.total[i] * scale;
-        if (w < MIN_PX) {
-          i = m.end[i];
-          continue;
-        }
-        this._rect(ctx, i, (m.x[i] - x0) * scale, w, charWidth);
-        i++;
-      }
-    }
+    for (const [i, x, w] of layout) this._rect(ctx, i, x, w, charWidth);
     this.renders += 1;
     this.onChange(this);
   }
@@ -332,17 +220,18 @@ export class FlameGraph {
       const name = this.name(i);
       const fits = Math.floor((w - 6) / charWidth);
       const label = name.length <= fits ? name : `${name.slice(0, Math.max(0, fits - 1))}…`;
-      ctx.fillStyle = "#111";
+      const plain = i > 0 && !this.model.diff && !(this.match && this.match[this.model.frame[i]]);
+      ctx.fillStyle = plain ? textColor(this.category[this.model.frame[i]]) : "#111";
       ctx.fillText(label, x + 3, y + ROW / 2);
     }
   }
 
-  /** The node drawn at canvas CSS pixel (px, py), or -1. */
+  /** The node drawn at canvas CSS pixel (px, py), or -1: the last drawn wins (drawn over the others). */
   nodeAt(px, py) {
     const depth = Math.floor(py / ROW);
     const { node, x, w } = this.drawn;
     const m = this.model;
-    for (let k = 0; k < node.length; k++) {
+    for (let k = node.length - 1; k >= 0; k--) {
       if (m.depth[node[k]] === depth && px >= x[k] && px < x[k] + w[k]) return node[k];
     }
     return -1;
@@ -409,8 +298,9 @@ export class FlameGraph {
 
   _paint() {
     const m = this.model;
-    this._frameColors = m.frames.map((name, i) => frameColor(m.binaries[m.frameBinary[i]], name,
-      this.colorBy === "language" ? this.language(i, true) : null));
+    this.category = m.frames.map((name, f) => frameCategory(name, m.binaries[m.frameBinary[f]],
+      this.language(f, true), this.colorBy));
+    this._frameColors = m.frames.map((name, f) => frameColor(this.category[f], name));
   }
 
   /** The language of node i (of frame i, with `isFrame`): "unknown" where the answer says none. */
@@ -420,18 +310,32 @@ export class FlameGraph {
     return (!isFrame && i === 0) ? "" : (m.languages[m.frameLanguage[frame]] || "unknown");
   }
 
-  /** Total value per binary (or per language, with "language") of the frames' self values, largest first: the
-   * legend. */
-  binaryTotals(by = "binary") {
+  /** The legend: per color category, the total value of the stacks with a frame of it (callees included, each
+   * stack counted once however often the category recurs in it), largest first, as [category, value]. */
+  categoryTotals() {
     const m = this.model;
-    const sums = new Map();
+    const index = new Map();
+    const frameCat = new Int32Array(m.frames.length);
+    this.category.forEach((c, f) => {
+      if (!index.has(c)) index.set(c, index.size);
+      frameCat[f] = index.get(c);
+    });
+    const onPath = new Int32Array(index.size);
+    const pathCat = new Int32Array(m.maxDepth + 2);
+    const sums = new Float64Array(index.size);
+    let depth = 0;
     for (let i = 1; i < m.count; i++) {
-      if (m.self[i] > 0) {
-        const b = by === "language" ? this.language(i) : this.binary(i);
-        sums.set(b, (sums.get(b) || 0) + m.self[i]);
-      }
+      const d = m.depth[i];
+      for (; depth >= d; depth--) onPath[pathCat[depth]]--;
+      const c = frameCat[m.frame[i]];
+      if (onPath[c] === 0) sums[c] += m.total[i];
+      onPath[c]++;
+      pathCat[d] = c;
+      depth = d;
     }
-    return [...sums.entries()].sort((a, b) => b[1] - a[1]);
+    const byName = (a, b) => (a < b ? -1 : a > b ? 1 : 0);
+    return [...index.keys()].map((c, k) => [c, sums[k]]).filter(([, v]) => v > 0)
+      .sort((a, b) => b[1] - a[1] || byName(a[0], b[0]));
   }
 
   _hover(e) {
@@ -442,7 +346,8 @@ export class FlameGraph {
     }
     const d = this.describe(i);
     const unit = this.unit;
-    let text = `${d.name}${d.binary ? `  (${d.binary})` : ""}\n`
+    const what = i > 0 && this.language(i) === "process" ? "  (process)" : d.binary ? `  (${d.binary})` : "";
+    let text = `${d.name}${what}\n`
       + `total ${formatValue(d.total, unit)} (${percent(d.total, d.all)})\n`
       + `self  ${formatValue(d.self, unit)} (${percent(d.self, d.all)})`;
     if (this.model.diff) {
