@@ -180,12 +180,12 @@ def test_known_launches_and_kernels_come_out_of_query_top_and_flamegraph_exactly
         {"function": "hash_block", "binary": "app", "self": 0, "total": 7_000, "share": 0.0},
         {"function": "write_out", "binary": "app", "self": 0, "total": 5_000, "share": 0.0}]
     table = run.cli("query", "top", "--kind", "gpu", *where)
-    assert "0.028" in table.stdout and "77.8%" in table.stdout and "0.000036 s of GPU time" in table.stderr
+    assert "28 µs" in table.stdout and "77.8%" in table.stdout and "36 µs of GPU time" in table.stderr
 
-    folded = run.cli("query", "flamegraph", "--kind", "gpu", *where).stdout
+    folded = run.cli("query", "flamegraph", "--kind", "gpu", *where, "--merge-processes").stdout
     assert folded == (f"main;run;compute;{gemm} 21000\nmain;run;hash_block;{gemm} 7000\n"
                       f"main;write_out;{SGEMM} 5000\nmain;run;compute;{SGEMM} 3000\n")
-    only_b = run.cli("query", "flamegraph", "--kind", "gpu", *where, "--pid", "301").stdout
+    only_b = run.cli("query", "flamegraph", "--kind", "gpu", *where, "--pid", "301", "--merge-processes").stdout
     assert only_b == f"main;run;hash_block;{gemm} 7000\n"
 
     run.cli("query", "flamegraph", "--kind", "gpu", *where, "--format", "pprof", "-o", str(tmp_path / "gpu.pb.gz"))
@@ -200,7 +200,8 @@ def test_known_launches_and_kernels_come_out_of_query_top_and_flamegraph_exactly
     assert leaves == {gemm: 28_000, SGEMM: 8_000}
     speedscope = json.loads(run.cli("query", "flamegraph", "--kind", "gpu", *where, "--format", "speedscope").stdout)
     assert speedscope["profiles"][0]["unit"] == "nanoseconds" and sum(speedscope["profiles"][0]["weights"]) == total
-    stacks = json.loads(run.cli("query", "flamegraph", "--kind", "gpu", *where, "--format", "json").stdout)
+    stacks = json.loads(run.cli("query", "flamegraph", "--kind", "gpu", *where, "--format", "json",
+                                "--merge-processes").stdout)
     assert stacks[0] == {"stack": ["main", "run", "compute", gemm], "count": 21_000}
     page = run.cli("query", "flamegraph", "--kind", "gpu", *where, "--format", "html").stdout
     assert page.startswith("<!doctype html>") and "fleetprof gpu" in page and "main" in page

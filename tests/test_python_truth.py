@@ -57,7 +57,7 @@ def _folded(store, node: str, pid: int) -> str:
     until = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
     result = run_here(["--data-dir", os.path.dirname(store.location), "--database", store.database, "query",
                        "flamegraph", "--since", since, "--until", until, "--node", node, "--pid", str(pid),
-                       "--format", "folded"], silent_address())
+                       "--format", "folded", "--merge-processes"], silent_address())
     assert result.exit_code == 0, result.output
     return result.output
 
