@@ -7,8 +7,8 @@ Stacks: synthetic, distinct, 10 to 40 frames deep, from a call graph where popul
 stacks share prefixes, as real ones do), ~20k function names in ~24 binaries, long-tailed counts. Measured in Debian's
 headless chromium (driven by playwright), each run on a fresh page, median of --runs:
 - fleetprof: the text of a /api/flamegraph answer (built by fleetprof.webui.model and orjson, as the server does it
-  from the rows of flamegraph_ids_cpu and flamegraph_names_cpu) → JSON.parse
-  → call tree, layout and canvas draw (static/flamegraph.js) → two animation frames (painted);
+  from the rows of flamegraph_ids_cpu and flamegraph_names_cpu, each stack under its process's root frame)
+  → JSON.parse → call tree, layout and canvas draw (static/flamegraph.js) → two animation frames (painted);
 - peer, d3-flame-graph 5.0.0 (SVG, on d3 7), the flame graph library many profilers embed: the text of its input, a
   nested {name, value, children} tree → JSON.parse → d3.select().datum().call(flamegraph()) → two animation frames.
   Both skip frames narrower than 0.5 px; the peer's transitions are off. It is fetched with `npm pack` into a
@@ -259,7 +259,9 @@ def main() -> None:
         for size in sizes:
             stacks = synthetic_stacks(size)
             names, rows = stored_form(stacks)
-            ids = model.StackIds.from_rows(rows)  # the server reads these as Arrow columns
+            # the server reads these as Arrow columns; one process, as time_server stores the samples: each stack
+            # under its process's root frame, as the page shows a process or a machine
+            ids = model.StackIds.from_rows([(*row, "bench", 1, "bench") for row in rows])
             encode_runs = []
             for _ in range(args.runs):
                 started = time.perf_counter()

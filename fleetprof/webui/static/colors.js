@@ -28,7 +28,10 @@ export function hash(text) {
   return h >>> 0;
 }
 
-/** The category of a frame: a key of CATEGORIES, or (native code colored by binary) the binary's name. */
+const binaryKeys = new Map(); // binary -> its category, made once (a graph has 20k frames in a few dozen binaries)
+const shadesOf = new Map(); // category -> its 7 fills, made once
+
+/** The category of a frame: a key of CATEGORIES, or (native code colored by binary) "binary:" and its name. */
 export function frameCategory(name, binary, language, by = "binary") {
   if (language === "process") return "process";
   if (name.startsWith("[stack lost")) return "lost";
@@ -38,7 +41,10 @@ export function frameCategory(name, binary, language, by = "binary") {
   if (language === "python") return "python";
   if (binary === "[jit]") return "jit";
   if (by === "language") return language && language !== "unknown" ? "native" : "unknown";
-  return binary ? `binary:${binary}` : "unknown";
+  if (!binary) return "unknown";
+  let key = binaryKeys.get(binary);
+  if (key === undefined) binaryKeys.set(binary, (key = `binary:${binary}`));
+  return key;
 }
 
 function baseColor(category) {
@@ -60,9 +66,14 @@ export function categoryColor(category) {
   return mixed(baseColor(category), category, 0.57);
 }
 
-/** A frame's fill: its category's color, lightened toward white by a step that follows its name. */
+/** A frame's fill: its category's color, lightened toward white by one of 7 steps that follows its name. */
 export function frameColor(category, name) {
-  return mixed(baseColor(category), category, 0.45 + (hash(name) % 7) * 0.04);
+  let shades = shadesOf.get(category);
+  if (shades === undefined) {
+    shades = Array.from({ length: 7 }, (_, k) => mixed(baseColor(category), category, 0.45 + k * 0.04));
+    shadesOf.set(category, shades);
+  }
+  return shades[hash(name) % 7];
 }
 
 /** The color of a frame's label on its fill. */

@@ -151,23 +151,29 @@ export class FlameGraph {
     return i === 0 ? "" : this.model.binaries[this.model.frameBinary[this.model.frame[i]]];
   }
 
-  /** The nodes to draw at the current zoom, as [node, x, w] in CSS pixels for a graph `width` wide: ancestors of
-   * the focus across the width, then its subtree, frames under MIN_PX left out with everything under them, except
-   * that in a diff a changed frame is drawn at least MIN_CHANGED_PX wide, last, so nothing covers it. */
+  /** The nodes to draw at the current zoom, {node, x, w} in CSS pixels for a graph `width` wide: ancestors of the
+   * focus across the width, then its subtree, frames under MIN_PX left out with everything under them, except that
+   * in a diff a changed frame is drawn at least MIN_CHANGED_PX wide, last, so nothing covers it. */
   _layout(width) {
     const m = this.model;
-    const out = [];
-    const late = [];
+    const out = { node: [], x: [], w: [] };
+    const late = { node: [], x: [] };
     const focus = this.focus;
     const focusTotal = m.total[focus];
     if (focusTotal <= 0) return out;
     const scale = width / focusTotal;
     const x0 = m.x[focus];
-    for (let a = m.parent[focus]; a >= 0; a = m.parent[a]) out.push([a, 0, width]);
+    const add = (i, x, w) => {
+      out.node.push(i);
+      out.x.push(x);
+      out.w.push(w);
+    };
+    for (let a = m.parent[focus]; a >= 0; a = m.parent[a]) add(a, 0, width);
     for (let i = focus, stop = m.end[focus]; i < stop;) {
       const w = m.total[i] * scale;
-      if (w < MIN_CHANGED_PX && m.total[i] > 0 && m.diff && this.changed(i)) {
-        late.push([i, Math.min((m.x[i] - x0) * scale, width - MIN_CHANGED_PX), MIN_CHANGED_PX]);
+      if (w < MIN_CHANGED_PX && m.diff && m.total[i] > 0 && this.changed(i)) {
+        late.node.push(i);
+        late.x.push(Math.min((m.x[i] - x0) * scale, width - MIN_CHANGED_PX));
         i++;
         continue;
       }
@@ -175,10 +181,11 @@ export class FlameGraph {
         i = m.end[i];
         continue;
       }
-      out.push([i, (m.x[i] - x0) * scale, w]);
+      add(i, (m.x[i] - x0) * scale, w);
       i++;
     }
-    return out.concat(late);
+    late.node.forEach((i, k) => add(i, late.x[k], MIN_CHANGED_PX));
+    return out;
   }
 
   draw() {
@@ -188,7 +195,7 @@ export class FlameGraph {
     const width = Math.max(100, canvas.parentElement.clientWidth);
     const layout = this._layout(width);
     let deepest = 0;
-    for (const [i] of layout) if (m.depth[i] > deepest) deepest = m.depth[i];
+    for (const i of layout.node) if (m.depth[i] > deepest) deepest = m.depth[i];
     const height = (deepest + 1) * ROW + 1;
     const dpr = window.devicePixelRatio || 1;
     if (canvas.width !== Math.round(width * dpr) || canvas.height !== Math.round(height * dpr)) {
@@ -203,8 +210,8 @@ export class FlameGraph {
     ctx.font = FONT;
     ctx.textBaseline = "middle";
     const charWidth = ctx.measureText("mmmmmmmmmm").width / 10;
-    this.drawn = { node: [], x: [], w: [] };
-    for (const [i, x, w] of layout) this._rect(ctx, i, x, w, charWidth);
+    this.drawn = layout;
+    for (let k = 0; k < layout.node.length; k++) this._rect(ctx, layout.node[k], layout.x[k], layout.w[k], charWidth);
     this.renders += 1;
     this.onChange(this);
   }
@@ -213,9 +220,6 @@ export class FlameGraph {
     const y = this.model.depth[i] * ROW;
     ctx.fillStyle = this._color(i);
     ctx.fillRect(x, y, w > 2 ? w - 1 : w, ROW - 1);
-    this.drawn.node.push(i);
-    this.drawn.x.push(x);
-    this.drawn.w.push(w);
     if (w >= LABEL_MIN_PX) {
       const name = this.name(i);
       const fits = Math.floor((w - 6) / charWidth);
