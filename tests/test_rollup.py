@@ -132,6 +132,23 @@ FILTERS = [{}, {"node": "n1"}, {"pid": 20}, {"comm": "train"}, {"node": "n1", "c
            {"node": "n3", "comm": "train"}]
 
 
+def per_stack(rows: list) -> list[tuple[int, tuple, int]]:
+    """flamegraph_ids_* rows (stack id, frame ids, value, node, pid, comm) summed over the processes."""
+    sums: dict[tuple, int] = {}
+    for stack_id, frame_ids, value, *_process in rows:
+        key = (int(stack_id), tuple(frame_ids))
+        sums[key] = sums.get(key, 0) + int(value)
+    return sorted((s, f, v) for (s, f), v in sums.items())
+
+
+def per_names(rows: list) -> list[tuple[tuple, int]]:
+    """flamegraph_processes_* rows (node, pid, comm, functions, binaries, …, value) summed over the processes."""
+    sums: dict[tuple, int] = {}
+    for _node, _pid, _comm, functions, _binaries, *_, value in rows:
+        sums[tuple(functions)] = sums.get(tuple(functions), 0) + int(value)
+    return sorted(sums.items())
+
+
 def test_flame_graphs_are_exactly_the_window_sums_for_every_range_and_filter(known):
     store, h, cpu, gpu = known
     checked = 0
@@ -143,15 +160,19 @@ def test_flame_graphs_are_exactly_the_window_sums_for_every_range_and_filter(kno
 
             got = sorted((tuple(f), int(c)) for f, c in query(store, "flamegraph_cpu", params))
             assert got == by_names(want_cpu), case
-            got = sorted((int(s), tuple(f), int(v)) for s, f, v in query(store, "flamegraph_ids_cpu", params))
+            got = per_stack(query(store, "flamegraph_ids_cpu", params))
             assert got == sorted((s, tuple(STACKS.get(s, [])), v) for s, v in want_cpu.items()), case
+            got = per_names(query(store, "flamegraph_processes_cpu", params))
+            assert got == by_names(want_cpu), case
             got = sorted(int(r[0]) for r in query(store, "flamegraph_names_cpu", params))
             assert got == sorted({f for s in want_cpu for f in STACKS.get(s, [])}), case
 
             got = sorted((tuple(f), int(c)) for f, c in query(store, "flamegraph_gpu", params))
             assert got == by_names(want_gpu), case
-            got = sorted((int(s), tuple(f), int(v)) for s, f, v in query(store, "flamegraph_ids_gpu", params))
+            got = per_stack(query(store, "flamegraph_ids_gpu", params))
             assert got == sorted((s, tuple(STACKS.get(s, [])), v) for s, v in want_gpu.items()), case
+            got = per_names(query(store, "flamegraph_processes_gpu", params))
+            assert got == by_names(want_gpu), case
             got = sorted(int(r[0]) for r in query(store, "flamegraph_names_gpu", params))
             assert got == sorted({f for s in want_gpu for f in STACKS.get(s, [])}), case
             checked += bool(want_cpu) + bool(want_gpu)

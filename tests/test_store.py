@@ -255,9 +255,11 @@ def test_named_queries_declare_their_defaults():
 
 
 def test_the_flame_graphs_include_the_samples_per_stack_written_once():
-    for name in ("flamegraph_cpu", "flamegraph_ids_cpu", "flamegraph_names_cpu", "flamegraph_gpu", "flamegraph_ids_gpu",
-                 "flamegraph_names_gpu"):
-        shared = "cpu_samples_by_stack" if name.endswith("cpu") else "gpu_kernel_samples_by_stack"
+    # the merged flame graphs per stack; the UI's (ids) and the exports' (processes) per process and stack
+    for name in ("flamegraph_cpu", "flamegraph_ids_cpu", "flamegraph_names_cpu", "flamegraph_processes_cpu",
+                 "flamegraph_gpu", "flamegraph_ids_gpu", "flamegraph_names_gpu", "flamegraph_processes_gpu"):
+        per = "process_stack" if "_ids_" in name or "_processes_" in name else "stack"
+        shared = f"cpu_samples_by_{per}" if name.endswith("cpu") else f"gpu_kernel_samples_by_{per}"
         text = (QUERIES_DIR / f"{name}.sql").read_text()
         assert f"        -- @include {shared}\n" in text and "UNION" not in text, name
         # the included query's statement, without its comment header, where the line was; the file's own defaults
