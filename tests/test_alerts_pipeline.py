@@ -18,9 +18,11 @@ from processors.alert_webhook import AlertWebhook, webhook_thread
 from processors.alerts import SECOND_NS, AlertConfig, alert_id
 from processors.alerts_stage import build_alerts
 from processors.runner import TopicRunner
-from processors.sink import CPU_SAMPLE_COLUMNS, FRAME_COLUMNS, STACK_COLUMNS
+from processors.sink import CPU_SAMPLE_COLUMNS, STACK_COLUMNS
 from schemas import single_object
 from tests.pipeline_helpers import Running, produce, read_topic, sink, wait_for
+
+FRAME_COLUMNS = ["frame_id", "function", "binary", "kind", "last_seen"]  # build_id left to its default
 
 CONFIG = AlertConfig(below=20, busy_above=50, hold_ns=30 * SECOND_NS, recover_above=40, recover_ns=15 * SECOND_NS)
 SERIES = [90] * 10 + [5] * 40 + [80] * 20  # low from 10 s to 49 s: fires at 40 s, resolves at 65 s
