@@ -1,4 +1,5 @@
-"""The README's main job as a user runs it: `fleetprof up`, then `fleetprof loadgen`, then `fleetprof query top`."""
+"""The README's main job as a user runs it: `fleetprof up` (its agent profiling this machine), then `fleetprof
+loadgen` next to it and `fleetprof query top`; and `fleetprof up --simulate-gpu`."""
 
 from __future__ import annotations
 
@@ -52,38 +53,6 @@ def _stop_up(up: subprocess.Popen) -> str:
         raise
     assert up.returncode == 0, out
     return out
-
-
-def test_up_then_loadgen_then_query_top_shows_exactly_what_was_sent(tmp_path):
-    kafka_port = consecutive_free_port()
-    api_port = next(p for p in free_ports(3) if p not in (kafka_port, kafka_port + 1))
-    env = dict(os.environ, FLEETPROF_DATA_DIR=str(tmp_path / "data"), FLEETPROF_KAFKA=f"127.0.0.1:{kafka_port}",
-               FLEETPROF_API=f"127.0.0.1:{api_port}")
-    up, _ = _start_up(env, "--no-agent")  # only loadgen's nodes: the totals are exact
-    try:
-        sent = _fleetprof(env, "loadgen", "--nodes", "3", "--duration", "6s", "--window", "2s", "--no-pace",
-                          "--format", "json")
-        assert sent.returncode == 0, sent.stderr
-        report = json.loads(sent.stdout)
-        want: Counter[str] = Counter()
-        for b, f, n in report["samples_by_leaf"]:  # loadgen reports the symbol table's (mangled) names
-            want[f"{demangle(f)} ({b})"] += n
-
-        got: Counter[str] = Counter()
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and got != want:
-            top = _fleetprof(env, "query", "top", "--kind", "cpu", "--since", "5m", "--limit", "100000",
-                             "--format", "json")
-            assert top.returncode == 0, top.stderr
-            got = Counter({f"{r['function']} ({r['binary']})": r["self"] for r in json.loads(top.stdout) if r["self"]})
-            time.sleep(1)
-        assert got == want
-        assert sum(got.values()) == report["total_samples"]
-    finally:
-        out = _stop_up(up)
-    assert "stopped" in out
-    status = _fleetprof(env, "kafka", "status")
-    assert status.returncode == 3, status.stdout  # the broker `up` started is gone with it
 
 
 def test_up_simulate_gpu_shows_simulated_gpu_time_and_metrics(tmp_path):
@@ -184,6 +153,30 @@ def test_up_as_the_readme_says_profiles_this_machine(tmp_path, workload_binary):
                                     f"&node={node}", timeout=30) as answer:
             folded = answer.read().decode()
         assert any(line.rsplit(" ", 1)[0].endswith("main;outer;leaf") for line in folded.splitlines()), folded[:2000]
+
+        # "Using it": loadgen next to up (and its agent); the simulated nodes' totals come back exactly
+        sent = _fleetprof(env, "loadgen", "--nodes", "3", "--duration", "6s", "--window", "2s", "--no-pace",
+                          "--format", "json")
+        assert sent.returncode == 0, sent.stderr
+        report = json.loads(sent.stdout)
+        want: Counter[str] = Counter()
+        for b, f, n in report["samples_by_leaf"]:  # loadgen reports the symbol table's (mangled) names
+            want[f"{demangle(f)} ({b})"] += n
+        got: Counter[str] = Counter()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and got != want:
+            got = Counter()
+            for sim_node in report["nodes"]:
+                top = _fleetprof(env, "query", "top", "--kind", "cpu", "--since", "5m", "--node", sim_node,
+                                 "--limit", "100000", "--format", "json")
+                assert top.returncode == 0, top.stderr
+                got.update({f"{r['function']} ({r['binary']})": r["self"] for r in json.loads(top.stdout)
+                            if r["self"]})
+            time.sleep(1)
+        assert got == want and sum(got.values()) == report["total_samples"]
+        assert "SIMULATED: CPU samples from node" in top.stderr  # loadgen's nodes are labelled, and only they
+        mine = _fleetprof(env, "query", "top", "--kind", "cpu", "--since", "5m", "--node", node)
+        assert mine.returncode == 0 and "SIMULATED" not in mine.stderr, mine.stderr
         print(f"\nthis machine's first samples stored {first_s:.1f} s after ready; the workload started at ready in "
               f"query top after {found_s:.1f} s")
     finally:
@@ -192,3 +185,5 @@ def test_up_as_the_readme_says_profiles_this_machine(tmp_path, workload_binary):
             w.wait()
         out = _stop_up(up)
     assert "stopped" in out
+    status = _fleetprof(env, "kafka", "status")
+    assert status.returncode == 3, status.stdout  # the broker `up` started is gone with it
