@@ -16,6 +16,7 @@ Needs root and BPF: skipped with the reason without them, a failure on CI.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -46,7 +47,7 @@ SECONDS = 10
 WINDOW_S = SECONDS + 3
 FREQUENCY = 499  # ~2,000 samples a workload in the window: a share's noise well under the 3 points allowed
 SPY_RATE = 200  # py-spy reads six processes at once: more would take the CPUs the workloads need
-SHARE_POINTS = 0.03
+SHARE_POINTS = 0.03  # the least gap allowed; with fewer samples, three standard deviations of the two tools' noise
 MIN_CHAINS = 0.95
 DEEP_COMPARED = 60  # innermost frames compared on the deep workload (our walk keeps 64)
 
@@ -115,10 +116,15 @@ def truth(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str, module
         theirs_text = (folder / f"{name}.spy").read_text()
         ours, theirs = our_chains(folded), spy_chains(theirs_text)
         mine, spy = shares(ours), shares(theirs)
-        a = {"ours_samples": sum(n for c, n in ours.items() if c), "spy_samples": sum(theirs.values()),
+        n_ours, n_spy = sum(n for c, n in ours.items() if c), sum(theirs.values())
+        worst = max({*mine, *spy}, key=lambda k: abs(mine.get(k, 0) - spy.get(k, 0)) - allowed_gap(
+            mine.get(k, 0), spy.get(k, 0), n_ours, n_spy), default=None)
+        a = {"ours_samples": n_ours, "spy_samples": n_spy,
              "ours_shares": {k: round(v, 4) for k, v in sorted(mine.items(), key=lambda kv: -kv[1])[:4]},
              "spy_shares": {k: round(v, 4) for k, v in sorted(spy.items(), key=lambda kv: -kv[1])[:4]},
-             "share_gap": round(max((abs(mine.get(k, 0) - spy.get(k, 0)) for k in {*mine, *spy}), default=1.0), 4),
+             "share_gap": round(abs(mine.get(worst, 0) - spy.get(worst, 0)), 4) if worst else 1.0,
+             "share_allowed": round(allowed_gap(mine.get(worst, 0), spy.get(worst, 0), n_ours, n_spy), 4)
+             if worst else 0.0,
              "chains_in_spy": round(chain_agreement(ours, theirs, DEEP_COMPARED if name == "deep" else None), 4),
              "lines_in_spy": round(chain_agreement(our_chains(folded, lines=True), spy_chains(theirs_text, True),
                                                    DEEP_COMPARED if name == "deep" else None), 4),
@@ -130,11 +136,20 @@ def truth(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str, module
     return results
 
 
+def allowed_gap(mine: float, spy: float, n_mine: int, n_spy: int) -> float:
+    """How far two tools' shares of one function may differ: SHARE_POINTS, or three standard deviations of the
+    difference of two sampled proportions where the samples are fewer (py-spy blocking 3.13 slows its process, so
+    both tools get fewer samples of it). A bias beyond the noise still fails."""
+    p = (mine * n_mine + spy * n_spy) / max(1, n_mine + n_spy)
+    return max(SHARE_POINTS, 3 * math.sqrt(p * (1 - p) * (1 / max(1, n_mine) + 1 / max(1, n_spy))))
+
+
 @pytest.mark.parametrize("name", ["split", "zlib", "threads", "deep", "async", "split313"])
 def test_python_functions_and_callers_agree_with_py_spy(truth: dict[str, dict], name: str) -> None:
     a = truth[name]
     assert a["ours_samples"] >= 500 and a["spy_samples"] >= 500, f"{name}: too few samples to judge: {a}"
-    assert a["share_gap"] <= SHARE_POINTS, f"{name}: leaf shares differ by {a['share_gap']:.3f}: {a}"
+    assert a["share_gap"] <= a["share_allowed"], \
+        f"{name}: leaf shares differ by {a['share_gap']:.3f} (allowed {a['share_allowed']:.3f}): {a}"
     assert a["chains_in_spy"] >= MIN_CHAINS, f"{name}: {a['chains_in_spy']:.3f} of our samples on py-spy's chains: " \
         f"{a}"
 
