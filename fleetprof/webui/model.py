@@ -329,7 +329,7 @@ class _FrameNames:
 
 def series(columns: list[str], rows: list[list[Any]], key: Sequence[str], fields: Sequence[str]) -> list[dict]:
     """Rows ordered by `key` then t_ms, as one series per key: the key's columns, `t` (epoch ms) and one array per
-    field, plus whether any row of it was simulated."""
+    field."""
     at = {c: i for i, c in enumerate(columns)}
     out: list[dict] = []
     current: tuple | None = None
@@ -341,10 +341,9 @@ def series(columns: list[str], rows: list[list[Any]], key: Sequence[str], fields
             for extra in ("name", "parent_uuid", "comm"):
                 if extra in at and extra not in key:
                     entry[extra] = row[at[extra]]
-            entry.update({"t": [], "simulated": False, **{f: [] for f in fields}})
+            entry.update({"t": [], **{f: [] for f in fields}})
             out.append(entry)
         entry["t"].append(int(row[at["t_ms"]]))
-        entry["simulated"] = entry["simulated"] or bool(row[at["simulated"]])
         for f in fields:
             entry[f].append(row[at[f]])
     return out

@@ -24,20 +24,21 @@ WITH
     ),
     commands AS
     (
-        -- the busiest command wins, the greater name on a tie: max over (samples, comm)
-        SELECT node, pid, tupleElement(max((samples, comm)), 2) AS command
+        -- the busiest command wins, the greater name on a tie (as in flamegraph_processes_gpu)
+        SELECT node, pid, argMax(comm, (samples, comm)) AS comm
         FROM
         (
-            SELECT node, pid, toString(comm) AS comm, sum(count) AS samples FROM cpu_samples_1h
-            WHERE (node, pid) IN (SELECT node, pid FROM samples WHERE comm = '')
-              AND hour >= toStartOfHour({since:DateTime}, 'UTC') AND hour < {until:DateTime}
+            SELECT node, pid, toString(comm) AS comm, sum(count) AS samples
+            FROM cpu_samples_1h
+            WHERE hour >= toStartOfHour({since:DateTime}, 'UTC') AND hour < {until:DateTime}
+              AND (node, pid) IN (SELECT node, pid FROM samples WHERE comm = '')
             GROUP BY node, pid, comm
         )
         GROUP BY node, pid
     )
 -- a LEFT JOIN fills a stack without a definition with [] (join_use_nulls is off), a process never sampled with ''
 SELECT s.stack_id AS stack_id, d.frame_ids AS frame_ids, s.duration_ns AS value,
-       toString(s.node) AS node, s.pid AS pid, if(s.comm = '', c.command, toString(s.comm)) AS comm
+       toString(s.node) AS node, s.pid AS pid, if(s.comm = '', c.comm, toString(s.comm)) AS comm
 FROM samples AS s
 LEFT JOIN defined AS d ON d.stack_id = s.stack_id
 LEFT JOIN commands AS c ON c.node = s.node AND c.pid = s.pid

@@ -21,6 +21,7 @@ WITH
     ),
     commands AS
     (
+        -- the busiest command wins, the greater name on a tie (as in flamegraph_ids_gpu)
         SELECT node, pid, argMax(comm, (samples, comm)) AS comm
         FROM
         (

@@ -2,7 +2,7 @@
 -- bucket of step_ms milliseconds, optionally one node and one pid ('' and 0 mean "all"). A bucket averages the
 -- process's SM and memory-controller utilization samples (NULL ones, polls that brought no new sample, are skipped)
 -- and takes the peak of its GPU memory, as ui_gpu_series does for the device. comm is the name NVML's process had in
--- the bucket; simulated: any reading came from the simulated NVML library. t_ms: the bucket's start, epoch ms.
+-- the bucket. t_ms: the bucket's start, epoch ms.
 -- @default until = now
 -- @default node =
 -- @default pid = 0
@@ -10,7 +10,7 @@
 SELECT node, gpu_index, pid, any(comm) AS comm,
        intDiv(toUnixTimestamp64Milli(ts), {step_ms:UInt32}) * {step_ms:UInt32} AS t_ms,
        avg(sm_util_pct) AS sm_util_pct, avg(mem_util_pct) AS mem_util_pct,
-       max(used_memory_bytes) AS used_memory_bytes, max(simulated) AS simulated
+       max(used_memory_bytes) AS used_memory_bytes
 FROM gpu_process_metrics
 WHERE ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)}
   AND ({node:String} = '' OR node = {node:String})

@@ -3,8 +3,8 @@
 -- The rows are point-in-time gauges stored once each (see gpu_metrics), so a bucket averages the readings in it;
 -- memory used, the power limit and the temperature take the bucket's peak instead, since a chart that averages them
 -- hides the moment a GPU ran out of memory or throttled. avg and max skip NULLs (NVML could not read that field); a
--- bucket where every reading of a field is NULL gives NULL. simulated: any reading of the bucket came from the
--- simulated NVML library. t_ms is the bucket's start in milliseconds since the epoch.
+-- bucket where every reading of a field is NULL gives NULL. t_ms is the bucket's start in milliseconds since the
+-- epoch. Which readings were simulated the page learns from simulated_sources, per node.
 -- @default until = now
 -- @default node =
 -- @default limit = 200000
@@ -14,7 +14,7 @@ SELECT node, gpu_index, uuid, any(name) AS name, any(parent_uuid) AS parent_uuid
        max(mem_used_bytes) AS mem_used_bytes, max(mem_total_bytes) AS mem_total_bytes,
        avg(sm_clock_mhz) AS sm_clock_mhz, avg(mem_clock_mhz) AS mem_clock_mhz,
        avg(power_mw) AS power_mw, max(power_limit_mw) AS power_limit_mw, max(temperature_c) AS temperature_c,
-       avg(pcie_tx_kbps) AS pcie_tx_kbps, avg(pcie_rx_kbps) AS pcie_rx_kbps, max(simulated) AS simulated
+       avg(pcie_tx_kbps) AS pcie_tx_kbps, avg(pcie_rx_kbps) AS pcie_rx_kbps
 FROM gpu_device_metrics
 WHERE ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)}
   AND ({node:String} = '' OR node = {node:String})
