@@ -7,7 +7,9 @@ and generators under asyncio; the CPython 3.13 that infra/ builds (read through 
 without -X perf) runs the split too. One `fleetprof agent --comm` window samples them all; py-spy records each in
 the same seconds. Our stacks go the whole CPU path (agent → Kafka → symbolizer → sink → store) and come back through
 `fleetprof query flamegraph --format folded`. Per workload: the leaf Python functions' shares within 3 points of
-py-spy's, and at least 95% of our samples on a Python chain py-spy also saw (the deep one: its innermost 60
+py-spy's (on 3.13, where py-spy must stop the process to read it and its shares move with its own stops, within
+3 points of the workload's own CPU clock instead: the split times hot() and warm() itself), and at least 95% of our
+samples on a Python chain py-spy also saw (the deep one: its innermost 60
 frames, our walk stops at 64 and says so with `[truncated]`). One JSON line per workload (run with -s).
 
 Needs root and BPF: skipped with the reason without them, a failure on CI.
@@ -35,6 +37,7 @@ from tests.python_truth import (
     need_bpf_and_stock_python,
     our_chains,
     py_spy,
+    own_clock_hot_share,
     shares,
     spy_chains,
     write_workloads,
@@ -90,13 +93,14 @@ def truth(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str, module
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         lines = agent_started(agent)
         assert any(line.startswith("collecting") for line in lines), "".join(lines)[-3000:]
-        # py-spy stops the 3.13 process for each sample: read as it runs, its 3.13 split came out at 72.5% hot for
-        # work split 75:25 (ours: 75.6%; stopped, py-spy's: 75.8%)
+        # py-spy stops the 3.13 process for each sample: read as it runs it tore frames (72.5% hot for work split
+        # 75:25); stopped, its chains agree but its shares moved between runs (75.8%, then 70.3% against ours 74.3%)
         spies = {name: py_spy(p.pid, SECONDS, SPY_RATE, folder / f"{name}.spy", blocking=name.endswith("313"))
                  for name, p in procs.items()}
         for name, spy in spies.items():
             said, _ = spy.communicate(timeout=SECONDS + 60)
             assert spy.returncode == 0, f"py-spy on {name}: {said[-2000:]}"
+        clock = {name: own_clock_hot_share(folder, name) for name in procs if name.startswith("split")}
         died = {name: p.returncode for name, p in procs.items() if p.poll() is not None}
         assert not died, f"workloads that stopped before the window closed (exit status): {died}"
         out, err = agent.communicate(timeout=120)
@@ -128,6 +132,9 @@ def truth(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str, module
              "chains_in_spy": round(chain_agreement(ours, theirs, DEEP_COMPARED if name == "deep" else None), 4),
              "lines_in_spy": round(chain_agreement(our_chains(folded, lines=True), spy_chains(theirs_text, True),
                                                    DEEP_COMPARED if name == "deep" else None), 4),
+             "clock_hot": round(clock[name], 4) if name in clock else None,
+             "ours_hot_of_two": round(_hot_of_two(mine), 4) if name in clock else None,
+             "spy_hot_of_two": round(_hot_of_two(spy), 4) if name in clock else None,
              "truncated": sum(n for c, n in ours.items() if c and c[0] == "[truncated]"),
              "folded": folded}
         print(json.dumps({"workload": f"python-{name}", **{k: v for k, v in a.items() if k != "folded"}}))
@@ -144,20 +151,29 @@ def allowed_gap(mine: float, spy: float, n_mine: int, n_spy: int) -> float:
     return max(SHARE_POINTS, 3 * math.sqrt(p * (1 - p) * (1 / max(1, n_mine) + 1 / max(1, n_spy))))
 
 
+def _hot_of_two(leaf_shares: dict[str, float]) -> float:
+    hot, warm = leaf_shares.get("hot", 0.0), leaf_shares.get("warm", 0.0)
+    return hot / (hot + warm) if hot + warm else 0.0
+
+
 @pytest.mark.parametrize("name", ["split", "zlib", "threads", "deep", "async", "split313"])
 def test_python_functions_and_callers_agree_with_py_spy(truth: dict[str, dict], name: str) -> None:
     a = truth[name]
     assert a["ours_samples"] >= 500 and a["spy_samples"] >= 500, f"{name}: too few samples to judge: {a}"
-    assert a["share_gap"] <= a["share_allowed"], \
-        f"{name}: leaf shares differ by {a['share_gap']:.3f} (allowed {a['share_allowed']:.3f}): {a}"
+    if name != "split313":  # py-spy stopping 3.13 for each read moved its shares by 4-5 points: the clock judges
+        assert a["share_gap"] <= a["share_allowed"], \
+            f"{name}: leaf shares differ by {a['share_gap']:.3f} (allowed {a['share_allowed']:.3f}): {a}"
     assert a["chains_in_spy"] >= MIN_CHAINS, f"{name}: {a['chains_in_spy']:.3f} of our samples on py-spy's chains: " \
         f"{a}"
 
 
 @pytest.mark.parametrize("name", ["split", "split313"])
-def test_the_split_is_three_to_one_and_lines_agree(truth: dict[str, dict], name: str) -> None:
+def test_the_split_agrees_with_the_workloads_own_clock_and_lines_agree(truth: dict[str, dict], name: str) -> None:
     a = truth[name]
-    assert abs(a["ours_shares"]["hot"] - 0.75) < 0.1, a
+    p, n = a["clock_hot"], a["ours_samples"]
+    allowed = max(SHARE_POINTS, 3 * math.sqrt(p * (1 - p) / n))
+    assert abs(a["ours_hot_of_two"] - p) <= allowed, \
+        f"{name}: hot() {a['ours_hot_of_two']:.3f} of hot+warm, its own clock {p:.3f} (allowed {allowed:.3f}): {a}"
     assert a["lines_in_spy"] >= MIN_CHAINS, a
 
 
