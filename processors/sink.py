@@ -161,14 +161,28 @@ ROW_BUILDERS = {
 SINK_INPUTS = ("cpu.samples", "gpu.metrics", "gpu.samples", "alerts")
 
 
-def rows_for(messages: list[Message]) -> dict[str, Rows]:
-    """All rows of a batch, merged per table, in message order."""
+def rows_for(messages: list[Message], written_at: datetime | None = None) -> dict[str, Rows]:
+    """All rows of a batch, merged per table, in message order. `written_at`: when the batch is written; no
+    definition's last_seen is older (see _not_older_than)."""
     out: dict[str, Rows] = {}
     for m in messages:
         for table, rows in ROW_BUILDERS[m.name](m.record).items():
             check_ranges(table, rows)
+            if written_at is not None and table in DEFINITION_TABLES:
+                _not_older_than(rows, written_at)
             if table in out:
                 out[table].rows.extend(rows.rows)
             else:
                 out[table] = Rows(rows.columns, list(rows.rows))
     return out
+
+
+def _not_older_than(rows: Rows, written_at: datetime) -> None:
+    """A definition's last_seen is its window's start, but never older than the write. Frame and stack ids are
+    content hashes shared by every node and window, and a definition goes out once an hour: one first carried by an
+    old window (a replay, a node with a wrong clock) would otherwise reach the table already past its 90-day TTL,
+    be dropped on insert, and leave every newer sample of that frame unnamed until it is sent again."""
+    at = rows.columns.index("last_seen")
+    for row in rows.rows:
+        if row[at] < written_at:
+            row[at] = written_at

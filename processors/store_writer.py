@@ -166,8 +166,11 @@ class StoreRunner:
         metrics.BATCH_SECONDS.labels(self.name).observe(time.monotonic() - started)
 
     def _rows(self, decoded: list[Message], dead: list[Produced]) -> dict[str, Rows]:
+        # whole seconds, like the DateTime column; a retried batch's definitions may differ here: they are
+        # duplicates the ReplacingMergeTree collapses, as re-sent definitions always are
+        written_at = datetime.now(UTC).replace(microsecond=0)
         try:
-            return rows_for(decoded)
+            return rows_for(decoded, written_at)
         except Exception:
             log.exception("row building failed on a batch of %d; isolating", len(decoded))
         good = []
@@ -178,7 +181,7 @@ class StoreRunner:
             except Exception as exc:
                 dead.append(dead_letter(self.name, m.topic, m.partition, m.offset, m.key,
                                         m.value, f"row building failed: {exc!r}"))
-        return rows_for(good)
+        return rows_for(good, written_at)
 
     def _insert(self, table: str, rows: Rows, token: str) -> None:
         if table in DEFINITION_TABLES:

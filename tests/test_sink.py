@@ -1,6 +1,6 @@
 """sink rows: result records to ClickHouse rows, exactly (ids as UInt64, times as the window start)."""
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from processors.messages import Message
 from processors.sink import cpu_samples_rows, gpu_metrics_rows, rows_for
@@ -39,3 +39,24 @@ def test_rows_for_merges_tables_in_message_order():
            "samples": [{"pid": 1, "comm": "c", "container_id": "", "stack_id": 1, "count": 1}]}
     msgs = [Message("cpu.samples", 0, i, None, "fleetprof.CpuSamples", dict(rec, node=f"n{i}")) for i in range(3)]
     assert [r[1] for r in rows_for(msgs)["cpu_samples"].rows] == ["n0", "n1", "n2"]
+
+
+def test_a_definition_first_carried_by_an_old_window_is_written_as_seen_now(store) -> None:
+    # ids are content hashes shared by every node: a definition that reached the store already past its 90-day TTL
+    # would be dropped on insert, and newer samples of the frame would stay unnamed until it is re-sent
+    old = 1_577_836_800 * 10**9  # 2020-01-01
+    rec = {"node": "n", "window_start_ns": old, "window_ns": 10**10,
+           "frames": [{"frame_id": 7, "function": "f", "binary": "b", "kind": "NATIVE"}],
+           "stacks": [{"stack_id": 8, "frame_ids": [7]}],
+           "samples": [{"pid": 3, "comm": "c", "container_id": "", "stack_id": 8, "count": 1}]}
+    now = datetime(2026, 12, 2, 12, 0, 0, tzinfo=UTC)
+    rows = rows_for([Message("cpu.samples", 0, 0, None, "fleetprof.CpuSamples", rec)], now)
+    assert rows["frames"].rows[0][4] == now and rows["stacks"].rows[0][2] == now
+    assert rows["cpu_samples"].rows[0][0] == datetime(2020, 1, 1, tzinfo=UTC)  # samples keep their window
+    newer = dict(rec, window_start_ns=int(now.timestamp() + 60) * 10**9)
+    assert rows_for([Message("cpu.samples", 0, 1, None, "fleetprof.CpuSamples", newer)], now)["frames"].rows[0][4] \
+        == now + timedelta(seconds=60)
+    for table in ("frames", "stacks"):
+        store.insert(table, rows[table].rows, rows[table].columns)
+    _, found = store.query_sql("SELECT function FROM frames WHERE frame_id = 7", {})
+    assert found == [("f",)]
