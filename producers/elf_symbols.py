@@ -18,6 +18,7 @@ from typing import BinaryIO, TypeVar
 import numpy as np
 from elftools.elf.elffile import ELFFile
 
+from producers.elf_headers import PT_NOTE, read_headers
 from producers.symbol_chunks import chunk_symbol_table
 from schemas.wire import DEFAULT_MAX_BYTES
 
@@ -225,9 +226,25 @@ def _read_build_id(path: str) -> str:
     with open(path, "rb") as f:
         if f.read(4) != b"\x7fELF":
             raise ElfError("not an ELF file")
+        file_size = os.fstat(f.fileno()).st_size
+        found = _segment_build_id(f, file_size)  # the common case, without pyelftools' per-segment objects
+        if found:
+            return found
         f.seek(0)
         elf = ELFFile(f)
-        return _build_id(elf, f, os.fstat(f.fileno()).st_size) or _file_hash_id(f)
+        return _build_id(elf, f, file_size) or _file_hash_id(f)
+
+
+def _segment_build_id(f: BinaryIO, file_size: int) -> str:
+    """The build id in a PT_NOTE segment, read through the bare headers (producers/elf_headers.py), or ""."""
+    headers = read_headers(f, file_size)
+    for seg in headers.segments if headers is not None else ():
+        if seg.type == PT_NOTE and seg.offset + seg.filesz <= file_size:
+            f.seek(seg.offset)
+            found = _note_build_id(f.read(seg.filesz), headers.little, 8 if seg.align == 8 else 4)
+            if found:
+                return found
+    return ""
 
 
 def read_elf_symbols(path: str | os.PathLike) -> ElfSymbols:

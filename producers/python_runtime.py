@@ -6,12 +6,15 @@ large library costs a few milliseconds whether or not it is Python.
 
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
+from typing import BinaryIO
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
+from producers.elf_headers import dynamic_strings, read_headers
 from producers.python_offsets import DEBUG_BYTES, PythonOffsets, UnsupportedPython, offsets_for
 
 
@@ -48,6 +51,8 @@ def read_python_runtime(path: str) -> PythonRuntime | None:
     no Py_Version, and a 3.10 is reported by the caller from its name)."""
     try:
         with open(path, "rb") as f:
+            if not _may_be_cpython(f):
+                return None
             elf = ELFFile(f)
             table = elf.get_section_by_name(".gnu.hash") or elf.get_section_by_name(".hash")
             if table is None:
@@ -71,6 +76,17 @@ def read_python_runtime(path: str) -> PythonRuntime | None:
                              offsets_for(hexversion, head))
     except UnsupportedPython as exc:
         return replace_unsupported(found, str(exc))
+
+
+def _may_be_cpython(f: BinaryIO) -> bool:
+    """False when the bare headers show a dynamic string table without `_PyRuntime` (most mapped files): their
+    full read through pyelftools is skipped. True when it may be one, or the headers cannot tell."""
+    size = os.fstat(f.fileno()).st_size
+    headers = read_headers(f, size)
+    strings = dynamic_strings(f, size, headers) if headers is not None else None
+    f.seek(0)
+    # no leading NUL: the linker may store the name as the tail of a longer one
+    return strings is None or b"_PyRuntime\0" in strings
 
 
 def replace_unsupported(found: PythonRuntime, why: str) -> PythonRuntime:

@@ -3,6 +3,7 @@ no build id, truncated and garbage files, and a 100k-function library."""
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import random
@@ -190,3 +191,45 @@ def test_hundred_thousand_functions(tmp_path: Path) -> None:
         (addr,) = nm.addr_of[name]
         found = table.lookup(np.array([addr], dtype=np.uint64))[0]
         assert name in nm.names[int(table.starts[found])] and int(table.starts[found]) == addr
+
+
+def test_build_ids_from_bare_headers_equal_pyelftools_on_this_machines_files(tmp_path: Path) -> None:
+    from elftools.elf.elffile import ELFFile
+
+    from producers.elf_headers import read_headers
+    from producers.elf_symbols import _build_id, _segment_build_id
+
+    files = sorted(p for p in glob.glob("/usr/lib/x86_64-linux-gnu/*.so*") + glob.glob("/usr/bin/*")
+                   if os.path.isfile(p) and not os.path.islink(p))[:400]
+    compared = 0
+    for path in files:
+        with open(path, "rb") as f:
+            if f.read(4) != b"\x7fELF":
+                continue
+            size = os.fstat(f.fileno()).st_size
+            fast = _segment_build_id(f, size)
+            f.seek(0)
+            assert fast == _build_id(ELFFile(f), f, size), path
+            compared += bool(fast)
+    assert compared >= 100
+    # a header whose counts run past the file's end: no tables, so the pyelftools path decides
+    broken = tmp_path / "broken"
+    data = bytearray(Path("/usr/bin/true").read_bytes()[:64])
+    data[56:58] = (4000).to_bytes(2, "little")  # e_phnum
+    broken.write_bytes(bytes(data))
+    with open(broken, "rb") as f:
+        assert read_headers(f, 64).segments == [] and _segment_build_id(f, 64) == ""
+
+
+def test_only_files_naming_pyruntime_are_read_as_cpython() -> None:
+    from producers.python_runtime import _may_be_cpython, read_python_runtime
+
+    with open("/usr/bin/python3.11", "rb") as f:
+        assert _may_be_cpython(f)
+    with open(glob_one("/usr/lib/x86_64-linux-gnu/libz.so.1*"), "rb") as f:
+        assert not _may_be_cpython(f)
+    assert read_python_runtime("/usr/bin/python3.11") is not None
+
+
+def glob_one(pattern: str) -> str:
+    return sorted(p for p in glob.glob(pattern) if not os.path.islink(p))[0]
