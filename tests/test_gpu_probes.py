@@ -289,19 +289,23 @@ def test_records_reach_the_broker_keyed_node_and_pid_after_their_symbols(
         c.rescan()
         e.cmd("launch 6 50")
         e.cmd("kernel 4 50")
+        e.cmd("times 1000 2000")  # not Unix ns: a dead letter
         launches, kernels = _drain(c, {e.pid}, 6, 4)
+        letters = c.take_dead_letters()
     finally:
         c.close()
-    assert len(launches) == 6 and len(kernels) == 4
+    assert len(launches) == 6 and len(kernels) == 4 and len(letters) == 1
     config = {"bootstrap.servers": kafka_bootstrap}
-    link = KafkaLink(config, ["symbols", "gpu.launches", "gpu.kernels"])
+    link = KafkaLink(config, ["symbols", "gpu.launches", "gpu.kernels", "deadletter"])
     link.start()
     try:
         assert link.wait_ready(30), link.reason
         box = Outbox(Publisher(config), link, OutboxEncoder(), 64 << 20)
         box.put(Records("gpu_launches", launches))
         box.put(Records("gpu_kernels", kernels))
+        box.put(Records("dead_letters", letters))
         assert box.drain(30) and box.sent["gpu_launches"].records == 6 and box.sent["gpu_kernels"].records == 4
+        assert box.sent["dead_letters"].records == 1
         assert box.sent["symbols"].units == 1  # the tables of the launching binaries, ahead of the launches
     finally:
         link.stop()
@@ -313,6 +317,9 @@ def test_records_reach_the_broker_keyed_node_and_pid_after_their_symbols(
     assert dec_l == sorted(launches, key=lambda r: r["correlation_id"])
     assert dec_k == sorted(kernels, key=lambda r: r["correlation_id"])
     assert len({m.partition() for m in got_l + got_k}) == 1  # one process: one partition, in order
+    dead = decode(read_topic(kafka_bootstrap, "deadletter", lambda m: m.key() == key, 1)[0].value(), "DeadLetter")[1]
+    assert (dead["stage"], dead["source_topic"], decode(dead["value"], "GpuKernel")[1]["start_ns"]) == (
+        "agent", "gpu.kernels", 1000) and "before 2000-01-01" in dead["reason"]
 
     # the tables the symbolizer needs were published, and they name the call chains
     mappings = next(r["mappings"] for r in dec_l if r["mappings"])
