@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from producers.agent import Records, Window
 from producers.cpu_sampler import BpfUnavailable, check_bpf
+from producers.kernel_records import UNREADABLE_NAME, implausible_times, kernel_dead_letter, read_process_string
 from producers.memory import release_after_compile
 from producers.perf_map import is_anonymous
 from producers.probe_finder import ProbeFinder, ProbeObject
@@ -64,8 +65,9 @@ COUNTERS = ("lost_launches", "lost_kernels", "weights_unused")
 LAUNCH_HEADER = struct.Struct("<QIIIIiIiI64s")  # time, pid, tid, site, correlation, callback, weight, stack bytes
 LAUNCH_FIELDS = ("time_ns", "pid", "tid", "site", "correlation_id", "callback_id", "weight", "stack_bytes", "pad",
                  "api_name")
-KERNEL_HEADER = struct.Struct("<QQIIIIIi")  # start, end, pid, site, correlation, device, stream, name bytes
-KERNEL_FIELDS = ("start_ns", "end_ns", "pid", "site", "correlation_id", "device_id", "stream_id", "name_bytes")
+KERNEL_HEADER = struct.Struct("<QQIIIIIiQ")  # start, end, pid, site, correlation, device, stream, name bytes, addr
+KERNEL_FIELDS = ("start_ns", "end_ns", "pid", "site", "correlation_id", "device_id", "stream_id", "name_bytes",
+                 "name_addr")
 
 
 
@@ -158,8 +160,9 @@ class GpuProbeCollector:
         self.finder = finder or ProbeFinder()
         self.stats = {k: 0 for k in ("objects_attached", "objects_detached", "sites_attached",
                                      "attach_failures", "objects_without_slots", "names_truncated",
-                                     "names_unreadable", "api_names_unreadable", "stacks_missing",
-                                     "records_malformed", "polls_cut", "weights_invalid")}
+                                     "names_unreadable", "names_read_from_process", "api_names_unreadable",
+                                     "stacks_missing", "records_malformed", "polls_cut", "weights_invalid",
+                                     "kernel_times_implausible")}
         self._bpf: Any = None
         self._bcc: Any = None
         self._attach: Any = None
@@ -170,6 +173,7 @@ class GpuProbeCollector:
         self._site_objects: dict[int, ProbeObject] = {}
         self._raw_launches: list[bytes] = []
         self._raw_kernels: list[bytes] = []
+        self._dead_letters: list[dict] = []  # DeadLetter records of rejected kernel records, until drained
         self._mapped: dict[int, Any] = {}  # pid -> the ProcessInfo whose mappings this window's records carried
         self._starts: OrderedDict[int, int] = OrderedDict()  # pid -> process_start_ns, last known
 
@@ -419,17 +423,25 @@ class GpuProbeCollector:
         if len(raw) < KERNEL_HEADER.size:
             self.stats["records_malformed"] += 1
             return None
-        start, end, pid, site, corr, device, stream, name_bytes = KERNEL_HEADER.unpack_from(raw)
+        start, end, pid, site, corr, device, stream, name_bytes, name_addr = KERNEL_HEADER.unpack_from(raw)
         name = raw[KERNEL_HEADER.size:KERNEL_HEADER.size + max(name_bytes, 0)].split(b"\0", 1)[0]
-        if name_bytes < 0:
-            self.stats["names_unreadable"] += 1
-        elif len(name) > KERNEL_NAME_MAX:  # the BPF side read one more character than is kept: it was cut
+        if name_bytes < 0:  # not resident when the probe fired: the page is faulted in by reading it from the process
+            name = read_process_string(pid, name_addr, KERNEL_NAME_MAX + 1)
+            self.stats["names_read_from_process" if name is not None else "names_unreadable"] += 1
+        if name is not None and len(name) > KERNEL_NAME_MAX:  # read one more character than is kept: it was cut
             self.stats["names_truncated"] += 1
             name = name[:KERNEL_NAME_MAX]
-        return {"node": self.node, "pid": pid, "process_start_ns": self._start_ns(pid, starts), "correlation_id": corr,
-                "start_ns": u64_to_long(start), "end_ns": u64_to_long(end), "device_id": u32_to_int(device),
-                "stream_id": u32_to_int(stream), "kernel_name": name.decode(errors="replace"),
-                "simulated": self._simulated(site)}
+        record = {"node": self.node, "pid": pid, "process_start_ns": self._start_ns(pid, starts),
+                  "correlation_id": corr, "start_ns": u64_to_long(start), "end_ns": u64_to_long(end),
+                  "device_id": u32_to_int(device), "stream_id": u32_to_int(stream),
+                  "kernel_name": name.decode(errors="replace") if name is not None else UNREADABLE_NAME,
+                  "simulated": self._simulated(site)}
+        why = implausible_times(start, end)
+        if why is None:
+            return record
+        self.stats["kernel_times_implausible"] += 1
+        self._dead_letters.append(kernel_dead_letter(record, why))
+        return None
 
     def end_window(self, window: Window | None = None) -> list[Records]:
         """The next launch of each process carries its mappings again."""
@@ -452,7 +464,13 @@ class GpuProbeCollector:
     def drain(self) -> list[Records]:
         self._next_tick = time.monotonic() + self.tick_s
         launches, kernels = self.poll(0)
-        return [Records("gpu_launches", self._kept(launches)), Records("gpu_kernels", self._kept(kernels))]
+        return [Records("gpu_launches", self._kept(launches)), Records("gpu_kernels", self._kept(kernels)),
+                Records("dead_letters", self.take_dead_letters())]
+
+    def take_dead_letters(self) -> list[dict]:
+        """The DeadLetter records of kernel records rejected since the last call (see producers/kernel_records.py)."""
+        letters, self._dead_letters = self._dead_letters, []
+        return letters
 
     def _kept(self, records: list[dict]) -> list[dict]:
         """The records of the processes the filters keep."""

@@ -30,7 +30,7 @@ from producers.publisher import Publisher, PublishError
 log = logging.getLogger("fleetprof.agent")
 
 RECORD_NAMES = {"symbols": "chunks", "cpu": "samples", "gpu_launches": "launches", "gpu_kernels": "kernels",
-                "gpu_metrics": "polls"}
+                "gpu_metrics": "polls", "dead_letters": "letters"}
 
 DROPPED = Counter("fleetprof_agent_dropped_records_total", "Records dropped from the outbox while Kafka was away",
                   ["kind"])

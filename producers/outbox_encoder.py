@@ -142,12 +142,18 @@ class OutboxEncoder:
         messages = [(topics.GPU_METRICS.name, r["node"], encode("GpuMetrics", r), 1) for r in polls]
         return [Unit("gpu_metrics", messages)] if messages else []
 
+    def dead_letters(self, letters: list[dict]) -> list[Unit]:
+        """Records the agent would not send as they are (producers/kernel_records.py), with the reason."""
+        messages = [(topics.DEADLETTER.name, (r["key"] or b"").decode(errors="replace"), encode("DeadLetter", r), 1)
+                    for r in letters]
+        return [Unit("dead_letters", messages)] if messages else []
+
     def units(self, kind: str, records: list[dict]) -> list[Unit]:
         """Units for records of `kind` (cpu: one CpuStackBatch per record)."""
         if kind == "cpu":
             return [u for batch in records for u in self.cpu(batch)]
         return {"gpu_launches": self.gpu_launches, "gpu_kernels": self.gpu_kernels,
-                "gpu_metrics": self.gpu_metrics}[kind](records)
+                "gpu_metrics": self.gpu_metrics, "dead_letters": self.dead_letters}[kind](records)
 
 
 def _samples(batch: dict) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 Message = tuple[str, str, bytes, int]  # topic, key, value, records it carries
-KINDS = ("symbols", "cpu", "gpu_launches", "gpu_kernels", "gpu_metrics")
+KINDS = ("symbols", "cpu", "gpu_launches", "gpu_kernels", "gpu_metrics", "dead_letters")
 
 
 @dataclass

@@ -44,12 +44,15 @@ void emit_semaphores(void) {
 }
 """
 
-# Commands on stdin, "ok" after each: launch N BASE, kernel N BASE, name LEN, deep D CORR, bad, sem. What each
+# Commands on stdin, "ok" after each: launch N BASE, kernel N BASE, name LEN, deep D CORR, bad, sem, untouched (a
+# name in a page this process never touched), gone (a name pointer into nothing), times START END. What each
 # fires is what _launches() and _kernels() below expect.
 MAIN_C = r"""
+#define _GNU_SOURCE
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 void emit_launch(uint32_t, int32_t, const char *, uint32_t);
 void emit_kernel(uint64_t, uint64_t, uint32_t, uint32_t, uint32_t, const char *);
@@ -69,7 +72,9 @@ __attribute__((noinline)) void deep(unsigned d, uint32_t corr) {
     main_calls += pad[0];
 }
 static char name[6000];
+#define T0 1700000000000000000ull /* the kernels' Unix ns */
 int main(void) {
+    unsigned long long a, b;
     alarm(120);  /* never outlive the test run */
     char line[64];
     unsigned n, base;
@@ -87,12 +92,26 @@ int main(void) {
             }
         } else if (sscanf(line, "name %u", &n) == 1 && n < sizeof name) {
             memset(name, 'k', n); name[n] = 0;
-            emit_kernel(1, 2, n, 0, 0, name);
+            emit_kernel(T0, T0 + 2, n, 0, 0, name);
         } else if (sscanf(line, "deep %u %u", &n, &base) == 2) {
             deep(n, base);
         } else if (strncmp(line, "bad", 3) == 0) {
             emit_launch(1, 2, NULL, 0);  /* no api name, and weight 0 */
-            emit_kernel(3, 4, 5, 6, 7, NULL);
+            emit_kernel(T0 + 3, T0 + 4, 5, 6, 7, NULL);
+        } else if (strncmp(line, "untouched", 9) == 0) {
+            /* written through the file, mapped here and never read by this process: not in its page tables */
+            static const char text[] = "kernel_in_an_untouched_page";
+            int fd = memfd_create("names", 0);
+            if (fd < 0 || write(fd, text, sizeof text) != (ssize_t)sizeof text) return 1;
+            const char *page = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0);
+            if (page == MAP_FAILED) return 1;
+            emit_kernel(T0 + 10, T0 + 20, 41, 0, 0, page);
+        } else if (strncmp(line, "gone", 4) == 0) {
+            char *page = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            munmap(page, 4096);
+            emit_kernel(T0 + 30, T0 + 40, 42, 0, 0, page);
+        } else if (sscanf(line, "times %llu %llu", &a, &b) == 2) {
+            emit_kernel(a, b, 43, 0, 0, "kernel_with_these_times");
         } else if (strncmp(line, "sem", 3) == 0) {
             emit_semaphores();
         }

@@ -27,6 +27,7 @@ from producers.gpu_probes import (
     NATIVE_STACK,
 )
 from producers.kafka_link import KafkaLink
+from producers.kernel_records import UNREADABLE_NAME
 from producers.outbox import Outbox
 from producers.outbox_encoder import OutboxEncoder
 from producers.publisher import Publisher
@@ -181,9 +182,42 @@ def test_bad_probe_arguments_are_counted_not_fatal(emitters: dict[str, Path], pr
         e.cmd("bad")
         launches, kernels = _drain(c, {e.pid}, 1, 1)
         assert [(r["api_name"], r["weight"]) for r in launches] == [("", 1)]
-        assert [(k["kernel_name"], k["correlation_id"], k["stream_id"]) for k in kernels] == [("", 5, 7)]
+        assert [(k["kernel_name"], k["correlation_id"], k["stream_id"]) for k in kernels] == [
+            (UNREADABLE_NAME, 5, 7)]
         counts = c.counters()
         assert (counts["api_names_unreadable"], counts["weights_invalid"], counts["names_unreadable"]) == (1, 1, 1)
+    finally:
+        c.close()
+
+
+def test_names_in_untouched_pages_are_read_from_the_process_and_bad_times_dead_lettered(
+        emitters: dict[str, Path], procs: Procs, bpf_ok: None) -> None:
+    c = _collector(procs)
+    try:
+        e = procs.start(emitters["emitter"])
+        c.rescan()
+        now = time.time_ns()
+        for command in ("untouched", "gone", f"times {now} {now + 5000}", "times 1000 2000",
+                        f"times {now} {now - 1}", f"times {now + 2 * 86_400 * 10**9} {now + 2 * 86_400 * 10**9 + 1}",
+                        f"times {now - 2 * 86_400 * 10**9} {now}"):
+            e.cmd(command)
+        _, kernels = _drain(c, {e.pid}, 0, 3)
+        t0 = 1_700_000_000_000_000_000  # the emitter's T0
+        assert sorted((k["correlation_id"], k["kernel_name"], k["start_ns"], k["end_ns"]) for k in kernels) == [
+            (41, "kernel_in_an_untouched_page", t0 + 10, t0 + 20), (42, UNREADABLE_NAME, t0 + 30, t0 + 40),
+            (43, "kernel_with_these_times", now, now + 5000)]
+        counts = c.counters()
+        assert (counts["names_read_from_process"], counts["names_unreadable"], counts["kernel_times_implausible"]) \
+            == (1, 1, 4), counts
+        letters = c.take_dead_letters()
+        assert [d["source_topic"] for d in letters] == ["gpu.kernels"] * 4
+        assert all(d["stage"] == "agent" and d["key"] == f"{c.node}/{e.pid}".encode() for d in letters)
+        assert [decode(d["value"])[1]["kernel_name"] for d in letters] == ["kernel_with_these_times"] * 4
+        assert len(letters) == 4 and any("before 2000-01-01" in d["reason"] for d in letters) \
+            and any("is before start_ns" in d["reason"] for d in letters) \
+            and any("more than a day after now" in d["reason"] for d in letters) \
+            and any("over a day" in d["reason"] for d in letters), [d["reason"] for d in letters]
+        assert c.take_dead_letters() == []
     finally:
         c.close()
 
@@ -255,19 +289,23 @@ def test_records_reach_the_broker_keyed_node_and_pid_after_their_symbols(
         c.rescan()
         e.cmd("launch 6 50")
         e.cmd("kernel 4 50")
+        e.cmd("times 1000 2000")  # not Unix ns: a dead letter
         launches, kernels = _drain(c, {e.pid}, 6, 4)
+        letters = c.take_dead_letters()
     finally:
         c.close()
-    assert len(launches) == 6 and len(kernels) == 4
+    assert len(launches) == 6 and len(kernels) == 4 and len(letters) == 1
     config = {"bootstrap.servers": kafka_bootstrap}
-    link = KafkaLink(config, ["symbols", "gpu.launches", "gpu.kernels"])
+    link = KafkaLink(config, ["symbols", "gpu.launches", "gpu.kernels", "deadletter"])
     link.start()
     try:
         assert link.wait_ready(30), link.reason
         box = Outbox(Publisher(config), link, OutboxEncoder(), 64 << 20)
         box.put(Records("gpu_launches", launches))
         box.put(Records("gpu_kernels", kernels))
+        box.put(Records("dead_letters", letters))
         assert box.drain(30) and box.sent["gpu_launches"].records == 6 and box.sent["gpu_kernels"].records == 4
+        assert box.sent["dead_letters"].records == 1
         assert box.sent["symbols"].units == 1  # the tables of the launching binaries, ahead of the launches
     finally:
         link.stop()
@@ -279,6 +317,9 @@ def test_records_reach_the_broker_keyed_node_and_pid_after_their_symbols(
     assert dec_l == sorted(launches, key=lambda r: r["correlation_id"])
     assert dec_k == sorted(kernels, key=lambda r: r["correlation_id"])
     assert len({m.partition() for m in got_l + got_k}) == 1  # one process: one partition, in order
+    dead = decode(read_topic(kafka_bootstrap, "deadletter", lambda m: m.key() == key, 1)[0].value(), "DeadLetter")[1]
+    assert (dead["stage"], dead["source_topic"], decode(dead["value"], "GpuKernel")[1]["start_ns"]) == (
+        "agent", "gpu.kernels", 1000) and "before 2000-01-01" in dead["reason"]
 
     # the tables the symbolizer needs were published, and they name the call chains
     mappings = next(r["mappings"] for r in dec_l if r["mappings"])

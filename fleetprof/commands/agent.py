@@ -262,7 +262,7 @@ def _summary(options: CollectorOptions, report: AgentReport, outbox: Outbox, enc
             "dropped_bytes": sum(t.bytes for t in dropped.values()),
             "buffer_peak_bytes": outbox.peak_bytes,
             "gpu_launches": put["gpu_launches"].records, "gpu_kernels": put["gpu_kernels"].records,
-            "gpu_metric_polls": put["gpu_metrics"].records,
+            "gpu_metric_polls": put["gpu_metrics"].records, "dead_letters": put["dead_letters"].records,
             "sent": {k: t.records for k, t in sent.items()}, "sent_bytes": {k: t.bytes for k, t in sent.items()},
             "dropped": {k: t.records for k, t in dropped.items()},
             "unsendable": outbox.unsendable, "counters": counters, "gpu_probe_counters": counters.get("gpu", {}),

@@ -6,6 +6,10 @@
  *   kernel_executed(u64 start_ns, u64 end_ns, u32 correlation_id, u32 device_id, u32 stream_id,
  *                   const char *kernel_name)
  *       once per executed kernel record (CUPTI CONCURRENT_KERNEL activity, or the simulator's clock).
+ *       start_ns and end_ns are Unix time in nanoseconds (CLOCK_REALTIME: ns since 1970-01-01 UTC), end >= start;
+ *       the agent counts and dead-letters a record whose times are not (before 2000, after now + 1 day, or a kernel
+ *       longer than a day). kernel_name must stay readable while the process lives (CUPTI's names do): the agent
+ *       reads a name in a page not yet resident from the process at drain time.
  *   launch_weight(u32 correlation_id, u32 weight)
  *       before kernel_launch when a per-thread rate limit skipped launches: this one stands for `weight`.
  *

@@ -11,8 +11,8 @@
 // attaches, never a compile.
 //
 // Time: bpf_ktime_get_ns() is CLOCK_MONOTONIC; user space adds the Unix-minus-monotonic offset it measures when
-// it reads the ring (see producers/gpu_probes.py). kernel_executed's times are passed through as the probe gives
-// them.
+// it reads the ring (see producers/gpu_probes.py). kernel_executed's times (Unix ns by the probe ABI) are passed
+// through as the probe gives them; user space rejects implausible ones.
 #include <uapi/linux/ptrace.h>
 #include "unwind.bpf.h"
 #include "python.bpf.h"
@@ -91,6 +91,7 @@ struct kernel_event {
     u32 device_id;
     u32 stream_id;
     s32 name_bytes;  // what bpf_probe_read_user_str returned: bytes with the NUL (NAME_READ: cut), or -errno
+    u64 name_addr;   // where the name is: a failed read (a page not resident) is retried by user space from there
     char name[NAME_READ];  // only name_bytes of it are sent
 };
 
@@ -257,8 +258,10 @@ static __always_inline int on_executed(struct pt_regs *ctx, u32 slot) {
     e->device_id = read_arg(ctx, &site->args[3]);
     e->stream_id = read_arg(ctx, &site->args[4]);
     u64 name = read_arg(ctx, &site->args[5]);
+    // a BPF program cannot fault a page in: a name in a page the process never touched reads as -EFAULT
     long got = bpf_probe_read_user_str(e->name, sizeof(e->name), (void *)name);
     e->name_bytes = got;
+    e->name_addr = name;
     u64 size = sizeof(*e) - sizeof(e->name);
     if (got > 0)
         size += got;

@@ -1,0 +1,79 @@
+"""What the agent checks in a kernel_executed record before it becomes a GpuKernel: the kernel's name, read again
+from the process when the BPF side could not read it, and its times, which the probe ABI gives as Unix ns.
+
+A BPF program cannot fault a page in, so a name in a page the process never touched (a string in a library's
+.rodata nobody read yet) comes back as -EFAULT. Reading /proc/PID/mem at drain time faults it in, as a debugger
+would; a name that cannot be had that way either (the process is gone, the pointer is bad) is stored as
+UNREADABLE_NAME and counted, never as an empty string.
+
+Times outside [2000-01-01, now + 1 day], an end before the start, or a kernel longer than a day are not a clock
+any GPU runs on: such a record is counted and sent to the dead-letter topic with the reason, not stored as GPU
+time.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from schemas import topics
+from schemas.single_object import encode
+
+UNREADABLE_NAME = "[unreadable kernel name]"
+EARLIEST_NS = 946_684_800 * 10**9  # 2000-01-01T00:00:00Z
+DAY_NS = 86_400 * 10**9
+PAGE = 4096
+
+
+def read_process_string(pid: int, addr: int, limit: int) -> bytes | None:
+    """The NUL-terminated string at `addr` in process `pid`, at most `limit` bytes of it (a longer one is cut at
+    limit), or None when its first page cannot be read. Read page by page, so a string that ends just before an
+    unmapped page is still read whole."""
+    if addr == 0:
+        return None
+    try:
+        fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
+    except OSError:
+        return None
+    out = bytearray()
+    try:
+        while len(out) < limit:
+            at = addr + len(out)
+            want = min(PAGE - at % PAGE, limit - len(out))
+            try:
+                chunk = os.pread(fd, want, at)
+            except (OSError, OverflowError):
+                chunk = b""
+            if not chunk:
+                break
+            end = chunk.find(b"\0")
+            if end >= 0:
+                return bytes(out + chunk[:end])
+            out += chunk
+    finally:
+        os.close(fd)
+    if not out:
+        return None
+    return bytes(out[:limit])
+
+
+def implausible_times(start_ns: int, end_ns: int, now_ns: int | None = None) -> str | None:
+    """Why a kernel's (start, end) are not plausible Unix ns, or None when they are."""
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    if start_ns < EARLIEST_NS:
+        return f"start_ns {start_ns} is before 2000-01-01: not Unix ns (the probe ABI's clock)"
+    if end_ns > now_ns + DAY_NS:
+        return f"end_ns {end_ns} is more than a day after now ({now_ns}): not Unix ns"
+    if end_ns < start_ns:
+        return f"end_ns {end_ns} is before start_ns {start_ns}"
+    if end_ns - start_ns > DAY_NS:
+        return f"a kernel of {(end_ns - start_ns) / 1e9:.0f} s (start_ns {start_ns}, end_ns {end_ns}): over a day"
+    return None
+
+
+def kernel_dead_letter(record: dict, reason: str) -> dict:
+    """The DeadLetter for a GpuKernel record the agent would not send: the record itself, encoded as it would have
+    been, so it can be looked at or replayed."""
+    return {"stage": "agent", "source_topic": topics.GPU_KERNELS.name, "source_partition": -1, "source_offset": -1,
+            "key": f"{record['node']}/{record['pid']}".encode(), "value": encode("GpuKernel", record),
+            "reason": reason, "time_ns": time.time_ns()}
