@@ -13,7 +13,8 @@
  *   thread, and one per context would not separate threads on one GPU): a count of holders lets concurrent sampled
  *   launches nest, and a skipped launch that another thread submits meanwhile still gets its records, which are
  *   counted (kernels_skipped) and dropped as before. Records per launch are the sampled fraction times one plus that
- *   overlap; weights are the rate limit's, so totals stay unbiased.
+ *   overlap, which is about (other threads launching meanwhile) x (time inside a launch call / time between
+ *   launches): 1 for one launching thread; weights are the rate limit's, so totals stay unbiased.
  * - always: on while an agent is attached, every kernel timed (the behaviour before sampled existed), for comparison.
  *   Also what runs with FLEETPROF_LAUNCH_RATE=0 (every launch sampled: one enable beats two calls per launch), when
  *   another tool holds CUPTI's one subscriber (no launch callbacks to enable from), and with the self-check file
