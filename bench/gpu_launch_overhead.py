@@ -17,6 +17,14 @@ detached, attached (GpuProbeCollector, its rings drained by a thread meanwhile),
 `--reps` repetitions of each. The BPF programs' own run time per hit (kernel.bpf_stats_enabled, on for the
 attached round only) tells the program from the trap around it. Prints a table and writes
 bench/out/gpu_launch_overhead.json.
+
+First, without root or BPF (alone with --cupti-only): the CUPTI side of being attached, the shim on the simulated
+CUPTI (simulate/cupti.py) with its kernel records on only around sampled launches (FLEETPROF_CUPTI_ACTIVITY=sampled)
+and on all the time (always): kernel records CUPTI delivers and the shim processes per launch against the fraction of
+launches sampled (goal: at most 1.1x), for `--launches` launches on 2 threads with 5 µs of CPU work before each, with
+no time inside the launch API and with 2 µs (a real cudaLaunchKernel's order, the time another thread's sampled
+launch holds records on); and the launching process's CPU ns per launch, records' processing included, detached and
+attached in both modes, on one thread launching back to back.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from producers.gpu_probes import GpuProbeCollector  # noqa: E402
 from producers.native_build import NATIVE, PROBES_INCLUDE  # noqa: E402
 from producers.probe_finder import ProbeFinder  # noqa: E402
 from producers.process_info import ProcessCache  # noqa: E402
+from simulate.cupti import launch_bound  # noqa: E402
 
 # Every launcher answers "run N" with: wall ns and CPU ns (the whole process: the simulator's device thread too)
 # per launch, launches sampled, weight sum (of this round).
@@ -223,12 +232,50 @@ def rounds(launchers: list[Launcher], launches: int, reps: int) -> dict[str, dic
     return out
 
 
+def cupti_activity(launches: int, rate: int) -> dict[str, list[dict]]:
+    """Kernel records per launch and CPU per launch of the shim on the simulated CUPTI, `sampled` next to `always`."""
+    env = {"FLEETPROF_LAUNCH_RATE": str(rate)}
+    records = []
+    print(f"{'kernel records, 2 threads, 5 µs CPU work per launch':56} {'sampled':>8} {'records/launch':>15} "
+          f"{'ratio':>7} {'always: records/launch':>23} {'ratio':>7}")
+    for api_ns in (0, 2000):
+        sampled, always = (launch_bound(launches, 2, activity=mode, api_ns=api_ns, env=env)
+                           for mode in ("sampled", "always"))
+        row = {"api_ns": api_ns, "sampled_fraction": sampled["sampled_fraction"],
+               "sampled_records_per_launch": sampled["records_per_launch"],
+               "sampled_ratio": sampled["ratio_to_sampled"], "sampled_enables": sampled["enables"],
+               "sampled_skipped_records": sampled["shim"]["kernels_skipped"],
+               "always_sampled_fraction": always["sampled_fraction"],
+               "always_records_per_launch": always["records_per_launch"], "always_ratio": always["ratio_to_sampled"]}
+        records.append(row)
+        print(f"{f'  {api_ns / 1000:g} µs inside the launch API':56} {row['sampled_fraction']:8.2%} "
+              f"{row['sampled_records_per_launch']:15.5f} {row['sampled_ratio']:6.3f}x "
+              f"{row['always_records_per_launch']:23.5f} {row['always_ratio']:6.1f}x")
+    cpu = []
+    print(f"{'CPU per launch, 1 thread back to back (records processed)':56} {'ns':>8} {'records/launch':>15}")
+    for label, mode, attach in (("detached", "sampled", False), ("attached, sampled", "sampled", True),
+                                ("attached, always", "always", True)):
+        run = launch_bound(launches, 1, activity=mode, gap_ns=0, attach=attach, env=env)
+        cpu.append({"run": label, "cpu_ns_per_launch": round(run["cpu_ns_per_launch"], 1),
+                    "records_per_launch": run["records_per_launch"], "sampled_fraction": run["sampled_fraction"]})
+        print(f"  {label:54} {run['cpu_ns_per_launch']:8.1f} {run['records_per_launch']:15.5f}")
+    return {"records": records, "cpu": cpu}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--launches", type=int, default=200_000, help="launches per repetition")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--rate", type=int, default=1000, help="sampled launches per second per thread")
+    parser.add_argument("--cupti-only", action="store_true", help="only the simulated CUPTI part (no root, no BPF)")
     args = parser.parse_args()
+    cupti = cupti_activity(args.launches, args.rate)
+    out = ROOT / "bench" / "out"
+    out.mkdir(parents=True, exist_ok=True)
+    if args.cupti_only:
+        (out / "gpu_launch_overhead_cupti.json").write_text(json.dumps(
+            {"date": time.strftime("%Y-%m-%d"), "launches": args.launches, "rate": args.rate, **cupti}, indent=2))
+        return 0
     tmp = Path(tempfile.mkdtemp(prefix="fleetprof-gpubench-"))
     launchers = build(tmp, args.rate)
     view = tmp / "proc"  # the collector scans only the launchers: nothing else on the machine is attached
@@ -301,9 +348,7 @@ def main() -> int:
     result = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()} {os.cpu_count()} CPUs, "
               f"kernel {platform.release()}", "launches_per_rep": args.launches, "reps": args.reps,
               "rate": args.rate, "rows": rows, "records_seen": seen, "records_drained_per_s": round(drained),
-              "bpf_ns_per_hit": bpf_ns, "counters": counters}
-    out = ROOT / "bench" / "out"
-    out.mkdir(parents=True, exist_ok=True)
+              "bpf_ns_per_hit": bpf_ns, "counters": counters, "cupti_activity": cupti}
     (out / "gpu_launch_overhead.json").write_text(json.dumps(result, indent=2) + "\n")
     return 0
 

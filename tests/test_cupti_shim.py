@@ -1,6 +1,7 @@
 """The CUPTI shim: its build from the wheels' headers, exported symbols, the USDT probe ABI, the per-thread rate limit
-it shares with the GPU simulator, its logic against a simulated libcupti (native/sim/cupti/), `fleetprof run`, and its
-probes firing for real through bcc (skipped off CI without BPF)."""
+it shares with the GPU simulator, its logic against a simulated libcupti (native/sim/cupti/), the kernel records CUPTI
+delivers per launch when only sampled launches are timed, `fleetprof run`, and its probes firing for real through bcc
+(skipped off CI without BPF)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import pytest
 from elftools.elf.elffile import ELFFile
 
 from producers.cupti_shim import CUDA_INCLUDE_ENV, CUPTI_SHIM, build_shim, cuda_include_dirs
-from producers.native_build import NativeBuildError, NativeLibrary, build
+from producers.native_build import NativeBuildError
+from simulate.cupti import build_simulated_cupti, launch_bound, symbol_offset
 from tests.elf_helpers import gcc_build, need, unavailable
 from tests.gpu.validate import gcc_command, read_records
 from tests.usdt_probes import (
@@ -30,10 +32,6 @@ from tests.usdt_probes import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-SIMULATED_CUPTI = NativeLibrary(
-    name="simulated_cupti", sources=("sim/cupti/simulated_cupti.c",), output="libcupti_simulated.so",
-    cflags=("-fvisibility=hidden", "-pthread"), ldflags=("-pthread",), soname="libcupti_simulated.so",
-    include_dirs=cuda_include_dirs)
 
 
 # ---- build and ELF contents ----
@@ -156,6 +154,8 @@ cupti = ctypes.CDLL(os.environ["FLEETPROF_CUPTI_LIBRARY"], mode=ctypes.RTLD_GLOB
 cupti.simcupti_launch.argtypes = [ctypes.c_uint32, ctypes.c_uint32, ctypes.c_char_p, ctypes.c_char_p,
                                   ctypes.c_uint32, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_int, ctypes.c_int]
 cupti.simcupti_launch.restype = ctypes.c_uint32
+cupti.simcupti_records_delivered.restype = ctypes.c_uint64
+cupti.simcupti_activity_calls.restype = ctypes.c_uint64
 # "-": the shim the environment injects, as the CUDA driver loads CUDA_INJECTION64_PATH
 shim = ctypes.CDLL(os.environ["CUDA_INJECTION64_PATH"] if sys.argv[1] == "-" else sys.argv[1])
 plan = json.loads(sys.argv[2])
@@ -171,7 +171,7 @@ if plan.get("wait_ready"):
     print("ready", flush=True)
     states.append(wait_state(int(sys.stdin.readline())))
 before = time.time_ns()
-ids = [launch(*step) for step in plan["launches"]]
+ids = [launch(*step) for _ in range(plan.get("repeat", 1)) for step in plan["launches"]]
 after = time.time_ns()
 if plan.get("poke"):  # what the kernel does when an agent attaches a uprobe with a semaphore: add one
     time.sleep(0.3)
@@ -180,10 +180,12 @@ if plan.get("poke"):  # what the kernel does when an agent attaches a uprobe wit
     base = min(int(line.split("-")[0], 16) for line in open("/proc/self/maps") if line.rstrip().endswith(library))
     sem = ctypes.c_ushort.from_address(base + plan["poke"])
     sem.value = 1
-    states.append(wait_state(3))
+    states.append(wait_state(plan.get("attached_state", 3)))
     sem.value = 0
     states.append(wait_state(0))
-print(json.dumps({"ids": ids, "before": before, "after": after, "states": states}), flush=True)
+calls = {"enables": cupti.simcupti_activity_calls(0), "disables": cupti.simcupti_activity_calls(1),
+         "delivered_before_exit": cupti.simcupti_records_delivered()}
+print(json.dumps({"ids": ids, "before": before, "after": after, "states": states, **calls}), flush=True)
 if plan.get("wait_ready"):
     sys.stdin.readline()
 """
@@ -191,7 +193,7 @@ if plan.get("wait_ready"):
 
 @pytest.fixture(scope="module")
 def simulated_cupti() -> Path:
-    return built(lambda: build(SIMULATED_CUPTI))
+    return built(build_simulated_cupti)
 
 
 def _drive_shim(plan: dict[str, Any], cupti: Path, env: dict[str, str]) -> dict[str, Any]:
@@ -240,7 +242,7 @@ def test_shim_records_launches_and_kernels(simulated_cupti: Path, tmp_path: Path
         (a1, "k_a", 1000, 7, True), (a2, "k_a", 1000, 7, True), *[(graph, "k_graph", 2000, 0, True)] * 4,
         (driver, "k_b", 3000, 0, True), (unseen, "k_unseen", 4000, 0, True)]
     assert all(run["before"] <= k["start_ns"] <= run["after"] for k in r["kernel"])  # Unix ns, as they are
-    assert r["on"][0]["clock"] == "cupti-timestamp-callback"
+    assert (r["on"][0]["clock"], r["on"][0]["activity"]) == ("cupti-timestamp-callback", "always")
     # what tests/gpu/validate.sh makes of the same file
     totals, facts = read_records(record.read_text().splitlines(), run["before"], run["after"] + 10_000)
     assert (totals.count, totals.ns) == ({"k_a": 2, "k_graph": 4, "k_b": 1, "k_unseen": 1},
@@ -249,7 +251,7 @@ def test_shim_records_launches_and_kernels(simulated_cupti: Path, tmp_path: Path
     summary = {k: v for k, v in r["summary"][0].items() if k != "type"}
     assert summary == {"launches": 4, "launches_sampled": 4, "launches_nested": 1, "launches_failed": 1,
                        "kernels": 8, "kernels_skipped": 0, "kernels_unseen": 1, "kernels_incomplete": 0,
-                       "records_dropped": 0, "buffers_refused": 0}
+                       "records_dropped": 0, "buffers_refused": 0, "activity_enables": 0, "activity_refused": 0}
 
 
 def test_shim_without_sdt_header_still_records(simulated_cupti: Path, tmp_path: Path) -> None:
@@ -305,20 +307,96 @@ def test_shim_counts_records_dropped_when_its_pool_runs_dry(simulated_cupti: Pat
     assert "raise FLEETPROF_CUPTI_BUFFERS (now 2)" in run["stderr"]
 
 
-def _semaphore_offset(library: Path, name: str) -> int:
-    """Where a semaphore sits from the start of the library's lowest mapping."""
-    with library.open("rb") as f:
-        elf = ELFFile(f)
-        symbol = next(s for s in elf.get_section_by_name(".symtab").iter_symbols() if s.name == name)
-        base = min(seg["p_vaddr"] for seg in elf.iter_segments() if seg["p_type"] == "PT_LOAD")
-    return symbol["st_value"] - base
+@pytest.mark.parametrize(("activity", "attached"), [("sampled", 1), ("always", 3)])
+def test_shim_keeps_cupti_off_until_an_agent_attaches(simulated_cupti: Path, activity: str, attached: int) -> None:
+    offset, _ = symbol_offset(shim_library(), "fleetprof_kernel_launch_semaphore")
+    run = _drive_shim({"launches": [], "poke": offset, "attached_state": attached}, simulated_cupti,
+                      {"FLEETPROF_CUPTI_RECORD": "", "FLEETPROF_CUPTI_ACTIVITY": activity})
+    # off after init and 300 ms later; once attached the subscriber, and kernel records on all the time (always) or
+    # only around sampled launches (sampled: none here); all off again once detached
+    assert run["states"] == [1, 0, 0, attached, 0]
+    # sampled: turned on once at the attach, to check CUPTI takes it, then off until a sampled launch
+    assert (run["enables"], run["disables"]) == ((1, 2) if activity == "sampled" else (1, 1))
 
 
-def test_shim_keeps_cupti_off_until_an_agent_attaches(simulated_cupti: Path) -> None:
-    offset = _semaphore_offset(shim_library(), "fleetprof_kernel_launch_semaphore")
-    run = _drive_shim({"launches": [], "poke": offset}, simulated_cupti, {"FLEETPROF_CUPTI_RECORD": ""})
-    # off after init and 300 ms later; on (subscriber + kernel records) once attached; off again once detached
-    assert run["states"] == [1, 0, 0, 3, 0]
+# ---- kernel records only for sampled launches (FLEETPROF_CUPTI_ACTIVITY=sampled, native/cupti_shim/activity.c) ----
+
+SAMPLED_PLAN = [
+    [RUNTIME, 311, "cudaGraphLaunch", "k_graph", 4, 2000],  # a graph launch: four kernel nodes
+    [RUNTIME, 211, "cudaLaunchKernel", "k_a", 1, 1000, 0, 1],  # submits through a nested driver launch
+    [RUNTIME, 211, "cudaLaunchKernel", "k_fail", 1, 1000, 0, 0, 1],  # fails: must give its hold back
+    [DRIVER, 307, "cuLaunchKernel", "k_b", 1, 3000],
+]
+
+
+def test_sampled_launches_alone_produce_kernel_records(simulated_cupti: Path, tmp_path: Path) -> None:
+    # one launching thread: no other thread's sampled launch can hold records on while a skipped one submits
+    record = tmp_path / "records.jsonl"
+    run = _drive_shim({"launches": SAMPLED_PLAN, "repeat": 750}, simulated_cupti,
+                      {"FLEETPROF_CUPTI_RECORD": str(record), "FLEETPROF_CUPTI_ACTIVITY": "sampled",
+                       "FLEETPROF_LAUNCH_RATE": "50"})
+    r = _records(record)
+    assert r["on"][0]["activity"] == "sampled"
+    outer = [x for x in r["launch"] if not x["nested"]]
+    sampled = {x["correlation_id"]: x["api"] for x in outer if x["weight"]}
+    assert 0 < len(sampled) < len(outer) / 10
+    kernels: dict[int, list[str]] = {}
+    for k in r["kernel"]:
+        kernels.setdefault(k["correlation_id"], []).append(k["name"])
+    # every kernel of every sampled launch (all four of a graph's), none of a skipped or failed one
+    expected = {"cudaGraphLaunch": ["k_graph"] * 4, "cudaLaunchKernel": ["k_a"], "cuLaunchKernel": ["k_b"]}
+    assert kernels == {cid: expected[api] for cid, api in sampled.items()}
+    summary = r["summary"][0]
+    assert (summary["kernels"], summary["kernels_skipped"], summary["kernels_unseen"]) == (len(r["kernel"]), 0, 0)
+    # one enable per sampled launch, failed ones too (not in the file: they launched nothing), each given back at
+    # its exit; plus the pair at the attach
+    failed = summary["launches_failed"]
+    assert summary["launches_sampled"] <= summary["activity_enables"] <= summary["launches_sampled"] + failed
+    assert (run["enables"], run["disables"]) == (summary["activity_enables"] + 1,) * 2
+
+
+def _assert_records_add_up(run: dict) -> None:
+    """What CUPTI delivered is what the shim read; every sampled launch's kernels came, the rest were skipped ones."""
+    shim = run["shim"]
+    assert (run["threads"], shim["launches"], shim["records_dropped"]) == (run["threads"], run["launches"], 0)
+    assert run["records_delivered"] == shim["kernels"]
+    assert shim["kernels"] - shim["kernels_skipped"] == run["kernels_per_launch"] * shim["launches_sampled"]
+    assert shim["kernels_unseen"] == shim["kernels_incomplete"] == shim["activity_refused"] == 0
+
+
+def test_sampled_activity_costs_records_in_proportion_to_sampled_launches(simulated_cupti: Path) -> None:
+    # launch-bound: 200k launches on 2 threads, 5 µs of CPU work before each, at the default rate limit
+    sampled = launch_bound(200_000, threads=2, activity="sampled")
+    always = launch_bound(200_000, threads=2, activity="always")
+    for run in (sampled, always):
+        _assert_records_add_up(run)
+    shim = sampled["shim"]
+    assert 0 < sampled["sampled_fraction"] < 0.2
+    # records on only around sampled launches: one enable and one disable each, fewer when they nest on 2 threads
+    assert sampled["enables"] == sampled["disables"] == shim["activity_enables"] <= shim["launches_sampled"]
+    # records per launch: the sampled fraction and what slips in from the other thread meanwhile (goal: < 10% more)
+    assert sampled["records_per_launch"] <= 1.1 * sampled["sampled_fraction"], sampled
+    # always: a record for every kernel, almost all read only to be dropped
+    assert (always["records_delivered"], always["enables"]) == (200_000, 0)
+    assert always["shim"]["kernels_skipped"] == 200_000 - always["shim"]["launches_sampled"]
+
+
+def test_sampled_graph_launches_bring_all_their_kernels_or_none(simulated_cupti: Path) -> None:
+    # one thread: nothing slips in, so the records are exactly the sampled launches' eight kernels each
+    run = launch_bound(40_000, threads=1, kernels=8, activity="sampled")
+    _assert_records_add_up(run)
+    shim = run["shim"]
+    assert run["records_delivered"] == 8 * shim["launches_sampled"] == 8 * shim["activity_enables"]
+    assert shim["kernels_skipped"] == 0 and 0 < shim["launches_sampled"] < 40_000
+
+
+def test_rate_zero_or_an_unknown_mode_keeps_records_on(simulated_cupti: Path) -> None:
+    # every launch sampled: records stay on rather than two calls per launch
+    run = launch_bound(2_000, threads=1, activity="sampled", gap_ns=0, env={"FLEETPROF_LAUNCH_RATE": "0"})
+    assert (run["records_delivered"], run["enables"], run["shim"]["launches_sampled"]) == (2_000, 0, 2_000)
+    run = launch_bound(2_000, threads=1, activity="sometimes", gap_ns=0)
+    assert "FLEETPROF_CUPTI_ACTIVITY=sometimes is neither sampled nor always; using sampled" in run["stderr"]
+    assert run["enables"] == run["shim"]["activity_enables"] == run["shim"]["launches_sampled"]
 
 
 # ---- fleetprof run ----

@@ -1,5 +1,32 @@
-/* CONCURRENT_KERNEL activity records: a fixed pool of buffers handed to CUPTI, and one kernel_executed probe per
- * kernel record, with CUPTI's timestamps as Unix ns.
+/* CONCURRENT_KERNEL activity records: which kernels CUPTI times, a fixed pool of buffers handed to CUPTI, and one
+ * kernel_executed probe per kernel record, with CUPTI's timestamps as Unix ns.
+ *
+ * Which kernels (FLEETPROF_CUPTI_ACTIVITY). With the kind enabled CUPTI instruments every kernel submitted and hands
+ * over one record per kernel; on a launch-bound workload (tens of thousands of short kernels a second per thread) that
+ * is most of the cost of being attached (parca-agent#3213: -64% vLLM throughput with a CUPTI shim), although the rate
+ * limit keeps about FLEETPROF_LAUNCH_RATE launches a second per thread and the other records are read only to be
+ * dropped. So the CUPTI work is made proportional to what is sampled:
+ * - sampled (default): the kind is enabled in the enter callback of a launch the rate limit samples, as the last
+ *   thing before the driver submits it, and disabled in its exit callback, as the first thing (a failed launch too).
+ *   Enabling applies to work submitted while it is on, so that launch's kernels come with records (every kernel node
+ *   of a graph launch included) and a skipped launch's kernels do not. The switch is process-wide (CUPTI has none per
+ *   thread, and one per context would not separate threads on one GPU): a count of holders lets concurrent sampled
+ *   launches nest, and a skipped launch that another thread submits meanwhile still gets its records, which are
+ *   counted (kernels_skipped) and dropped as before. Records per launch are the sampled fraction times one plus that
+ *   overlap, which is about (other threads launching meanwhile) x (time inside a launch call / time between
+ *   launches): 1 for one launching thread; weights are the rate limit's, so totals stay unbiased.
+ * - always: on while an agent is attached, every kernel timed (the behaviour before sampled existed), for comparison.
+ *   Also what runs with FLEETPROF_LAUNCH_RATE=0 (every launch sampled: one enable beats two calls per launch), when
+ *   another tool holds CUPTI's one subscriber (no launch callbacks to enable from), and with the self-check file
+ *   (FLEETPROF_CUPTI_RECORD), which is compared with torch.profiler kernel by kernel; that file with
+ *   FLEETPROF_CUPTI_ACTIVITY=sampled set explicitly checks the sampled mode on a GPU instead.
+ * Duty cycles (on for d ms of every D, records weighted D/d) were the alternative: a sampled launch outside a window
+ * would lose its kernel, so sampling would have to follow the windows, and windows in step with a training loop's
+ * period keep seeing the same part of each step, the bias the rate limit's independent draws avoid.
+ * What CUPTI does not document, and a GPU run has to confirm: that enabling from inside an enter callback applies to
+ * that very launch (and to graph launches whose graph was instantiated while the kind was off), that records of
+ * kernels submitted while on still arrive after the disable, and what an enable/disable pair costs (counted here:
+ * activity_enables; refusals: activity_refused, with a warning at exit).
  *
  * Memory stays bounded under CUDA graph replay (thousands of kernels per launch): the pool is allocated once
  * (FLEETPROF_CUPTI_BUFFERS x FLEETPROF_CUPTI_BUFFER_KB); when every buffer is out, the request is refused and CUPTI
@@ -41,6 +68,12 @@ static int timestamp_callback;
 static const char *clock_source = "none";
 static int64_t clock_offset_ns;    /* added to every record's timestamps */
 static int64_t measured_offset_ns; /* CLOCK_REALTIME - cuptiGetTimestamp at the last start, a check */
+
+/* sampled mode: records on while at least one sampled launch holds them */
+static pthread_mutex_t hold_mu = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic int per_launch;  /* read without the lock by every sampled launch; written under it */
+static uint32_t holders;        /* under hold_mu */
+static uint32_t generation = 1; /* under hold_mu: tokens of launches in flight across a stop or start are stale */
 
 int shim_activity_init(void)
 {
@@ -158,7 +191,17 @@ static void align_clock(void)
     }
 }
 
-int shim_activity_start(void)
+static void new_generation(int sampled)
+{
+    pthread_mutex_lock(&hold_mu);
+    holders = 0;
+    if (++generation == 0)
+        generation = 1;
+    atomic_store(&per_launch, sampled);
+    pthread_mutex_unlock(&hold_mu);
+}
+
+int shim_activity_start(int sampled)
 {
     align_clock();
     if (!callbacks_registered) {
@@ -169,18 +212,62 @@ int shim_activity_start(void)
         }
         callbacks_registered = 1;
     }
+    /* enabled here even in sampled mode: a refusal is said now, not found in a launch, and what CUPTI does at the
+     * first enable (generating its timing code for the loaded modules: stalls of seconds, pytorch/kineto#542) is
+     * done on this thread, not inside the application's first sampled launch */
     CUptiResult result = shim_cupti.activity_enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
     if (result != CUPTI_SUCCESS) {
         shim_warn("cannot enable CUPTI kernel records (%s): GPU profiling is off", shim_result_string(result));
         return -1;
     }
+    if (sampled)
+        shim_cupti.activity_disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+    new_generation(sampled);
     return 0;
 }
 
 void shim_activity_stop(void)
 {
+    new_generation(0);
     shim_cupti.activity_disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
     shim_cupti.activity_flush_all(0);
+}
+
+int shim_activity_per_launch(void)
+{
+    return atomic_load(&per_launch);
+}
+
+uint32_t shim_activity_hold(void)
+{
+    if (!atomic_load_explicit(&per_launch, memory_order_relaxed))
+        return 0;
+    uint32_t token = 0;
+    pthread_mutex_lock(&hold_mu); /* held across the CUPTI call: enable and disable stay in the holders' order */
+    if (atomic_load_explicit(&per_launch, memory_order_relaxed)) {
+        if (holders > 0) {
+            holders++;
+            token = generation;
+        } else if (shim_cupti.activity_enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) == CUPTI_SUCCESS) {
+            holders = 1;
+            token = generation;
+            atomic_fetch_add_explicit(&shim_counters.activity_enables, 1, memory_order_relaxed);
+        } else {
+            atomic_fetch_add_explicit(&shim_counters.activity_refused, 1, memory_order_relaxed);
+        }
+    }
+    pthread_mutex_unlock(&hold_mu);
+    return token;
+}
+
+void shim_activity_release(uint32_t token)
+{
+    if (token == 0)
+        return;
+    pthread_mutex_lock(&hold_mu);
+    if (token == generation && holders > 0 && --holders == 0)
+        shim_cupti.activity_disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+    pthread_mutex_unlock(&hold_mu);
 }
 
 const char *shim_clock_source(void)

@@ -4,13 +4,16 @@
  * Cost with no agent attached: InitializeInjection only opens libcupti and starts one watcher thread. CUPTI itself
  * stays off: no subscriber, no callbacks, no activity kind. The watcher reads the probes' semaphores every
  * FLEETPROF_CUPTI_POLL_MS (100 ms); the kernel raises them when an agent attaches a uprobe, and only then does the
- * watcher subscribe to the launch callbacks and enable CONCURRENT_KERNEL records, and it turns both off again when the
- * agent goes. The price is up to one poll interval of launches missed after an attach. Per-call semaphore checks
+ * watcher subscribe to the launch callbacks and set up CONCURRENT_KERNEL records, and it turns both off again when
+ * the agent goes. The price is up to one poll interval of launches missed after an attach. While attached, kernel
+ * records are by default on only around the launches the rate limit samples (FLEETPROF_CUPTI_ACTIVITY=sampled; why
+ * and how in activity.c), so CUPTI's work follows the sampling rate, not the launch rate. Per-call semaphore checks
  * alone would not do: an enabled callback or activity kind costs the application even when nothing reads it, and a
  * subscriber held while idle would lock other profilers (torch.profiler, Nsight) out of CUPTI.
  *
  * FLEETPROF_CUPTI_RECORD=path (self-check mode) keeps CUPTI on from the start and also appends every launch and
- * kernel record to that file as JSON lines, for machines without bcc (tests/gpu/validate.sh).
+ * kernel record to that file as JSON lines, for machines without bcc (tests/gpu/validate.sh); kernel records are then
+ * on all the time (every kernel, to compare with torch.profiler) unless FLEETPROF_CUPTI_ACTIVITY says otherwise.
  */
 #define FLEETPROF_DEFINE_PROBE_SEMAPHORES
 #include "fleetprof_probes.h"
@@ -80,6 +83,20 @@ static uint32_t env_u32(const char *name, uint32_t fallback, uint32_t low, uint3
     return (uint32_t)value;
 }
 
+/* FLEETPROF_CUPTI_ACTIVITY: 1 sampled, 0 always. Unset: sampled, but always with the self-check file. */
+static int activity_sampled_from_env(void)
+{
+    int fallback = !shim_recording();
+    const char *text = getenv("FLEETPROF_CUPTI_ACTIVITY");
+    if (text == NULL || *text == '\0')
+        return fallback;
+    if (strcmp(text, "sampled") == 0 || strcmp(text, "always") == 0)
+        return text[0] == 's';
+    shim_warn("FLEETPROF_CUPTI_ACTIVITY=%s is neither sampled nor always; using %s", text,
+              fallback ? "sampled" : "always");
+    return fallback;
+}
+
 static void read_settings(void)
 {
     shim_settings.launch_rate = fleetprof_launch_rate_from_env();
@@ -87,6 +104,7 @@ static void read_settings(void)
     shim_settings.buffer_bytes = (size_t)env_u32("FLEETPROF_CUPTI_BUFFER_KB", 1024, 64, 65536) * 1024;
     shim_settings.poll_ms = env_u32("FLEETPROF_CUPTI_POLL_MS", 100, 1, 10000);
     shim_settings.flush_ms = env_u32("FLEETPROF_CUPTI_FLUSH_MS", 250, 10, 60000);
+    shim_settings.activity_sampled = activity_sampled_from_env(); /* after the record file is opened */
 }
 
 /* ---- loading libcupti ---- */
@@ -154,20 +172,25 @@ static void turn_on(void)
         }
         pool_ready = 1;
     }
-    if (shim_activity_start() != 0) {
+    CUptiResult result = shim_cupti.subscribe(&subscriber, shim_on_api, NULL);
+    subscribed = result == CUPTI_SUCCESS;
+    if (!subscribed && !warned_subscribe) {
+        warned_subscribe = 1;
+        shim_warn("cannot subscribe to CUPTI callbacks (%s): another profiler holds CUPTI's one subscriber; "
+                  "every kernel is still timed, their launches are not seen", shim_result_string(result));
+        shim_record_note("subscribe_failed", shim_result_string(result));
+    }
+    /* per launch only where launches are seen and not all of them are sampled */
+    int per_launch = subscribed && shim_settings.activity_sampled && shim_settings.launch_rate != 0;
+    if (shim_activity_start(per_launch) != 0) {
+        if (subscribed)
+            shim_cupti.unsubscribe(subscriber);
+        subscribed = 0;
         gave_up = 1;
         return;
     }
-    CUptiResult result = shim_cupti.subscribe(&subscriber, shim_on_api, NULL);
-    if (result == CUPTI_SUCCESS) {
-        subscribed = 1;
+    if (subscribed)
         shim_enable_launch_callbacks(subscriber, 1);
-    } else if (!warned_subscribe) {
-        warned_subscribe = 1;
-        shim_warn("cannot subscribe to CUPTI callbacks (%s): another profiler holds CUPTI's one subscriber; "
-                  "kernels are still timed, their launches are not seen", shim_result_string(result));
-        shim_record_note("subscribe_failed", shim_result_string(result));
-    }
     cupti_on = 1;
     ever_on = 1;
     shim_record_on();
@@ -175,12 +198,13 @@ static void turn_on(void)
 
 static void turn_off(void)
 {
+    if (subscribed)
+        shim_enable_launch_callbacks(subscriber, 0); /* first: no launch takes a hold on records any more */
+    shim_activity_stop();
     if (subscribed) {
-        shim_enable_launch_callbacks(subscriber, 0);
         shim_cupti.unsubscribe(subscriber);
         subscribed = 0;
     }
-    shim_activity_stop();
     cupti_on = 0;
     shim_record_note("off", "");
 }
@@ -222,12 +246,16 @@ static void *watch(void *unused)
 
 static void warn_losses(void)
 {
+    uint64_t refused = atomic_load(&shim_counters.activity_refused);
+    if (refused)
+        shim_warn("CUPTI refused to turn kernel records on for %llu sampled launches, whose kernels went untimed: "
+                  "set FLEETPROF_CUPTI_ACTIVITY=always", (unsigned long long)refused);
     uint64_t dropped = atomic_load(&shim_counters.records_dropped);
-    uint64_t refused = atomic_load(&shim_counters.buffers_refused);
-    if (dropped || refused)
+    uint64_t empty = atomic_load(&shim_counters.buffers_refused);
+    if (dropped || empty)
         shim_warn("CUPTI dropped %llu kernel records (%llu buffer requests found the pool empty): raise "
                   "FLEETPROF_CUPTI_BUFFERS (now %u) or FLEETPROF_CUPTI_BUFFER_KB (now %zu)",
-                  (unsigned long long)dropped, (unsigned long long)refused, shim_settings.buffers,
+                  (unsigned long long)dropped, (unsigned long long)empty, shim_settings.buffers,
                   shim_settings.buffer_bytes / 1024);
 }
 
@@ -264,10 +292,10 @@ static void start_watcher(void)
 
 static void initialize(void)
 {
-    read_settings();
     const char *record = getenv("FLEETPROF_CUPTI_RECORD");
     if (record != NULL && *record != '\0' && shim_record_open(record) != 0)
         shim_warn("cannot open FLEETPROF_CUPTI_RECORD=%s for appending; self-check records are off", record);
+    read_settings();
 
     char tried[512];
     void *handle = open_cupti(tried, sizeof(tried));

@@ -1,4 +1,5 @@
-/* Kernel launch callbacks: on the launching thread, as the launch API returns, the rate limit decides and the
+/* Kernel launch callbacks: on the launching thread, as the launch API enters, the rate limit decides (and in sampled
+ * mode a sampled launch turns kernel records on for its own submission, see activity.c); as it returns, the
  * kernel_launch probe fires with CUPTI's correlation id (the agent captures the CPU stack there).
  *
  * The decision of each correlation id is kept in a fixed direct-mapped table, so the kernel records that arrive
@@ -53,6 +54,7 @@ static __thread fleetprof_ratelimit_t thread_rate;
 static __thread uint32_t thread_depth;
 static __thread uint32_t thread_weight; /* decision of the outermost call in progress */
 static __thread int thread_decided;
+static __thread uint32_t thread_hold;   /* token of the kernel records this thread's sampled launch holds on */
 static __thread uint32_t thread_epoch;
 static _Atomic uint32_t epoch = 1; /* bumped at each turn-on: a thread's state from before it is stale */
 
@@ -101,6 +103,17 @@ static void undo(uint32_t weight)
         thread_rate.skipped += weight - 1;
 }
 
+/* A launch decided only at its exit (callbacks came on meanwhile) was submitted with kernel records off in sampled
+ * mode: no kernel record will join it, so it counts as skipped and the next sampled launch carries its weight. */
+static void decide_late(void)
+{
+    decide();
+    if (thread_weight && shim_activity_per_launch()) {
+        thread_rate.skipped += thread_weight;
+        thread_weight = 0;
+    }
+}
+
 static void returned(CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const CUpti_CallbackData *data, int nested)
 {
     uint32_t correlation_id = data->correlationId;
@@ -144,15 +157,23 @@ void CUPTIAPI shim_on_api(void *userdata, CUpti_CallbackDomain domain, CUpti_Cal
         thread_epoch = now_epoch;
         thread_depth = 0;
         thread_decided = 0;
+        thread_hold = 0; /* its generation is gone with the turn-off: nothing to release */
     }
     if (data->callbackSite == CUPTI_API_ENTER) {
-        if (thread_depth++ == 0)
+        if (thread_depth++ == 0) {
             decide();
+            if (thread_weight)
+                thread_hold = shim_activity_hold(); /* last: the driver submits right after this returns */
+        }
         return;
     }
     if (thread_depth > 0)
         thread_depth--;
+    if (thread_depth == 0 && thread_hold) {
+        shim_activity_release(thread_hold); /* first: the launch has submitted its work, failed or not */
+        thread_hold = 0;
+    }
     if (!thread_decided)
-        decide(); /* callbacks were turned on between this call's entry and its exit */
+        decide_late(); /* callbacks were turned on between this call's entry and its exit */
     returned(domain, cbid, data, thread_depth > 0);
 }

@@ -2,11 +2,14 @@
  * as JSON lines, so a GPU machine without bcc can compare the shim with torch.profiler (tests/gpu/validate.sh).
  *
  *   {"type":"start","pid":..,"cupti_library":"..","launch_rate":..}
- *   {"type":"on","clock":"..","clock_offset_ns":..,"clock_measured_offset_ns":..}
+ *   {"type":"on","clock":"..","clock_offset_ns":..,"clock_measured_offset_ns":..,"activity":"always"}
+ *                                                     activity: kernel records always on, or "sampled" (activity.c)
  *   {"type":"launch","correlation_id":..,"callback_id":..,"domain":"runtime","api":"..","tid":..,"ts_ns":..,
  *    "weight":..,"nested":false}                       weight 0: skipped by the rate limit (no probe fired)
  *   {"type":"kernel","correlation_id":..,"start_ns":..,"end_ns":..,"device_id":..,"stream_id":..,"name":"..",
  *    "fired":true}                                      fired: kernel_executed fired for it (unless no agent)
+ *                                                     (sampled mode: only sampled launches' kernels, and skipped
+ *                                                     ones submitted while another thread's sampled launch held)
  *   {"type":"summary", counters...}                     at exit
  *
  * Lines from many threads go through one mutex: this is a debugging mode, not the production path.
@@ -91,9 +94,9 @@ void shim_record_on(void)
     pthread_mutex_lock(&record_mu);
     fputs("{\"type\":\"on\",\"clock\":", record_file);
     put_string(shim_clock_source());
-    fprintf(record_file, ",\"clock_offset_ns\":%lld,\"clock_measured_offset_ns\":%lld,\"ts_ns\":%llu}\n",
-            (long long)shim_clock_offset_ns(), (long long)shim_clock_measured_offset_ns(),
-            (unsigned long long)realtime_ns());
+    fprintf(record_file, ",\"clock_offset_ns\":%lld,\"clock_measured_offset_ns\":%lld,\"activity\":\"%s\","
+            "\"ts_ns\":%llu}\n", (long long)shim_clock_offset_ns(), (long long)shim_clock_measured_offset_ns(),
+            shim_activity_per_launch() ? "sampled" : "always", (unsigned long long)realtime_ns());
     pthread_mutex_unlock(&record_mu);
 }
 
@@ -164,10 +167,11 @@ void shim_record_close(void)
     fprintf(record_file,
             "{\"type\":\"summary\",\"launches\":%llu,\"launches_sampled\":%llu,\"launches_nested\":%llu,"
             "\"launches_failed\":%llu,\"kernels\":%llu,\"kernels_skipped\":%llu,\"kernels_unseen\":%llu,"
-            "\"kernels_incomplete\":%llu,\"records_dropped\":%llu,\"buffers_refused\":%llu}\n",
+            "\"kernels_incomplete\":%llu,\"records_dropped\":%llu,\"buffers_refused\":%llu,"
+            "\"activity_enables\":%llu,\"activity_refused\":%llu}\n",
             COUNTER(launches), COUNTER(launches_sampled), COUNTER(launches_nested), COUNTER(launches_failed),
             COUNTER(kernels), COUNTER(kernels_skipped), COUNTER(kernels_unseen), COUNTER(kernels_incomplete),
-            COUNTER(records_dropped), COUNTER(buffers_refused));
+            COUNTER(records_dropped), COUNTER(buffers_refused), COUNTER(activity_enables), COUNTER(activity_refused));
     fclose(record_file);
     record_file = NULL;
     pthread_mutex_unlock(&record_mu);

@@ -32,6 +32,7 @@ struct shim_settings {
     size_t buffer_bytes;   /* FLEETPROF_CUPTI_BUFFER_KB */
     uint32_t poll_ms;      /* FLEETPROF_CUPTI_POLL_MS: how often the watcher looks at the semaphores */
     uint32_t flush_ms;     /* FLEETPROF_CUPTI_FLUSH_MS: how often completed records are pulled while on */
+    int activity_sampled;  /* FLEETPROF_CUPTI_ACTIVITY=sampled: kernel records only for sampled launches */
 };
 
 /* Everything that can be lost or skipped is counted; the record file's summary and the exit warning show them. */
@@ -46,6 +47,8 @@ struct shim_counters {
     _Atomic uint64_t kernels_incomplete;/* no timestamps (forced flush at exit before the kernel ended) */
     _Atomic uint64_t records_dropped;   /* CUPTI dropped them: no buffer was free */
     _Atomic uint64_t buffers_refused;   /* buffer requests refused because the pool was empty */
+    _Atomic uint64_t activity_enables;  /* sampled launches that turned kernel records on (sampled mode) */
+    _Atomic uint64_t activity_refused;  /* ... and found CUPTI refusing to: their kernels go untimed */
 };
 
 extern struct cupti_api shim_cupti;
@@ -62,9 +65,17 @@ int shim_enable_launch_callbacks(CUpti_SubscriberHandle subscriber, uint32_t ena
 int shim_correlation_state(uint32_t correlation_id);
 
 /* activity.c */
-int shim_activity_init(void);  /* allocates the buffer pool; 0 on success */
-int shim_activity_start(void); /* registers the buffer callbacks and the clock, enables kernel records */
+int shim_activity_init(void); /* allocates the buffer pool; 0 on success */
+/* Registers the buffer callbacks and the clock; then kernel records are on until stop (per_launch = 0), or only
+ * while a sampled launch holds them (per_launch = 1). */
+int shim_activity_start(int per_launch);
 void shim_activity_stop(void); /* disables kernel records and delivers what is buffered */
+int shim_activity_per_launch(void);
+/* Kernel records on for work submitted from now until the release, process-wide and counted, so concurrent sampled
+ * launches nest. Returns a token for the release: 0 when there is nothing to release (records on all the time, or
+ * CUPTI refused). A token from before a stop or start is released as a no-op. */
+uint32_t shim_activity_hold(void);
+void shim_activity_release(uint32_t token);
 const char *shim_clock_source(void);
 int64_t shim_clock_offset_ns(void);
 int64_t shim_clock_measured_offset_ns(void);

@@ -52,7 +52,27 @@ def test_records_are_cut_to_the_window() -> None:
     assert (totals.count, totals.ns) == ({"a": 2, "b": 1}, {"a": 37, "b": 60})
     assert facts == {"launches": 2, "nested_launches": 1, "kernels_outside_window": 2, "kernels_with_launch": 2,
                      "kernels_in_window": 3, "clock": "cupti-timestamp-callback", "clock_measured_offset_ns": 12,
-                     "summary": {"kernels": 5}}
+                     "activity": "always", "summary": {"kernels": 5}}
+
+
+def test_sampled_run_has_kernel_records_for_the_sampled_launches() -> None:
+    lines = [{"type": "on", "activity": "sampled"},
+             *({"type": "launch", "correlation_id": i, "nested": False, "weight": 5 if i % 5 == 0 else 0}
+               for i in range(1, 201)),
+             {"type": "launch", "correlation_id": 1001, "nested": True, "weight": 5},
+             *({"type": "kernel", "correlation_id": i} for i in range(5, 201, 5)),  # each sampled launch's kernel
+             {"type": "kernel", "correlation_id": 1001}, {"type": "kernel", "correlation_id": 7},  # a skipped one's
+             {"type": "kernel", "correlation_id": 5000}]  # no launch seen
+    facts = validate.sampled_facts([json.dumps(x) for x in lines])
+    assert facts == {"launches": 200, "sampled": 40, "sampled_without_kernel": 0,
+                     "kernels": {"sampled": 41, "skipped": 1, "unknown": 1}, "records_per_sampled_record": 43 / 41,
+                     "records_per_launch": 43 / 200, "ok": True}
+    no_records_for_sampled = [x for x in lines if x.get("type") != "kernel" or x["correlation_id"] % 10]
+    facts = validate.sampled_facts([json.dumps(x) for x in no_records_for_sampled])
+    assert (facts["sampled_without_kernel"], facts["ok"]) == (20, False)
+    every_kernel = lines + [{"type": "kernel", "correlation_id": i} for i in range(1, 201) if i % 5]
+    assert validate.sampled_facts([json.dumps(x) for x in every_kernel])["ok"] is False
+    assert validate.sampled_facts([])["ok"] is False  # nothing recorded: not a pass
 
 
 def test_chrome_trace_kernels() -> None:

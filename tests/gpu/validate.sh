@@ -3,8 +3,8 @@
 # Needs: python3 with torch (CUDA build), gcc, an NVIDIA driver; CUDA headers from the nvidia-* wheels or a local
 # CUDA toolkit (CUDA_HOME, /usr/local/cuda). Needs no bcc, no package manager and no install of fleetprof.
 #   bash tests/gpu/validate.sh [--steps N]      PYTHON=... picks the interpreter; OUT=dir gets gpu_validation.json
-# Exit status: 0 when per-kernel GPU time agrees with torch.profiler within 5%, 1 when not, 2 when it cannot run,
-# 124 when it ran out of time.
+# Exit status: 0 when per-kernel GPU time agrees with torch.profiler within 5% and kernel records come for the
+# sampled launches (FLEETPROF_CUPTI_ACTIVITY=sampled), 1 when not, 2 when it cannot run, 124 when it ran out of time.
 set -euo pipefail
 
 cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../.."

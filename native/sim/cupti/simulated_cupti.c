@@ -6,12 +6,19 @@
  * with simcupti_launch, which plays one launch API call: the enter and exit callbacks on the calling thread and the
  * kernel records it produces. Kernels do not run; their times come from the clock CUPTI would use.
  *
+ * Activity enabling applies to work submitted afterwards: a launch's kernels produce records only when their kind was
+ * enabled at the moment the launch submitted them, which is between its enter and exit callbacks (for a graph
+ * launch, all of its kernel nodes at once). So a tool may enable the kind in the enter callback of the launches it
+ * wants timed and disable it at their exit. The test double counts what that costs: the records it delivered in
+ * completed buffers and the enable and disable calls (simcupti_records_delivered, simcupti_activity_calls).
+ *
  * SIMULATED_CUPTI_CLOCK=monotonic makes cuptiGetTimestamp and the records use CLOCK_MONOTONIC and refuses the
  * timestamp callback, as an older CUPTI without it would: the shim must then measure the offset itself.
  */
 #include <cupti.h>
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -26,7 +33,12 @@ static int subscribed;
 static unsigned char enabled[2][MAX_CBID]; /* [0] runtime, [1] driver */
 static CUpti_BuffersCallbackRequestFunc buffer_requested;
 static CUpti_BuffersCallbackCompleteFunc buffer_completed;
-static int kernels_on;
+/* atomics, not under mu: a launch reads the switch without waiting for another thread's records */
+static _Atomic int kernels_on;
+static _Atomic uint64_t enable_calls; /* cuptiActivityEnable/Disable of the kernel kind */
+static _Atomic uint64_t disable_calls;
+static uint64_t records_delivered; /* kernel records buffer_completed has returned from, under mu */
+static pthread_mutex_t flush_mu = PTHREAD_MUTEX_INITIALIZER; /* one flush at a time: one returns when all is read */
 static CUpti_TimestampCallbackFunc timestamp_fn;
 static uint8_t *buffer;
 static size_t buffer_size;
@@ -107,14 +119,17 @@ SIM_API CUptiResult cuptiActivityEnable(CUpti_ActivityKind kind)
 {
     if (kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)
         return CUPTI_ERROR_NOT_SUPPORTED;
-    kernels_on = 1;
+    atomic_store(&kernels_on, 1);
+    atomic_fetch_add(&enable_calls, 1);
     return CUPTI_SUCCESS;
 }
 
 SIM_API CUptiResult cuptiActivityDisable(CUpti_ActivityKind kind)
 {
-    if (kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)
-        kernels_on = 0;
+    if (kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)
+        return CUPTI_SUCCESS;
+    atomic_store(&kernels_on, 0);
+    atomic_fetch_add(&disable_calls, 1);
     return CUPTI_SUCCESS;
 }
 
@@ -136,6 +151,15 @@ SIM_API CUptiResult cuptiActivityGetNumDroppedRecords(CUcontext context, uint32_
     return CUPTI_SUCCESS;
 }
 
+/* Hands a completed buffer to the tool (called without mu), and counts its records once the tool has read them. */
+static void deliver(uint8_t *data, size_t size, size_t used)
+{
+    buffer_completed(NULL, 0, data, size, used);
+    pthread_mutex_lock(&mu);
+    records_delivered += used / sizeof(CUpti_ActivityKernel9);
+    pthread_mutex_unlock(&mu);
+}
+
 /* A full buffer waits for the next flush, as with CUPTI's worker thread, so a small pool can run dry. */
 static void retire(void)
 {
@@ -143,7 +167,7 @@ static void retire(void)
         return;
     if (pending_count == MAX_PENDING) { /* cannot happen with the shim's pool sizes; keep the records anyway */
         pthread_mutex_unlock(&mu);
-        buffer_completed(NULL, 0, buffer, buffer_size, buffer_used);
+        deliver(buffer, buffer_size, buffer_used);
         pthread_mutex_lock(&mu);
     } else {
         pending[pending_count++] = (struct pending){buffer, buffer_size, buffer_used};
@@ -157,6 +181,7 @@ SIM_API CUptiResult cuptiActivityFlushAll(uint32_t flag)
     (void)flag;
     if (buffer_completed == NULL)
         return CUPTI_ERROR_INVALID_OPERATION;
+    pthread_mutex_lock(&flush_mu);
     pthread_mutex_lock(&mu);
     if (buffer_used > 0)
         retire();
@@ -167,9 +192,10 @@ SIM_API CUptiResult cuptiActivityFlushAll(uint32_t flag)
     int report_drops = count == 0 && dropped > 0;
     pthread_mutex_unlock(&mu);
     for (int i = 0; i < count; i++)
-        buffer_completed(NULL, 0, out[i].data, out[i].size, out[i].used);
+        deliver(out[i].data, out[i].size, out[i].used);
     if (report_drops)
         buffer_completed(NULL, 0, NULL, 0, 0);
+    pthread_mutex_unlock(&flush_mu);
     return CUPTI_SUCCESS;
 }
 
@@ -204,19 +230,21 @@ static const char *keep_name(const char *name)
     return names[name_count++];
 }
 
+/* Whether the kernels a launch submits now will be timed: the kind's state at submission, not when they run. */
+static int submit(void)
+{
+    return atomic_load(&kernels_on);
+}
+
 static void kernel_record(uint32_t correlation_id, const char *name, uint64_t start, uint64_t end, uint32_t stream)
 {
     pthread_mutex_lock(&mu);
-    if (!kernels_on) {
-        pthread_mutex_unlock(&mu);
-        return;
-    }
     if (buffer == NULL) {
-        pthread_mutex_unlock(&mu);
+        /* asked with mu held: two launching threads must not each install a buffer (the tool's request callback
+         * calls nothing of this library) */
         uint8_t *fresh = NULL;
         size_t size = 0, max_records = 0;
         buffer_requested(&fresh, &size, &max_records);
-        pthread_mutex_lock(&mu);
         if (fresh == NULL || size < sizeof(CUpti_ActivityKernel9)) {
             dropped++;
             pthread_mutex_unlock(&mu);
@@ -255,26 +283,57 @@ static void callback(CUpti_CallbackDomain domain, CUpti_CallbackId cbid, CUpti_A
     fn(subscriber_data, domain, cbid, &data);
 }
 
+/* The time a launch API call spends between its enter and exit callbacks before it submits its work
+ * (SIMULATED_CUPTI_API_NS, default 0): a real cudaLaunchKernel takes microseconds there, which is how long a launch
+ * that enabled the kernel kind holds it for every other thread. */
+static uint64_t api_ns;
+
+__attribute__((constructor)) static void read_api_ns(void)
+{
+    const char *text = getenv("SIMULATED_CUPTI_API_NS");
+    api_ns = text != NULL ? strtoull(text, NULL, 10) : 0;
+}
+
+/* Busy for `ns`, as CPU work is: a sleep would give the core to the other threads. */
+static void spin(uint64_t ns)
+{
+    if (ns == 0)
+        return;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t until = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + ns;
+    do
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+    while ((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec < until);
+}
+
 /* One launch API call on the calling thread, then the `kernels` kernel records of `duration_ns` each that it
- * produced (a graph launch makes several); with `nested_driver` the call also makes a driver cuLaunchKernel call,
- * as a runtime may; `fail` makes the call return an error (no kernel). Returns the call's correlation id. */
+ * produced (a graph launch makes several), each only if the kernel kind was enabled when the call submitted them;
+ * with `nested_driver` the call also makes a driver cuLaunchKernel call, as a runtime may, and that one submits;
+ * `fail` makes the call return an error (no kernel). Returns the call's correlation id. */
 SIM_API uint32_t simcupti_launch(uint32_t driver, uint32_t cbid, const char *api, const char *kernel, uint32_t kernels,
                                  uint64_t duration_ns, uint32_t stream, int nested_driver, int fail)
 {
     CUpti_CallbackDomain domain = driver ? CUPTI_CB_DOMAIN_DRIVER_API : CUPTI_CB_DOMAIN_RUNTIME_API;
     uint32_t correlation_id = __atomic_add_fetch(&next_correlation_id, 1, __ATOMIC_SEQ_CST);
     int result = fail ? 1 : 0;
+    int timed = 0;
     callback(domain, cbid, CUPTI_API_ENTER, api, correlation_id, &result);
     if (nested_driver) {
         uint32_t inner = __atomic_add_fetch(&next_correlation_id, 1, __ATOMIC_SEQ_CST);
         int inner_result = result;
         callback(CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, CUPTI_API_ENTER, "cuLaunchKernel",
                  inner, &inner_result);
+        spin(api_ns);
+        timed = submit();
         callback(CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, CUPTI_API_EXIT, "cuLaunchKernel",
                  inner, &inner_result);
+    } else {
+        spin(api_ns);
+        timed = submit();
     }
     callback(domain, cbid, CUPTI_API_EXIT, api, correlation_id, &result);
-    for (uint32_t i = 0; i < kernels && !fail; i++) { /* the kernels run after the launch returns */
+    for (uint32_t i = 0; i < kernels && timed && !fail; i++) { /* the kernels run after the launch returns */
         uint64_t start = now_ns();
         kernel_record(correlation_id, kernel, start, start + duration_ns, stream);
     }
@@ -284,5 +343,57 @@ SIM_API uint32_t simcupti_launch(uint32_t driver, uint32_t cbid, const char *api
 /* 1 while the shim holds the subscriber, 2 while kernel records are on (both: 3). */
 SIM_API int simcupti_state(void)
 {
-    return (subscribed ? 1 : 0) | (kernels_on ? 2 : 0);
+    return (subscribed ? 1 : 0) | (atomic_load(&kernels_on) ? 2 : 0);
+}
+
+/* Kernel records delivered to the tool in completed buffers since the library was loaded (dropped ones are not). */
+SIM_API uint64_t simcupti_records_delivered(void)
+{
+    pthread_mutex_lock(&mu);
+    uint64_t delivered = records_delivered;
+    pthread_mutex_unlock(&mu);
+    return delivered;
+}
+
+/* cuptiActivityEnable (disable = 0) or cuptiActivityDisable (disable = 1) calls for the kernel kind so far. */
+SIM_API uint64_t simcupti_activity_calls(int disable)
+{
+    return atomic_load(disable ? &disable_calls : &enable_calls);
+}
+
+struct loop {
+    pthread_t thread;
+    int started;
+    uint32_t launches, kernels;
+    uint64_t gap_ns;
+};
+
+static void *launch_loop(void *arg)
+{
+    const struct loop *loop = arg;
+    for (uint32_t i = 0; i < loop->launches; i++) {
+        spin(loop->gap_ns);
+        simcupti_launch(0, CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000, "cudaLaunchKernel", "k_loop",
+                        loop->kernels, 0, 0, 0, 0);
+    }
+    return NULL;
+}
+
+/* A launch-bound workload: `threads` threads (at most 64), each making `launches` cudaLaunchKernel calls of
+ * `kernels` zero-duration kernels, with `gap_ns` of CPU work before each (a framework's own per-operation work).
+ * Returns the threads that ran. */
+SIM_API int simcupti_launch_loop(int threads, uint32_t launches, uint32_t kernels, uint64_t gap_ns)
+{
+    struct loop loops[64];
+    int count = threads < 64 ? threads : 64, started = 0;
+    for (int i = 0; i < count; i++) {
+        loops[i] = (struct loop){.launches = launches, .kernels = kernels, .gap_ns = gap_ns};
+        loops[i].started = pthread_create(&loops[i].thread, NULL, launch_loop, &loops[i]) == 0;
+    }
+    for (int i = 0; i < count; i++)
+        if (loops[i].started) {
+            pthread_join(loops[i].thread, NULL);
+            started++;
+        }
+    return started;
 }
