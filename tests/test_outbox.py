@@ -37,7 +37,8 @@ def test_the_oldest_record_units_go_first_and_are_counted_per_kind() -> None:
     box.add([_unit("cpu", 700, records=9)])  # the launches, the poll and the kernels make room; the newest stays
     assert [u.kind for u in box.held] == ["symbols", "cpu"] and box.pending_bytes == 800
     assert {k: t.records for k, t in box.dropped.items()} == {"symbols": 0, "cpu": 7, "gpu_launches": 3,
-                                                            "gpu_kernels": 5, "gpu_metrics": 1}
+                                                            "gpu_kernels": 5, "gpu_metrics": 1,
+                                                            "dead_letters": 0}
 
 
 def test_tables_are_dropped_last_and_with_every_unit_that_needs_them() -> None:
