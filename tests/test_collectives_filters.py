@@ -1,16 +1,19 @@
-"""NCCL collectives hidden, isolated and labelled: `fleetprof query top|flamegraph --kind gpu --collectives`, over
-known rows in chDB."""
+"""NCCL collectives hidden, isolated and labelled: `fleetprof query top|flamegraph --kind gpu --collectives` and the
+web UI's collectives parameter, over known rows in chDB."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
+import httpx
 import pytest
 
+from fleetprof.api import serve_api
 from tests.test_query_cli import base_args, run_here, silent_address
-from tests.webui_helpers import cli_export
+from tests.webui_helpers import cli_export, stacks_of
 
 GEMM = "ampere_sgemm_128x64_nn"
 ALL_REDUCE = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
@@ -24,9 +27,9 @@ NCCL_STACKS = {f"main;backward;ncclGroupEnd;{ALL_REDUCE_LABEL}": 3_000_000,
 
 
 @pytest.fixture(scope="module")
-def job(module_store) -> SimpleNamespace:
+def job(module_store) -> Iterator[SimpleNamespace]:
     """module_store with one training process's GPU time on n1 (pid 10, comm train) over [since, until): a GEMM
-    (6 ms) and two NCCL collectives (3 ms, 1 ms), stored as CUPTI names them (mangled)."""
+    (6 ms) and two NCCL collectives (3 ms, 1 ms), stored as CUPTI names them (mangled); and the API serving it."""
     now = datetime.now(tz=UTC).replace(microsecond=0)
     since = now - timedelta(hours=1, seconds=now.second % 10)
     frames = [[1, "main", "app", "NATIVE", since], [2, "backward", "app", "NATIVE", since],
@@ -42,8 +45,12 @@ def job(module_store) -> SimpleNamespace:
     module_store.insert("stacks", stacks, ["stack_id", "frame_ids", "last_seen"])
     module_store.insert("gpu_kernel_samples", gpu, ["ts", "node", "pid", "comm", "container_id", "device", "stream",
                                                     "stack_id", "kernel_name", "duration_ns", "launches"])
-    return SimpleNamespace(store=module_store, since=since, until=since + timedelta(seconds=10),
-                           t0=int(since.timestamp()), t1=int(since.timestamp()) + 10)
+    server = serve_api(module_store, "127.0.0.1", 0)
+    try:
+        yield SimpleNamespace(store=module_store, since=since, until=since + timedelta(seconds=10), url=server.url,
+                              t0=int(since.timestamp()), t1=int(since.timestamp()) + 10)
+    finally:
+        server.stop()
 
 
 def top(job, *extra: str) -> list[dict]:
@@ -104,3 +111,29 @@ def test_an_empty_answer_says_what_it_found_none_of(job):
     assert result.stderr.endswith(f"to {until.isoformat()}\n")
     assert result.stderr.startswith("0 rows: no GPU kernel time in NCCL collectives from ")
 
+
+def test_the_ui_flame_graph_hides_or_isolates_collectives(job):
+    window = {"since": job.t0, "until": job.t1, "kind": "gpu", "node": "n1"}
+    with httpx.Client(base_url=job.url, timeout=30) as http:
+        def stacks(**params) -> dict[str, int]:
+            answer = http.get("/api/flamegraph", params={**window, **params})
+            assert answer.status_code == 200, answer.text
+            return {stack.removeprefix("train (pid 10);"): n for stack, n in stacks_of(answer.json()).items()}
+
+        assert stacks() == {**GEMM_STACK, **NCCL_STACKS}
+        assert stacks(collectives="only") == NCCL_STACKS
+        assert stacks(collectives="hide") == GEMM_STACK
+        answer = http.get("/api/flamegraph", params={**window, "collectives": "only"}).json()
+        assert answer["filters"]["collectives"] == "only" and answer["total"] == 4_000_000
+        diff = http.get("/api/flamegraph/diff", params={**window, "collectives": "hide", "base_since": job.t0,
+                                                        "base_until": job.t1}).json()
+        assert diff["total"] == diff["base_total"] == 6_000_000
+        export = http.get("/api/export", params={**window, "format": "folded", "collectives": "only"})
+        assert export.content == cli_export(job, "folded", job.t0, job.t1, "--kind", "gpu", "--node", "n1",
+                                            "--collectives", "only")
+        for params, needle in [({**window, "collectives": "some"}, "collectives must be one of all, hide, only"),
+                               ({**window, "kind": "cpu", "collectives": "hide"}, "it goes with kind=gpu")]:
+            answer = http.get("/api/flamegraph", params=params)
+            assert answer.status_code == 400 and needle in answer.json()["error"]
+        # CPU flame graphs and the charts take no collectives, and say nothing of them
+        assert http.get("/api/flamegraph", params={**window, "kind": "cpu", "collectives": "all"}).status_code == 200
