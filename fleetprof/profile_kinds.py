@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from fleetprof.collectives import nccl_label
 from fleetprof.flamegraph_formats import FORMATS, html_page, speedscope
 from fleetprof.pprof import Sample, pprof_bytes
 from fleetprof.simulated_sources import simulated_line
@@ -62,9 +63,11 @@ def export_profile(rows: Rows, kind_name: str, fmt: str, since: datetime, until:
     Stacks are rooted per process (process_frame) unless merge_processes; pprof keeps the process in the samples'
     labels (node, pid, comm) instead, dropped when merge_processes. A kind whose data came from a simulated source
     says so in pprof's comments, speedscope's profile name and the HTML page's title and banner (folded and JSON
-    have no place for it)."""
+    have no place for it). GPU stacks' NCCL kernels read as labelled_kernels labels them."""
     kind = KINDS[kind_name]
     params = {"since": since, "until": until, **filters}
+    if kind_name == "gpu":
+        rows = labelled_kernels(rows, kind)
     simulated = [str(node) for k, node in rows("simulated_sources", {"since": since, "until": until,
                                                                       "node": filters.get("node", "")})
                  if k == kind_name]
@@ -80,6 +83,23 @@ def export_profile(rows: Rows, kind_name: str, fmt: str, since: datetime, until:
         stacks = split_stacks(rows(kind.processes, params), one_node=bool(filters.get("node")))
     title = f"fleetprof {kind_name} {since.isoformat(timespec='seconds')} – {until.isoformat(timespec='seconds')}"
     return Export(render_profile(fmt, stacks, title, kind, note), len(stacks))
+
+
+def labelled_kernels(rows: Rows, kind: Kind) -> Rows:
+    """`rows` with the kernel that ends each stack of the kind's flame graph queries named as nccl_label names it
+    (`[nccl AllReduce float32] ncclDevKernel_AllReduce_Sum_f32_RING_LL`), every other name as it is. The label keeps
+    the kernel's own name, so different kernels stay apart."""
+    functions_at = {kind.flamegraph: 0, kind.processes: 3}
+
+    def labelled(name: str, params: dict[str, Any]) -> Sequence[Sequence[Any]]:
+        found = rows(name, params)
+        at = functions_at.get(name)
+        if at is None:
+            return found
+        return [(*row[:at], [*row[at][:-1], nccl_label(row[at][-1])] if len(row[at]) else row[at], *row[at + 1:])
+                for row in found]
+
+    return labelled
 
 
 def split_stacks(process_rows: Sequence[Sequence[Any]], one_node: bool) -> list[tuple[list[str], int]]:

@@ -191,12 +191,16 @@ def write_config(workdir: Path) -> Path:
     return config
 
 
+ALL_REDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"  # an NCCL collective
+ALL_REDUCE_MANGLED = "_Z39ncclDevKernel_AllReduce_Sum_f32_RING_LL24ncclDevKernelArgsStorageILm4096EE"
+
+
 def known_rows(base: datetime) -> dict[str, tuple[list[str], list[list]]]:
     """The same rows for both layouts: three nodes (n1 and n2 hash to shard 1, n3 to shard 2), stacks with even and
     odd ids (shards 1 and 2), a stack defined twice, a sampled stack without definition and a frame without one."""
     t = [base + timedelta(seconds=10 * i) for i in range(6)]
     kinds = ["NATIVE"] * 6 + ["GPU_KERNEL", "GPU_KERNEL"]
-    names = ["main", "run", "compute", "io", "idle", "launch", "gemm", "reduce"]
+    names = ["main", "run", "compute", "io", "idle", "launch", "gemm", ALL_REDUCE]
     frames = [[i + 1, name, "app" if i != 3 else "libc.so.6", kind, t[0], "" if i > 5 else f"{i:02x}" * 20]
               for i, (name, kind) in enumerate(zip(names, kinds, strict=True))]
     stacks = [[100, [1, 2, 3], t[0]], [101, [1, 2, 2, 4], t[0]], [102, [1, 5], t[0]], [103, [1, 6, 7], t[0]],
@@ -205,7 +209,8 @@ def known_rows(base: datetime) -> dict[str, tuple[list[str], list[list]]]:
            [t[1], "n1", 10, "train", "", 101, 3], [t[2], "n1", 10, "train", "", 105, 2],
            [t[3], "n1", 10, "train", "", 106, 1], [t[2], "n2", 20, "serve", "", 102, 2],
            [t[1], "n3", 30, "train", "", 102, 4]]
-    gpu = [[t[1], "n1", 10, "", "", 0, 7, 103, "gemm", 6000, 6], [t[2], "n1", 10, "", "", 0, 7, 104, "reduce", 3000, 3],
+    gpu = [[t[1], "n1", 10, "", "", 0, 7, 103, "gemm", 6000, 6],
+           [t[2], "n1", 10, "", "", 0, 7, 104, ALL_REDUCE_MANGLED, 3000, 3],
            [t[1], "n3", 30, "", "", 0, 7, 103, "gemm", 7000, 7]]
     device = []
     for i, when in enumerate(t):
@@ -261,6 +266,9 @@ def query_cases(base: datetime) -> dict[str, tuple[str, dict]]:
         cases[name] = (name, {p: values[p] for p in query.params if p not in query.defaults or p in ("since", "until")})
     for name in ("top_kernels_gpu", "flamegraph_gpu", "totals_gpu", "top_functions_cpu"):
         cases[f"{name}[comm=train]"] = (name, {**cases[name][1], "comm": "train"})
+    for name in ("top_kernels_gpu", "flamegraph_ids_gpu", "totals_gpu"):
+        for collectives in ("hide", "only"):
+            cases[f"{name}[collectives={collectives}]"] = (name, {**cases[name][1], "collectives": collectives})
     cases["alerts[node=n1]"] = ("alerts", {**cases["alerts"][1], "node": "n1"})
     # ranges holding whole hours: the flame graphs read those from the hourly rollups (0010), the edges from windows
     hours = {"since": base - timedelta(minutes=150), "until": base + timedelta(minutes=95)}

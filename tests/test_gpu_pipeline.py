@@ -172,13 +172,14 @@ def test_known_launches_and_kernels_come_out_of_query_top_and_flamegraph_exactly
     top = json.loads(run.cli("query", "top", "--kind", "gpu", *where, "--format", "json").stdout)
     total = 36_000
     assert top == [
-        {"function": gemm, "binary": "[gpu]", "self": 28_000, "total": 28_000, "share": 28_000 / total},
-        {"function": SGEMM, "binary": "[gpu]", "self": 8_000, "total": 8_000, "share": 8_000 / total},
-        {"function": "main", "binary": "app", "self": 0, "total": 36_000, "share": 0.0},
-        {"function": "run", "binary": "app", "self": 0, "total": 31_000, "share": 0.0},
-        {"function": "compute", "binary": "app", "self": 0, "total": 24_000, "share": 0.0},
-        {"function": "hash_block", "binary": "app", "self": 0, "total": 7_000, "share": 0.0},
-        {"function": "write_out", "binary": "app", "self": 0, "total": 5_000, "share": 0.0}]
+        {"function": gemm, "binary": "[gpu]", "self": 28_000, "total": 28_000, "share": 28_000 / total,
+         "kernel": gemm},
+        {"function": SGEMM, "binary": "[gpu]", "self": 8_000, "total": 8_000, "share": 8_000 / total, "kernel": SGEMM},
+        {"function": "main", "binary": "app", "self": 0, "total": 36_000, "share": 0.0, "kernel": ""},
+        {"function": "run", "binary": "app", "self": 0, "total": 31_000, "share": 0.0, "kernel": ""},
+        {"function": "compute", "binary": "app", "self": 0, "total": 24_000, "share": 0.0, "kernel": ""},
+        {"function": "hash_block", "binary": "app", "self": 0, "total": 7_000, "share": 0.0, "kernel": ""},
+        {"function": "write_out", "binary": "app", "self": 0, "total": 5_000, "share": 0.0, "kernel": ""}]
     table = run.cli("query", "top", "--kind", "gpu", *where)
     assert "28 µs" in table.stdout and "77.8%" in table.stdout and "36 µs of GPU time" in table.stderr
 

@@ -227,13 +227,15 @@ def test_top_gpu_shows_durations_and_says_simulated(cpu_store):
     assert result.stderr == f"2.501 s of GPU time {span(cpu_store)}\n{line}"
     # JSON and CSV: ns and a 0..1 share as they are; the SIMULATED line stays on stderr, nothing is added per row
     result = run_here([*args, "--format", "csv", "--limit", "2"], silent_address())
-    assert result.stdout == ("function,binary,self,total,share\nio,libc.so.6,2500000000,2500000000,"
-                             f"{2_500_000_000 / 2_501_234_567!r}\ncompute,app,1234567,1234567,"
-                             f"{1_234_567 / 2_501_234_567!r}\n")
+    # kernel: a kernel's name as stored ('' for these, launching functions)
+    assert result.stdout == ("function,binary,self,total,share,kernel\nio,libc.so.6,2500000000,2500000000,"
+                             f"{2_500_000_000 / 2_501_234_567!r},\ncompute,app,1234567,1234567,"
+                             f"{1_234_567 / 2_501_234_567!r},\n")
     assert result.stderr == line
     result = run_here([*args, "--format", "json", "--limit", "1"], silent_address())
     assert json.loads(result.stdout) == [{"function": "io", "binary": "libc.so.6", "self": 2_500_000_000,
-                                          "total": 2_500_000_000, "share": 2_500_000_000 / 2_501_234_567}]
+                                          "total": 2_500_000_000, "share": 2_500_000_000 / 2_501_234_567,
+                                          "kernel": ""}]
     assert result.stderr == line
 
 

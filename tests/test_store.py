@@ -266,9 +266,12 @@ def test_the_flame_graphs_include_the_samples_per_stack_written_once():
         statement = named_query(shared).sql.split("\nWITH\n", 1)[1]
         query = named_query(name)
         assert "@include" not in query.sql and textwrap.indent(f"WITH\n{statement}", " " * 8) in query.sql, name
+        # the GPU ones also hide or isolate NCCL collectives
+        gpu = {"collectives": "String"} if name.endswith("gpu") else {}
         assert query.params == {"since": "DateTime", "until": "DateTime", "node": "String", "pid": "UInt32",
-                                "comm": "String"}, name
-        assert query.defaults == named_query(shared).defaults == {"until": "now", "node": "", "pid": "0", "comm": ""}
+                                "comm": "String", **gpu}, name
+        assert query.defaults == named_query(shared).defaults == {"until": "now", "node": "", "pid": "0", "comm": "",
+                                                                  **({"collectives": "all"} if gpu else {})}
         assert query_file(QUERIES_DIR / f"{name}.sql").sql == query.sql  # `fleetprof sql --file` reads it alike
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from fleetprof.collectives import nccl_label
 from fleetprof.commands.query_metrics import metrics
 from fleetprof.commands.query_notes import simulated_note, why_empty
 from fleetprof.commands.sql import emit
@@ -18,11 +19,23 @@ from fleetprof.profile_kinds import KINDS, export_profile
 from fleetprof.query_client import QueryError, QueryTarget, query_target
 from fleetprof.settings import Settings
 from fleetprof.table_format import duration_ns, print_table, say_no_rows
+from processors.correlate_samples import GPU_BINARY
+
+COLLECTIVES_WHAT = {"hide": "GPU kernel time outside NCCL collectives", "only": "GPU kernel time in NCCL collectives"}
 
 
-def _filters(node: str | None, pid: int | None, comm: str | None) -> dict[str, Any]:
-    # '' and 0 mean "no filter" to the named queries
-    return {"node": node or "", "pid": pid or 0, "comm": comm or ""}
+def _filters(node: str | None, pid: int | None, comm: str | None, kind: str = "cpu",
+             collectives: str = "all") -> dict[str, Any]:
+    # '' and 0 mean "no filter" to the named queries; only the GPU ones know collectives
+    if kind != "gpu" and collectives != "all":
+        raise click.UsageError("--collectives picks NCCL kernels: it goes with --kind gpu")
+    found: dict[str, Any] = {"node": node or "", "pid": pid or 0, "comm": comm or ""}
+    return {**found, "collectives": collectives} if kind == "gpu" else found
+
+
+def _what(kind: str, collectives: str) -> str | None:
+    """What an empty answer found none of, where --collectives narrowed it (why_empty's `what`)."""
+    return COLLECTIVES_WHAT.get(collectives) if kind == "gpu" else None
 
 
 def _run(settings: Settings, work: Any) -> Any:
@@ -34,7 +47,7 @@ def _run(settings: Settings, work: Any) -> Any:
 
 
 def range_options(func: Any) -> Any:
-    """--kind, --since, --until, --node, --pid, --comm: shared by every profile query."""
+    """--kind, --since, --until, --node, --pid, --comm, --collectives: shared by every profile query."""
     for option in reversed([
         click.option("--kind", type=click.Choice(list(KINDS)), default="cpu", show_default=True,
                      help="cpu: CPU samples by stack; gpu: GPU kernel time (ns) by the CPU stack that launched each "
@@ -45,6 +58,9 @@ def range_options(func: Any) -> Any:
         click.option("--node", default=None, help="Only this node."),
         click.option("--pid", type=click.IntRange(min=1), default=None, help="Only this process id."),
         click.option("--comm", default=None, help="Only processes with this command name."),
+        click.option("--collectives", type=click.Choice(["all", "hide", "only"]), default="all", show_default=True,
+                     help="gpu: NCCL collective kernels (ncclDevKernel_*, ncclKernel_*) shown as the others (all), "
+                          "left out (hide), or alone (only); shares are of what is shown."),
     ]):
         func = option(func)
     return func
@@ -64,14 +80,17 @@ query.add_command(metrics)
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
 @click.pass_obj
 def top(settings: Settings, kind: str, since: str, until: str, node: str | None, pid: int | None,
-        comm: str | None, limit: int, fmt: str) -> None:
+        comm: str | None, collectives: str, limit: int, fmt: str) -> None:
     """Top functions by self samples (gpu: kernels and launching functions by self GPU time), with total
     (inclusive) samples or time and the share of all in the range.
 
     The table shows GPU time as durations and shares as percentages; JSON and CSV keep samples or ns and a 0..1
-    share. A line on stderr says when the rows come from a simulated source, and why an empty result is empty."""
+    share. An NCCL kernel reads as its collective and type, then the kernel (`[nccl AllReduce float32]
+    ncclDevKernel_AllReduce_Sum_f32_RING_LL`); gpu JSON and CSV keep each kernel's full name (demangled) in `kernel`
+    ('' for a launching function). A line on stderr says when the rows come from a simulated source, and why an
+    empty result is empty."""
     start, end = time_range(since, until)
-    filters = _filters(node, pid, comm)
+    filters = _filters(node, pid, comm, kind, collectives)
     params = {"since": start, "until": end, **filters}
     queries = KINDS[kind]
 
@@ -79,7 +98,7 @@ def top(settings: Settings, kind: str, since: str, until: str, node: str | None,
         columns, rows = target.named(queries.top, {**params, "limit": limit})
         _, totals = target.named(queries.totals, params)
         if not rows:
-            return columns, rows, totals, why_empty(target, kind, start, end, filters), None
+            return columns, rows, totals, why_empty(target, kind, start, end, filters, _what(kind, collectives)), None
         return columns, rows, totals, None, simulated_note(target, kind, start, end, node)
 
     columns, rows, totals, empty, simulated = _run(settings, work)
@@ -87,6 +106,9 @@ def top(settings: Settings, kind: str, since: str, until: str, node: str | None,
     records = [dict(zip(columns, row, strict=True)) for row in rows]
     for rec in records:
         rec["share"] = rec["self"] / all_samples if all_samples else 0.0
+        if kind == "gpu":
+            rec["kernel"] = rec["function"] if rec["binary"] == GPU_BINARY else ""
+            rec["function"] = nccl_label(rec["kernel"]) if rec["kernel"] else rec["function"]
     if fmt == "table":
         value = duration_ns if kind == "gpu" else str
         cells = [[r["function"], r["binary"], value(r["self"]), _pct(r["self"], all_samples), value(r["total"]),
@@ -100,7 +122,7 @@ def top(settings: Settings, kind: str, since: str, until: str, node: str | None,
         else:
             click.echo(f"{all_samples} samples {span}", err=True)
     else:
-        out_columns = ["function", "binary", "self", "total", "share"]
+        out_columns = ["function", "binary", "self", "total", "share", *(["kernel"] if kind == "gpu" else [])]
         emit(out_columns, [[r[c] for c in out_columns] for r in records], fmt, empty)
     if simulated:
         click.echo(simulated, err=True)
@@ -111,11 +133,12 @@ def _pct(part: int, whole: int) -> str:
 
 
 def say_if_empty(settings: Settings, kind: str, start: datetime, end: datetime, filters: dict[str, Any],
-                 found: int) -> None:
+                 found: int, what: str | None = None) -> None:
     """For a command that found nothing (`found` == 0): "0 rows: …" on stderr, naming the values of the filters
-    that name nothing in the range (`fleetprof query flamegraph` calls it last, with the stacks it wrote)."""
+    that name nothing in the range, else that there is no `what` (why_empty's; `fleetprof query flamegraph` calls it
+    last, with the stacks it wrote)."""
     if not found:
-        say_no_rows(_run(settings, lambda target: why_empty(target, kind, start, end, filters)))
+        say_no_rows(_run(settings, lambda target: why_empty(target, kind, start, end, filters, what)))
 
 
 @query.command()
@@ -131,7 +154,7 @@ def say_if_empty(settings: Settings, kind: str, start: datetime, end: datetime, 
               help="Write to this file instead of stdout.")
 @click.pass_obj
 def flamegraph(settings: Settings, kind: str, since: str, until: str, node: str | None, pid: int | None,
-               comm: str | None, fmt: str, merge_processes: bool, output: Path | None) -> None:
+               comm: str | None, collectives: str, fmt: str, merge_processes: bool, output: Path | None) -> None:
     """Stacks over the range, root first, with their CPU sample counts (gpu: the launching CPU stack with the
     kernel as the leaf, and its GPU time in ns), in a flame graph format.
 
@@ -143,18 +166,19 @@ def flamegraph(settings: Settings, kind: str, since: str, until: str, node: str 
     comm=python3, -tagfocus 'pid=^1234$'); it has the period (cpu: the nanoseconds between two samples at the
     agent's frequency, and a cpu value next to the sample count), one mapping per binary and Python frames' files
     and lines. When the kind's data came from a simulated source, pprof's comments, speedscope's profile name and
-    the HTML page say so (folded and JSON have no place for it)."""
+    the HTML page say so (folded and JSON have no place for it). An NCCL kernel leaf reads as its collective and
+    type, then the kernel: `[nccl AllReduce float32] ncclDevKernel_AllReduce_Sum_f32_RING_LL`."""
     out = sys.stdout.buffer
     if output is None and fmt in BINARY_FORMATS and out.isatty():
         raise click.ClickException(f"{fmt} output is binary: write it to a file with -o FILE (or redirect stdout)")
     start, end = time_range(since, until)
+    filters = _filters(node, pid, comm, kind, collectives)
     export = _run(settings, lambda target: export_profile(lambda name, params: target.named(name, params)[1], kind,
-                                                          fmt, start, end, _filters(node, pid, comm),
-                                                          merge_processes))
+                                                          fmt, start, end, filters, merge_processes))
     if output is None:
         out.write(export.data)
         out.flush()
     else:
         output.write_bytes(export.data)
         click.echo(f"wrote {export.stacks} stacks to {output}", err=True)
-    say_if_empty(settings, kind, start, end, _filters(node, pid, comm), export.stacks)
+    say_if_empty(settings, kind, start, end, filters, export.stacks, _what(kind, collectives))

@@ -10,9 +10,11 @@
   GET /api/export               the range as pprof, folded, speedscope, json or html: the same bytes as
                                 `fleetprof query flamegraph --format F` with the same options
 Parameters: since, until (5m, 2h, epoch seconds or ISO-8601; a relative since counts back from until), kind=cpu|gpu,
-node, pid, comm ('' and 0 mean "all"). The charts and each flame graph say which of their data came from a simulated
-source (sql/queries/simulated_sources.sql: NVML readings for the charts, the kind's samples for a flame graph), per
-node, in `simulated` (nodes) and `simulated_line` (what the page shows). Errors are {"error": "<one line>"}: 400 for
+node, pid, comm ('' and 0 mean "all"); for kind=gpu, collectives=all|hide|only: NCCL's collective kernels shown,
+left out or alone (the flame graphs and the export; NCCL kernels read as fleetprof/collectives.py labels them).
+The charts and each flame graph say which of their data came from a simulated source
+(sql/queries/simulated_sources.sql: NVML readings for the charts, the kind's samples for a flame graph), per node,
+in `simulated` (nodes) and `simulated_line` (what the page shows). Errors are {"error": "<one line>"}: 400 for
 a bad parameter, 503 when the store did not answer. Big answers are compressed: zstd where the client accepts it,
 else gzip.
 """
@@ -33,17 +35,20 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from fleetprof.collectives import nccl_label
 from fleetprof.profile_kinds import KINDS, export_profile
 from fleetprof.query_client import QueryError, QueryTarget, StoreTarget
 from fleetprof.simulated_sources import simulated_line, simulated_sources
 from fleetprof.store import Store, StoreError, one_line, parse_time
 from fleetprof.webui import STATIC_DIR, model
+from processors.correlate_samples import GPU_BINARY
 
 try:
     from compression import zstd  # Python 3.14 and later
 except ImportError:
     from backports import zstd
 
+COLLECTIVES = ("all", "hide", "only")  # NCCL kernels: as the others, left out, alone
 SERIES_ROW_LIMIT = 200_000  # chart points per answer: 330 GPUs (or processes) at 600 buckets each
 COMPRESS_MIN_BYTES = 32 * 1024  # flame graphs of big ranges are megabytes of JSON; small ones are not worth it
 EXPORTS = {  # every format of `fleetprof query flamegraph`: (media type, file name suffix)
@@ -92,7 +97,8 @@ def _kind(request: Request) -> str:
     return kind
 
 
-def _filters(request: Request, comm: bool = True) -> dict[str, Any]:
+def _filters(request: Request, comm: bool = True, kind: str | None = None) -> dict[str, Any]:
+    """node, pid (and comm) for any query; with a `kind`, the profile's filters: collectives too for gpu."""
     q = request.query_params
     pid_text = q.get("pid") or "0"
     if not (pid_text.isascii() and pid_text.isdigit()) or int(pid_text) >= 2**32:
@@ -100,6 +106,15 @@ def _filters(request: Request, comm: bool = True) -> dict[str, Any]:
     filters: dict[str, Any] = {"node": q.get("node", ""), "pid": int(pid_text)}
     if comm:
         filters["comm"] = q.get("comm", "")
+    if kind is None:
+        return filters
+    collectives = q.get("collectives") or "all"
+    if collectives not in COLLECTIVES:
+        raise BadRequest(f"collectives must be one of {', '.join(COLLECTIVES)}, not {collectives!r}")
+    if kind == "gpu":
+        filters["collectives"] = collectives
+    elif collectives != "all":
+        raise BadRequest("collectives picks NCCL kernels: it goes with kind=gpu")
     return filters
 
 
@@ -234,20 +249,27 @@ def ui_routes(target: QueryTarget) -> list[BaseRoute]:
         return _stack_ids(target, f"flamegraph_ids_{kind}", {"since": since, "until": until, **filters})
 
     def names(kind: str, since: datetime, until: datetime, filters: dict[str, Any]) -> list[Sequence[Any]]:
-        return _stack_rows(target, f"flamegraph_names_{kind}", {"since": since, "until": until, **filters})
+        rows = _stack_rows(target, f"flamegraph_names_{kind}", {"since": since, "until": until, **filters})
+        if kind != "gpu":
+            return rows
+        # kernel frames named as the exports name them: an NCCL kernel as its collective and type, then itself
+        return [(frame_id, nccl_label(function) if binary == GPU_BINARY else function, binary, *rest)
+                for frame_id, function, binary, *rest in rows]
 
     def header(kind: str, since: datetime, until: datetime, filters: dict[str, Any]) -> dict[str, Any]:
         return {"kind": kind, "unit": KINDS[kind].unit, "since_ms": _ms(since), "until_ms": _ms(until),
                 "filters": filters, **simulated(kind, since, until, filters["node"])}
 
     def flamegraph(request: Request) -> Response:
-        kind, (since, until), filters = _kind(request), _window(request), _filters(request)
+        kind, (since, until) = _kind(request), _window(request)
+        filters = _filters(request, kind=kind)
         payload = model.flamegraph_of_ids(stacks(kind, since, until, filters), names(kind, since, until, filters),
                                           one_node=bool(filters["node"]))
         return _json(request, {**header(kind, since, until, filters), **payload})
 
     def flamegraph_diff(request: Request) -> Response:
-        kind, (since, until), filters = _kind(request), _window(request), _filters(request)
+        kind, (since, until) = _kind(request), _window(request)
+        filters = _filters(request, kind=kind)
         base_since, base_until = _window(request, "base_since", "base_until", default_since=None)
         payload = model.flamegraph_diff_of_ids(
             stacks(kind, since, until, filters), stacks(kind, base_since, base_until, filters),
@@ -257,7 +279,8 @@ def ui_routes(target: QueryTarget) -> list[BaseRoute]:
                                "base_until_ms": _ms(base_until), **payload})
 
     def export(request: Request) -> Response:
-        kind, (since, until), filters = _kind(request), _window(request), _filters(request)
+        kind, (since, until) = _kind(request), _window(request)
+        filters = _filters(request, kind=kind)
         fmt = request.query_params.get("format", "folded")
         if fmt not in EXPORTS:
             raise BadRequest(f"format must be one of {', '.join(EXPORTS)}, not {fmt!r}")

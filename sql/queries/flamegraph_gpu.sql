@@ -6,10 +6,12 @@
 -- a comm filter also takes the processes the CPU sampler saw under that comm, since GPU rows carry no comm yet).
 -- Names come from the stack_names view (migration 0009) with the same deduplication and "[unknown 0x…]" /
 -- "[unknown stack 0x…]" naming as flamegraph_cpu.
+-- collectives: 'all' (the default), 'hide' or 'only' NCCL's kernels, as in gpu_kernel_samples_by_stack.
 -- @default until = now
 -- @default node =
 -- @default pid = 0
 -- @default comm =
+-- @default collectives = all
 WITH
     samples AS
     (

@@ -8,10 +8,12 @@
 -- the CPU sampler saw it run most in the hours the range touches (the hourly rollup; '' when never sampled on CPU).
 -- The UI names the frames with flamegraph_names_gpu and merges stacks itself (fleetprof/webui/model.py), as
 -- flamegraph_ids_cpu explains. Exports use flamegraph_processes_gpu.
+-- collectives: 'all' (the default), 'hide' or 'only' NCCL's kernels, as in gpu_kernel_samples_by_stack.
 -- @default until = now
 -- @default node =
 -- @default pid = 0
 -- @default comm =
+-- @default collectives = all
 WITH
     samples AS
     (

@@ -4,10 +4,12 @@
 -- stacks of gpu_kernel_samples_by_stack (included below) as in flamegraph_ids_gpu. A frame id without a row here has
 -- no definition: the UI names it "[unknown 0x<frame id>]" with binary ''. Frame ids come from every stored definition
 -- of the sampled stacks, as flamegraph_names_cpu explains.
+-- collectives: 'all' (the default), 'hide' or 'only' NCCL's kernels, as in gpu_kernel_samples_by_stack.
 -- @default until = now
 -- @default node =
 -- @default pid = 0
 -- @default comm =
+-- @default collectives = all
 WITH
     samples AS
     (

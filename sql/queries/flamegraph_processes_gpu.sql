@@ -5,10 +5,12 @@
 -- stack_names view (migration 0009) as in flamegraph_gpu, which is this summed over the processes and binaries.
 -- GPU rows carry no comm yet: a process without one is named by the command the CPU sampler saw it run most in the
 -- hours the range touches (the hourly rollup, whole hours; '' when it was never sampled on CPU).
+-- collectives: 'all' (the default), 'hide' or 'only' NCCL's kernels, as in gpu_kernel_samples_by_stack.
 -- @default until = now
 -- @default node =
 -- @default pid = 0
 -- @default comm =
+-- @default collectives = all
 WITH
     samples AS
     (

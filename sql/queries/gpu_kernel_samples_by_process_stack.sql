@@ -4,10 +4,12 @@
 -- the 10 s windows of gpu_kernel_samples (migration 0010), and the same comm filter (GPU rows carry no comm yet, so it
 -- also takes the processes the CPU sampler saw under that comm in the range). The per-process GPU flame graph and
 -- the pprof export include it (`-- @include gpu_kernel_samples_by_process_stack`).
+-- collectives: 'all' (the default), 'hide' or 'only' NCCL's kernels, as in gpu_kernel_samples_by_stack.
 -- @default until = now
 -- @default node =
 -- @default pid = 0
 -- @default comm =
+-- @default collectives = all
 WITH
     -- [first_hour, end_hour): the whole UTC hours inside the range; empty (first_hour >= end_hour) for a short one
     toStartOfHour({since:DateTime} + INTERVAL 3599 SECOND, 'UTC') AS first_hour,
@@ -29,6 +31,9 @@ FROM
       AND ({node:String} = '' OR node = {node:String})
       AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
       AND ({comm:String} = '' OR comm = {comm:String} OR (node, pid) IN comm_processes)
+      AND ({collectives:String} = 'all' OR match(kernel_name, (
+              -- @include nccl_kernel_pattern
+          )) = ({collectives:String} = 'only'))
     UNION ALL
     SELECT node, pid, comm, stack_id, duration_ns
     FROM gpu_kernel_samples
@@ -36,5 +41,8 @@ FROM
       AND ({node:String} = '' OR node = {node:String})
       AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
       AND ({comm:String} = '' OR comm = {comm:String} OR (node, pid) IN comm_processes)
+      AND ({collectives:String} = 'all' OR match(kernel_name, (
+              -- @include nccl_kernel_pattern
+          )) = ({collectives:String} = 'only'))
 )
 GROUP BY node, pid, comm, stack_id

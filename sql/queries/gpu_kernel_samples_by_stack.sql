@@ -3,10 +3,13 @@
 -- whole UTC hours of the range from the hourly rollup gpu_kernel_samples_1h, the ragged edges from the 10 s windows of
 -- gpu_kernel_samples, exactly the sums of gpu_kernel_samples alone (migration 0010).
 -- The GPU flame-graph queries include it (`-- @include gpu_kernel_samples_by_stack`), so they read GPU time one way.
+-- collectives: 'all' (the default), 'hide' (every kernel but NCCL's) or 'only' (NCCL's kernels alone), as
+-- nccl_kernel_pattern recognizes them; the UI and `fleetprof query --collectives` hide or isolate collectives so.
 -- @default until = now
 -- @default node =
 -- @default pid = 0
 -- @default comm =
+-- @default collectives = all
 WITH
     -- [first_hour, end_hour): the whole UTC hours inside the range; empty (first_hour >= end_hour) for a short one
     toStartOfHour({since:DateTime} + INTERVAL 3599 SECOND, 'UTC') AS first_hour,
@@ -30,6 +33,9 @@ FROM
       AND ({node:String} = '' OR node = {node:String})
       AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
       AND ({comm:String} = '' OR comm = {comm:String} OR (node, pid) IN comm_processes)
+      AND ({collectives:String} = 'all' OR match(kernel_name, (
+              -- @include nccl_kernel_pattern
+          )) = ({collectives:String} = 'only'))
     UNION ALL
     SELECT stack_id, duration_ns
     FROM gpu_kernel_samples
@@ -37,5 +43,8 @@ FROM
       AND ({node:String} = '' OR node = {node:String})
       AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
       AND ({comm:String} = '' OR comm = {comm:String} OR (node, pid) IN comm_processes)
+      AND ({collectives:String} = 'all' OR match(kernel_name, (
+              -- @include nccl_kernel_pattern
+          )) = ({collectives:String} = 'only'))
 )
 GROUP BY stack_id

@@ -7,10 +7,13 @@
 -- stack_frame_names view (migration 0009) picks one definition per stack and frame id with argMax (ReplacingMergeTree
 -- rows not merged yet), and a stack or frame without a definition shows as "[unknown stack 0x…]" / "[unknown 0x…]"
 -- rather than vanishing from the totals.
+-- collectives: 'all' (the default), 'hide' (every kernel but NCCL's) or 'only' (NCCL's kernels alone), as
+-- nccl_kernel_pattern recognizes them; the UI and `fleetprof query --collectives` hide or isolate collectives so.
 -- @default until = now
 -- @default node =
 -- @default pid = 0
 -- @default comm =
+-- @default collectives = all
 -- @default limit = 20
 WITH
     samples AS
@@ -24,6 +27,9 @@ WITH
           AND ({comm:String} = '' OR comm = {comm:String}
                OR (node, pid) IN (SELECT node, pid FROM cpu_samples
                                   WHERE ts >= {since:DateTime} AND ts < {until:DateTime} AND comm = {comm:String}))
+          AND ({collectives:String} = 'all' OR match(kernel_name, (
+                  -- @include nccl_kernel_pattern
+              )) = ({collectives:String} = 'only'))
         GROUP BY stack_id
     ),
     per_stack AS

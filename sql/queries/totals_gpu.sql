@@ -1,9 +1,11 @@
 -- GPU time (ns) and launches per node in [since, until), with the same optional filters as top_kernels_gpu ('' and 0
 -- mean "all"): the denominator for a function's share. Summed because SummingMergeTree rows may not be merged yet.
+-- collectives: 'all' (the default), 'hide' or 'only' NCCL's kernels, as in gpu_kernel_samples_by_stack.
 -- @default until = now
 -- @default node =
 -- @default pid = 0
 -- @default comm =
+-- @default collectives = all
 SELECT node, sum(duration_ns) AS duration_ns, sum(launches) AS launches
 FROM gpu_kernel_samples
 WHERE ts >= {since:DateTime} AND ts < {until:DateTime}
@@ -13,5 +15,8 @@ WHERE ts >= {since:DateTime} AND ts < {until:DateTime}
   AND ({comm:String} = '' OR comm = {comm:String}
        OR (node, pid) IN (SELECT node, pid FROM cpu_samples
                           WHERE ts >= {since:DateTime} AND ts < {until:DateTime} AND comm = {comm:String}))
+  AND ({collectives:String} = 'all' OR match(kernel_name, (
+          -- @include nccl_kernel_pattern
+      )) = ({collectives:String} = 'only'))
 GROUP BY node
 ORDER BY node

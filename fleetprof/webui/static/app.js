@@ -24,6 +24,7 @@ const state = {
   search: "",
   colorBy: "binary", // the flame graph's colors: "binary" or "language"
   merge: false, // the flame graph's processes merged (no root frame per process)
+  collectives: "all", // GPU flame graph: NCCL collective kernels shown ("all"), left out ("hide") or alone ("only")
 };
 
 // simulated: per source ("charts", "flame") the line the banner shows for it, "" when its data is real
@@ -87,6 +88,12 @@ function filters() {
   return { node: state.node, pid: state.pid };
 }
 
+// The flame graph's filters: the collectives choice is the GPU flame graph's alone
+function flameFilters() {
+  const collectives = state.kind === "gpu" && state.collectives !== "all" ? state.collectives : "";
+  return { ...filters(), collectives };
+}
+
 // --- the URL ---
 
 function readURL() {
@@ -98,6 +105,7 @@ function readURL() {
   state.pid = Number(q.get("pid")) || 0;
   state.search = q.get("search") || "";
   state.merge = q.get("merge") === "1";
+  state.collectives = ["hide", "only"].includes(q.get("collectives")) ? q.get("collectives") : "all";
   const pair = (text) => {
     const parts = (text || "").split(",").map(Number);
     return parts.length === 2 && parts.every(Number.isFinite) && parts[0] < parts[1] ? parts : null;
@@ -111,7 +119,7 @@ function writeURL() {
   const q = query({ since: state.sinceText, until: state.untilText, kind: state.kind === "cpu" ? "" : state.kind,
     node: state.node, pid: state.pid, sel: state.selection ? state.selection.join(",") : "",
     base: state.baseline ? state.baseline.join(",") : "", diff: state.diff ? "1" : "", search: state.search,
-    merge: state.merge ? "1" : "" });
+    merge: state.merge ? "1" : "", collectives: state.collectives === "all" ? "" : state.collectives });
   history.replaceState(null, "", `${location.pathname}?${q}`);
 }
 
@@ -160,9 +168,9 @@ async function loadFlame() {
     let data;
     if (state.diff && state.baseline) {
       data = await getJSON("api/flamegraph/diff", { kind: state.kind, since, until, base_since: state.baseline[0],
-        base_until: state.baseline[1], ...filters() });
+        base_until: state.baseline[1], ...flameFilters() });
     } else {
-      data = await getJSON("api/flamegraph", { kind: state.kind, since, until, ...filters() });
+      data = await getJSON("api/flamegraph", { kind: state.kind, since, until, ...flameFilters() });
     }
     if (!current()) return;
     app.flameData = data;
@@ -198,11 +206,13 @@ function updateLabels() {
   $("diff").checked = state.diff;
   $("clear-selection").disabled = !state.selection;
   for (const format of ["pprof", "folded", "speedscope"]) {
-    $(`export-${format}`).href = `api/export?${query({ kind: state.kind, format, since, until, ...filters(),
+    $(`export-${format}`).href = `api/export?${query({ kind: state.kind, format, since, until, ...flameFilters(),
       processes: state.merge ? "merge" : "" })}`;
   }
   for (const radio of document.querySelectorAll("input[name=kind]")) radio.checked = radio.value === state.kind;
   $("merge-processes").checked = state.merge;
+  $("collectives-control").hidden = state.kind !== "gpu";
+  $("collectives").value = state.collectives;
 }
 
 function renderFlameInfo() {
@@ -212,6 +222,8 @@ function renderFlameInfo() {
   const parts = [what, formatValue(data.total, data.unit)];
   if (data.filters.node) parts.push(`node ${data.filters.node}`);
   if (data.filters.pid) parts.push(`pid ${data.filters.pid}`);
+  if (data.filters.collectives === "hide") parts.push("NCCL collectives hidden");
+  if (data.filters.collectives === "only") parts.push("NCCL collectives only");
   if (state.diff && data.base_counts) {
     parts.push(`diff vs baseline (${formatValue(data.base_total, data.unit)}): red grew, blue shrank, in share of its range`);
   }
@@ -275,6 +287,10 @@ function wire() {
       loadFlame();
     });
   }
+  $("collectives").addEventListener("change", (e) => {
+    state.collectives = e.target.value;
+    loadFlame();
+  });
   $("clear-selection").addEventListener("click", () => {
     state.selection = null;
     app.charts.showSelection(null);
