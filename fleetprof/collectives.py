@@ -22,6 +22,8 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+# What the GPU profile queries' `collectives` parameter takes: NCCL kernels as the others, left out, or alone
+COLLECTIVE_CHOICES = ("all", "hide", "only")
 # Every NCCL kernel's name starts so, mangled or not; what follows may be a collective this module does not know yet
 NCCL_KERNEL = re.compile(r"^(?:_Z[0-9]+)?(?:void )?(?:ncclDevKernel|ncclDevKernelDebug|ncclKernel|ncclKernelDebug"
                          r"|ncclSymDevKernel|ncclSymkDevKernel)_")

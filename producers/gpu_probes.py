@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from producers.agent import Records, Window
 from producers.cpu_sampler import BpfUnavailable, check_bpf
-from producers.kernel_records import UNREADABLE_NAME, implausible_times, kernel_dead_letter, read_process_string
+from producers.kernel_records import implausible_times, kernel_dead_letter, kernel_name
 from producers.memory import release_after_compile
 from producers.perf_map import is_anonymous
 from producers.probe_finder import ProbeFinder, ProbeObject
@@ -52,7 +52,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("fleetprof.gpu_probes")
 
 BPF_SOURCE = Path(__file__).resolve().parent / "bpf" / "gpu_probes.bpf.c"
-KERNEL_NAME_MAX = 4096  # characters of a kernel name kept (KERNEL_NAME_MAX in BPF_SOURCE)
 NATIVE_STACK = 129  # native frames of a launch's stack at most: 128 and the [truncated] mark (NATIVE_STACK in BPF)
 MAX_STACK = NATIVE_STACK + 66  # and its Python part: PY_MARK, 64 frames, the mark (MAX_STACK in BPF_SOURCE)
 MAX_SITES_LIMIT = 64  # wrappers written out in BPF_SOURCE
@@ -68,7 +67,6 @@ LAUNCH_FIELDS = ("time_ns", "pid", "tid", "site", "correlation_id", "callback_id
 KERNEL_HEADER = struct.Struct("<QQIIIIIiQ")  # start, end, pid, site, correlation, device, stream, name bytes, addr
 KERNEL_FIELDS = ("start_ns", "end_ns", "pid", "site", "correlation_id", "device_id", "stream_id", "name_bytes",
                  "name_addr")
-
 
 
 # --- the collector ------------------------------------------------------------------------------------------------
@@ -424,17 +422,10 @@ class GpuProbeCollector:
             self.stats["records_malformed"] += 1
             return None
         start, end, pid, site, corr, device, stream, name_bytes, name_addr = KERNEL_HEADER.unpack_from(raw)
-        name = raw[KERNEL_HEADER.size:KERNEL_HEADER.size + max(name_bytes, 0)].split(b"\0", 1)[0]
-        if name_bytes < 0:  # not resident when the probe fired: the page is faulted in by reading it from the process
-            name = read_process_string(pid, name_addr, KERNEL_NAME_MAX + 1)
-            self.stats["names_read_from_process" if name is not None else "names_unreadable"] += 1
-        if name is not None and len(name) > KERNEL_NAME_MAX:  # read one more character than is kept: it was cut
-            self.stats["names_truncated"] += 1
-            name = name[:KERNEL_NAME_MAX]
         record = {"node": self.node, "pid": pid, "process_start_ns": self._start_ns(pid, starts),
                   "correlation_id": corr, "start_ns": u64_to_long(start), "end_ns": u64_to_long(end),
                   "device_id": u32_to_int(device), "stream_id": u32_to_int(stream),
-                  "kernel_name": name.decode(errors="replace") if name is not None else UNREADABLE_NAME,
+                  "kernel_name": kernel_name(raw[KERNEL_HEADER.size:], name_bytes, pid, name_addr, self.stats),
                   "simulated": self._simulated(site)}
         why = implausible_times(start, end)
         if why is None:

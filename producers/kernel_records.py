@@ -19,10 +19,28 @@ import time
 from schemas import topics
 from schemas.single_object import encode
 
+KERNEL_NAME_MAX = 4096  # characters of a kernel name kept (KERNEL_NAME_MAX in producers/bpf/gpu_probes.bpf.c)
 UNREADABLE_NAME = "[unreadable kernel name]"
 EARLIEST_NS = 946_684_800 * 10**9  # 2000-01-01T00:00:00Z
 DAY_NS = 86_400 * 10**9
 PAGE = 4096
+
+
+def kernel_name(sent: bytes, name_bytes: int, pid: int, name_addr: int, stats: dict[str, int]) -> str:
+    """A kernel record's name: what the BPF side `sent` (`name_bytes`: its read's result, -errno when it failed),
+    else read from the process at `name_addr`, else UNREADABLE_NAME; cut at KERNEL_NAME_MAX (both reads take one
+    more character, so a cut is known). Counted in `stats`: names_read_from_process, names_unreadable,
+    names_truncated."""
+    name: bytes | None = sent[:max(name_bytes, 0)].split(b"\0", 1)[0]
+    if name_bytes < 0:
+        name = read_process_string(pid, name_addr, KERNEL_NAME_MAX + 1)
+        stats["names_read_from_process" if name is not None else "names_unreadable"] += 1
+        if name is None:
+            return UNREADABLE_NAME
+    if len(name) > KERNEL_NAME_MAX:
+        stats["names_truncated"] += 1
+        name = name[:KERNEL_NAME_MAX]
+    return name.decode(errors="replace")
 
 
 def read_process_string(pid: int, addr: int, limit: int) -> bytes | None:
@@ -52,9 +70,7 @@ def read_process_string(pid: int, addr: int, limit: int) -> bytes | None:
             out += chunk
     finally:
         os.close(fd)
-    if not out:
-        return None
-    return bytes(out[:limit])
+    return bytes(out) if out else None
 
 
 def implausible_times(start_ns: int, end_ns: int, now_ns: int | None = None) -> str | None:

@@ -20,14 +20,13 @@ from producers.gpu_probes import (
     COUNTERS,
     KERNEL_FIELDS,
     KERNEL_HEADER,
-    KERNEL_NAME_MAX,
     LAUNCH_FIELDS,
     LAUNCH_HEADER,
     MAX_STACK,
     NATIVE_STACK,
 )
 from producers.kafka_link import KafkaLink
-from producers.kernel_records import UNREADABLE_NAME
+from producers.kernel_records import KERNEL_NAME_MAX, UNREADABLE_NAME
 from producers.outbox import Outbox
 from producers.outbox_encoder import OutboxEncoder
 from producers.publisher import Publisher

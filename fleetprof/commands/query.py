@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from fleetprof.collectives import nccl_label
+from fleetprof.collectives import COLLECTIVE_CHOICES, nccl_label
 from fleetprof.commands.query_metrics import metrics
 from fleetprof.commands.query_notes import simulated_note, why_empty
 from fleetprof.commands.sql import emit
@@ -58,7 +58,7 @@ def range_options(func: Any) -> Any:
         click.option("--node", default=None, help="Only this node."),
         click.option("--pid", type=click.IntRange(min=1), default=None, help="Only this process id."),
         click.option("--comm", default=None, help="Only processes with this command name."),
-        click.option("--collectives", type=click.Choice(["all", "hide", "only"]), default="all", show_default=True,
+        click.option("--collectives", type=click.Choice(COLLECTIVE_CHOICES), default="all", show_default=True,
                      help="gpu: NCCL collective kernels (ncclDevKernel_*, ncclKernel_*) shown as the others (all), "
                           "left out (hide), or alone (only); shares are of what is shown."),
     ]):

@@ -35,7 +35,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from fleetprof.collectives import nccl_label
+from fleetprof.collectives import COLLECTIVE_CHOICES, nccl_label
 from fleetprof.profile_kinds import KINDS, export_profile
 from fleetprof.query_client import QueryError, QueryTarget, StoreTarget
 from fleetprof.simulated_sources import simulated_line, simulated_sources
@@ -48,7 +48,6 @@ try:
 except ImportError:
     from backports import zstd
 
-COLLECTIVES = ("all", "hide", "only")  # NCCL kernels: as the others, left out, alone
 SERIES_ROW_LIMIT = 200_000  # chart points per answer: 330 GPUs (or processes) at 600 buckets each
 COMPRESS_MIN_BYTES = 32 * 1024  # flame graphs of big ranges are megabytes of JSON; small ones are not worth it
 EXPORTS = {  # every format of `fleetprof query flamegraph`: (media type, file name suffix)
@@ -109,8 +108,8 @@ def _filters(request: Request, comm: bool = True, kind: str | None = None) -> di
     if kind is None:
         return filters
     collectives = q.get("collectives") or "all"
-    if collectives not in COLLECTIVES:
-        raise BadRequest(f"collectives must be one of {', '.join(COLLECTIVES)}, not {collectives!r}")
+    if collectives not in COLLECTIVE_CHOICES:
+        raise BadRequest(f"collectives must be one of {', '.join(COLLECTIVE_CHOICES)}, not {collectives!r}")
     if kind == "gpu":
         filters["collectives"] = collectives
     elif collectives != "all":
