@@ -60,6 +60,7 @@ _TARGET_RE = re.compile(r"^ TO (\w+) AS$")
 _ENGINE_RE = re.compile(r"^ENGINE = (\w*)MergeTree(?:\((.*)\))?$", re.MULTILINE)
 _REFERENCE_RE = re.compile(r"\b(FROM|JOIN)(\s+)(\w+)\b")
 _ALTER_RE = re.compile(r"^ALTER TABLE (\w+)\b")
+_DROP_VIEW_RE = re.compile(r"^DROP VIEW IF EXISTS (\w+)$")
 _CODEC_RE = re.compile(r"\s+CODEC\(.*\)$")
 _DEDUP_RE = re.compile(r"\bnon_replicated_deduplication_window\b")
 
@@ -131,9 +132,14 @@ def _cluster_statements(code: str, placement: str | None, layout: Layout, where:
         if placement is not None:
             raise ClusterSqlError(f"{where}: `-- @cluster` places a table or a view, nothing else")
         alter = _ALTER_RE.match(first)
+        if alter and alter.group(1) in layout.sharded:
+            return _sharded_alter(alter, code, where)
         if alter and alter.group(1) not in layout.every_node:
-            raise ClusterSqlError(f"{where}: only an ALTER of a table on every node is generated (replication carries "
-                                  "it); a sharded table needs its _local table and its Distributed table altered")
+            raise ClusterSqlError(f"{where}: only an ALTER of a sharded table or of a table on every node is "
+                                  "generated")
+        drop = _DROP_VIEW_RE.match(first)
+        if drop:
+            return [f"DROP VIEW IF EXISTS {drop.group(1)}{ON_CLUSTER}"]
         if not alter and not first.startswith("INSERT INTO "):
             raise ClusterSqlError(f"{where}: no cluster form for this statement in {COMMAND}")
         return [code]
@@ -160,6 +166,20 @@ def _cluster_statements(code: str, placement: str | None, layout: Layout, where:
                       _distributed(name, rest, local, key, where)]
     layout.sharded[name] = key
     return statements
+
+
+def _sharded_alter(alter: re.Match, code: str, where: str) -> list[str]:
+    """An ALTER of a sharded table: its _local table ON CLUSTER as written, then the Distributed table's columns
+    (ADD COLUMN clauses without codecs; sorting keys and settings belong to the local table only)."""
+    name = alter.group(1)
+    clauses = [c.strip() for c in code[alter.end():].split(",\n")]
+    added = [_CODEC_RE.sub("", c) for c in clauses if c.startswith("ADD COLUMN ")]
+    if not all(c.startswith(("ADD COLUMN ", "MODIFY ORDER BY ")) for c in clauses):
+        raise ClusterSqlError(f"{where}: an ALTER of a sharded table may only ADD COLUMN and MODIFY ORDER BY")
+    local = f"ALTER TABLE {name}_local{ON_CLUSTER}" + code[alter.end():]
+    if not added:
+        return [local]
+    return [local, f"ALTER TABLE {name}{ON_CLUSTER}\n    " + ",\n    ".join(added)]
 
 
 def _on_cluster(create: re.Match, name: str) -> str:

@@ -12,6 +12,22 @@
  *       reads a name in a page not yet resident from the process at drain time.
  *   launch_weight(u32 correlation_id, u32 weight)
  *       before kernel_launch when a per-thread rate limit skipped launches: this one stands for `weight`.
+ *   launch_range(u32 correlation_id, const char *range_path)
+ *       before kernel_launch (after launch_weight) when the launching thread is inside NVTX ranges: the innermost
+ *       range path, root first, elements joined by FLEETPROF_RANGE_SEP (" > "), a non-default domain's ranges as
+ *       "domain:name". At most FLEETPROF_RANGE_PATH_MAX bytes with the NUL; a path cut there ends in "...".
+ *       Ranges pushed before an agent attached are unknown to the shim: each stands as "[range before attach]".
+ *   graph_kernel_executed(u64 start_ns, u64 end_ns, u32 correlation_id, u32 device_id, u32 stream_id,
+ *                         const char *kernel_name, u32 graph_id, u64 graph_node_id)
+ *       instead of kernel_executed for a kernel a CUDA graph launch replayed (CUPTI's graphId != 0): the
+ *       correlation id is the graph launch's, so one sampled graph launch has many executed records.
+ *   memory_executed(u64 start_ns, u64 end_ns, u32 correlation_id, u32 device_id, u32 stream_id, u64 bytes,
+ *                   u32 memory_kind, u32 graph_id, u64 graph_node_id)
+ *       once per executed memory copy or set (CUPTI MEMCPY / MEMSET activity), same rules and clock as
+ *       kernel_executed; graph_id 0 when no graph replayed it. memory_kind: FLEETPROF_MEMORY_KIND below.
+ *   Launches of copies and sets (cudaMemcpy*, cudaMemset*, cuMemcpy*, cuMemset*) fire kernel_launch like kernel
+ *   launches, under the same rate limit; graph launches (cudaGraphLaunch, cuGraphLaunch and their _ptsz) under a
+ *   rate limit of their own.
  *
  * With a rate limit (native/include/fleetprof_ratelimit.h), kernel_launch fires only for sampled launches, and
  * kernel_executed is not fired for a kernel whose launch was seen and skipped; it still fires for a kernel whose launch
@@ -36,6 +52,10 @@
 #define STAP_PROBE3(provider, name, a1, a2, a3) ((void)(a1), (void)(a2), (void)(a3))
 #define STAP_PROBE6(provider, name, a1, a2, a3, a4, a5, a6) \
     ((void)(a1), (void)(a2), (void)(a3), (void)(a4), (void)(a5), (void)(a6))
+#define STAP_PROBE8(provider, name, a1, a2, a3, a4, a5, a6, a7, a8) \
+    ((void)(a1), (void)(a2), (void)(a3), (void)(a4), (void)(a5), (void)(a6), (void)(a7), (void)(a8))
+#define STAP_PROBE9(provider, name, a1, a2, a3, a4, a5, a6, a7, a8, a9) \
+    ((void)(a1), (void)(a2), (void)(a3), (void)(a4), (void)(a5), (void)(a6), (void)(a7), (void)(a8), (void)(a9))
 #endif
 
 #define FLEETPROF_SEMAPHORE_ATTRS __attribute__((visibility("hidden")))
@@ -50,6 +70,21 @@
 FLEETPROF_SEMAPHORE(kernel_launch);
 FLEETPROF_SEMAPHORE(kernel_executed);
 FLEETPROF_SEMAPHORE(launch_weight);
+FLEETPROF_SEMAPHORE(launch_range);
+FLEETPROF_SEMAPHORE(graph_kernel_executed);
+FLEETPROF_SEMAPHORE(memory_executed);
+
+#define FLEETPROF_RANGE_SEP " > "
+#define FLEETPROF_RANGE_PATH_MAX 512
+#define FLEETPROF_RANGE_BEFORE_ATTACH "[range before attach]"
+
+/* memory_executed's memory_kind: bits 0-7 CUPTI's CUpti_ActivityMemcpyKind (0 for a set), bit 8 set for a memset,
+ * bits 16-23 the source's and 24-31 the destination's CUpti_ActivityMemoryKind (1 pageable, 2 pinned, 3 device,
+ * 4 array, 5 managed; 0 unknown; a set has only a destination). */
+#define FLEETPROF_MEMORY_KIND(copy_kind, is_set, src_kind, dst_kind)                                   \
+    ((uint32_t)((copy_kind) & 0xff) | ((is_set) ? 0x100u : 0u) | ((uint32_t)((src_kind) & 0xff) << 16) | \
+     ((uint32_t)((dst_kind) & 0xff) << 24))
+#define FLEETPROF_MEMORY_IS_SET 0x100u
 
 #define FLEETPROF_ENABLED(name) __builtin_expect(fleetprof_##name##_semaphore != 0, 0)
 
@@ -74,8 +109,34 @@ FLEETPROF_SEMAPHORE(launch_weight);
             STAP_PROBE2(fleetprof, launch_weight, (uint32_t)(correlation_id), (uint32_t)(weight));       \
     } while (0)
 
+#define FLEETPROF_LAUNCH_RANGE(correlation_id, range_path)                                             \
+    do {                                                                                                 \
+        if (FLEETPROF_ENABLED(launch_range))                                                              \
+            STAP_PROBE2(fleetprof, launch_range, (uint32_t)(correlation_id), (const char *)(range_path)); \
+    } while (0)
+
+#define FLEETPROF_GRAPH_KERNEL_EXECUTED(start_ns, end_ns, correlation_id, device_id, stream_id, kernel_name,      \
+                                        graph_id, graph_node_id)                                                \
+    do {                                                                                                        \
+        if (FLEETPROF_ENABLED(graph_kernel_executed))                                                            \
+            STAP_PROBE8(fleetprof, graph_kernel_executed, (uint64_t)(start_ns), (uint64_t)(end_ns),             \
+                        (uint32_t)(correlation_id), (uint32_t)(device_id), (uint32_t)(stream_id),               \
+                        (const char *)(kernel_name), (uint32_t)(graph_id), (uint64_t)(graph_node_id));          \
+    } while (0)
+
+#define FLEETPROF_MEMORY_EXECUTED(start_ns, end_ns, correlation_id, device_id, stream_id, bytes, memory_kind,    \
+                                  graph_id, graph_node_id)                                                      \
+    do {                                                                                                        \
+        if (FLEETPROF_ENABLED(memory_executed))                                                                  \
+            STAP_PROBE9(fleetprof, memory_executed, (uint64_t)(start_ns), (uint64_t)(end_ns),                   \
+                        (uint32_t)(correlation_id), (uint32_t)(device_id), (uint32_t)(stream_id),               \
+                        (uint64_t)(bytes), (uint32_t)(memory_kind), (uint32_t)(graph_id),                       \
+                        (uint64_t)(graph_node_id));                                                             \
+    } while (0)
+
 /* Anything attached at all: skip work done only for the probes (timestamps, name lookups). */
 #define FLEETPROF_ANY_ENABLED() \
-    (FLEETPROF_ENABLED(kernel_launch) || FLEETPROF_ENABLED(kernel_executed))
+    (FLEETPROF_ENABLED(kernel_launch) || FLEETPROF_ENABLED(kernel_executed) ||                   \
+     FLEETPROF_ENABLED(graph_kernel_executed) || FLEETPROF_ENABLED(memory_executed))
 
 #endif

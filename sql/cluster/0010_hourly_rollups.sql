@@ -87,6 +87,7 @@ CREATE TABLE IF NOT EXISTS gpu_kernel_samples_1h ON CLUSTER '{cluster}'
 ENGINE = Distributed('{cluster}', currentDatabase(), gpu_kernel_samples_1h_local, stack_id);
 
 INSERT INTO gpu_kernel_samples_1h
+    (hour, node, pid, comm, container_id, device, stream, stack_id, kernel_name, duration_ns, launches)
 SELECT toStartOfHour(ts, 'UTC') AS hour, node, pid, comm, container_id, device, stream, stack_id, kernel_name,
        sum(duration_ns) AS duration_ns, sum(launches) AS launches
 FROM gpu_kernel_samples

@@ -89,6 +89,7 @@ TTL hour + INTERVAL 1 HOUR + INTERVAL 30 DAY
 SETTINGS non_replicated_deduplication_window = 10000, ttl_only_drop_parts = 1;
 
 INSERT INTO gpu_kernel_samples_1h
+    (hour, node, pid, comm, container_id, device, stream, stack_id, kernel_name, duration_ns, launches)
 SELECT toStartOfHour(ts, 'UTC') AS hour, node, pid, comm, container_id, device, stream, stack_id, kernel_name,
        sum(duration_ns) AS duration_ns, sum(launches) AS launches
 FROM gpu_kernel_samples
