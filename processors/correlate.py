@@ -14,6 +14,12 @@ or counted unmatched with a reason:
   than the cutoff (LATE). Waiting records older than the cutoff leave as EXPIRED (scanning from the oldest arrival,
   so one stuck behind a newer arrival leaves when that one does); past max_pending per side the oldest leave as
   EVICTED. Of two records of one side with one key the older leaves as SUPERSEDED (a duplicate, a reused pid).
+- A CUDA graph launch (GpuLaunch.graph) is matched by every kernel, copy and set its graph replays (all carry its
+  correlation id): it stays pending after its first match, with a count of its matches, until the cutoff passes its
+  time, and then leaves without an unmatched count if it matched at least once (EXPIRED if never). Records of a graph
+  (graph_id != 0) that come before their launch wait under a key of their own (graph node and start time added), so
+  many wait per correlation id, and an index by correlation key lets the launch match them all when it comes
+  (processors/correlate_graphs.py). Other launches pair with one record, as above.
 - process_start_ns tells a reused pid apart. Old writers send 0: then a pair must also fit in time (the kernel starts
   within [launch - skew, launch + horizon]); if not, the older record belongs to an earlier process: SUPERSEDED.
 - A process's mappings come with some launches only ([] when sent earlier in the window): the last list per
@@ -34,23 +40,43 @@ arrival order, so the restored state is the one the commit left.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-SECOND_NS = 1_000_000_000
-NEVER = -(1 << 63)
-FOREVER = (1 << 63) - 1
-LAUNCH, KERNEL, PROCESS, STACK = 0, 1, 2, 3
-SIDES = ("LAUNCH", "KERNEL")
-EXPIRED, LATE, EVICTED, SUPERSEDED = "EXPIRED", "LATE", "EVICTED", "SUPERSEDED"
-MAX_KERNEL_NAME = 64 * 1024
-MAX_NODE = 1024  # characters of a node name: it is part of every pending entry and every output record
-MAX_USER_ADDRS = 1024  # BPF stack walks stop at 127 frames; anything far longer is not a stack
-MAX_MAPPINGS = 4096
-MAX_MAPPINGS_BYTES = 256 * 1024  # a process's mappings are one changelog item, and it must fit one message
-# GPU time is duration x weight in a signed 64-bit long: these two bounds keep one product under 2^62
-MAX_WEIGHT = 1 << 20
-MAX_DURATION_NS = 1 << 42  # about 73 minutes
+from processors.correlate_graphs import graph_launch, wait_graph_record
+from processors.correlate_state import (
+    EVICTED,
+    EXPIRED,
+    FOREVER,
+    KERNEL,
+    LATE,
+    LAUNCH,
+    MAX_BYTES,
+    MAX_DURATION_NS,
+    MAX_KERNEL_NAME,
+    MAX_KINDS,
+    MAX_MAPPINGS,
+    MAX_MAPPINGS_BYTES,
+    MAX_NODE,
+    MAX_NVTX_RANGE,
+    MAX_USER_ADDRS,
+    MAX_WEIGHT,
+    NEVER,
+    PROCESS,
+    SECOND_NS,
+    SIDES,
+    STACK,
+    SUPERSEDED,
+    Outcome,
+    PartitionState,
+    count_left,
+    invalid_kernel,
+    invalid_launch,
+    kernel_size,
+    launch_codes,
+    launch_size,
+    process_size,
+    stack_size,
+)
 
 
 @dataclass(frozen=True)
@@ -73,138 +99,6 @@ class CorrelateConfig:
         if self.log_slots < 4:
             raise ValueError(f"correlate setting log_slots must be >= 4, got {self.log_slots}")
 
-
-@dataclass
-class Outcome:
-    """What one call produced: matches (see `Correlator._match`), unmatched counts, inputs refused or skipped."""
-
-    matches: list[tuple] = field(default_factory=list)
-    # (node, pid, event time, side, reason, duration_ns, weight)
-    unmatched: list[tuple] = field(default_factory=list)
-    invalid: list[tuple[int, str]] = field(default_factory=list)  # (index of the record in the call, reason)
-    replayed: int = 0  # records at offsets the state had already seen
-
-
-class PartitionState:
-    """The pending records of one input partition, in arrival (sequence) order. Entries are lists that lead with
-    their sequence number and event time and end with their estimated changelog size."""
-
-    def __init__(self) -> None:
-        self.launches: OrderedDict[tuple, list] = OrderedDict()  # [seq, time, weight, addrs, stack no, size]
-        # [seq, start, end, device, stream, name, simulated, size]
-        self.kernels: OrderedDict[tuple, list] = OrderedDict()
-        self.procs: OrderedDict[tuple, list] = OrderedDict()  # [seq, time, mappings, mappings id, size]
-        # launch stacks by stack number, each stored once while launches that have it wait: [seq, addrs, refs, size]
-        self.stacks: dict[int, list] = {}
-        self.tables = (self.launches, self.kernels, self.procs, self.stacks)  # by kind
-        self.wm = [NEVER, NEVER]  # largest event time seen per input (launches, kernels)
-        self.check_at = FOREVER  # the next expiry scan happens once the cutoff passes this
-        self.next_seq = 0
-        self.offsets = [-1, -1]  # next input offset per input not yet seen (-1: none seen)
-        # changelog bookkeeping (see processors/correlate_changelog.py)
-        self.added: dict[int, tuple[int, tuple]] = {}  # seq -> (kind, key): entries not yet in the changelog
-        self.removed: list[int] = []  # seqs of entries in the changelog that are gone
-        self.state_bytes = 0
-        self.log_bytes = 0  # written to the log since the last snapshot
-        self.position = 0  # of the next log record
-        self.snapshot_position = 0
-        self.snapshot_id = 0
-
-    def cutoff(self, horizon_ns: int) -> int:
-        return min(self.wm) - horizon_ns  # far below NEVER until both inputs have been seen
-
-    def pending(self) -> tuple[int, int]:
-        return len(self.launches), len(self.kernels)
-
-    def table(self, kind: int) -> OrderedDict[tuple, list]:
-        return self.tables[kind]
-
-    def insert(self, kind: int, key: tuple, entry: list) -> None:
-        """Add an entry (its sequence number already set) at the end of its table."""
-        self.tables[kind][key] = entry
-        self.added[entry[0]] = (kind, key)
-        self.state_bytes += entry[-1]
-
-    def remove(self, kind: int, key: tuple | int) -> list:
-        entry = self.tables[kind].pop(key)
-        if self.added.pop(entry[0], None) is None:
-            self.removed.append(entry[0])
-        self.state_bytes -= entry[-1]
-        if kind == LAUNCH:
-            stack = self.stacks[entry[4]]
-            stack[2] -= 1
-            if stack[2] == 0:
-                self.remove(STACK, entry[4])
-        return entry
-
-    def hold_stack(self, no: int, addrs: tuple, codes: tuple = ()) -> None:
-        """A waiting launch has this stack: store it (before the launch, in sequence order) unless stored."""
-        stack = self.stacks.get(no)
-        if stack is None:
-            stack = [self.next_seq, addrs, 0, codes, stack_size(addrs, codes)]
-            self.next_seq += 1
-            self.insert(STACK, no, stack)
-        stack[2] += 1
-
-
-def launch_size(node: str) -> int:
-    """Upper bound of a pending launch's encoded size (ASCII names; the chunk limit leaves room for others)."""
-    return 64 + len(node)
-
-
-def stack_size(addrs: tuple, codes: tuple = ()) -> int:
-    return 16 + 10 * len(addrs) + sum(16 + len(q) + len(f) for q, f, _ in codes)
-
-
-def launch_codes(rec: dict) -> tuple:
-    """The code objects a launch's Python frames name ((qualname, file, first line), by index), as a key part."""
-    return tuple((c["qualname"], c["file"], c["first_line"]) for c in rec.get("code_objects") or ())
-
-
-def kernel_size(node: str, name: str) -> int:
-    return 80 + len(node) + len(name)
-
-
-def process_size(node: str, mappings: list[dict]) -> int:
-    return 48 + len(node) + sum(40 + len(m["path"]) + len(m["build_id"]) for m in mappings)
-
-
-def invalid_launch(rec: dict) -> str | None:
-    """Why a decoded GpuLaunch cannot be joined, or None."""
-    if len(rec["node"]) > MAX_NODE:
-        return f"launch with a node name of {len(rec['node'])} characters (limit {MAX_NODE})"
-    if rec["pid"] <= 0:
-        return f"launch with pid {rec['pid']}"
-    if not 1 <= rec["weight"] <= MAX_WEIGHT:
-        return f"launch with weight {rec['weight']} (from 1, standing for itself, to {MAX_WEIGHT})"
-    if len(rec["user_addrs"]) > MAX_USER_ADDRS:
-        return f"launch stack of {len(rec['user_addrs'])} addresses (limit {MAX_USER_ADDRS})"
-    if len(rec["mappings"]) > MAX_MAPPINGS:
-        return f"launch with {len(rec['mappings'])} mappings (limit {MAX_MAPPINGS})"
-    codes = rec.get("code_objects") or ()
-    if len(codes) > MAX_USER_ADDRS or stack_size((), launch_codes(rec)) > MAX_MAPPINGS_BYTES:
-        return f"launch with {len(codes)} code objects over {MAX_USER_ADDRS} or {MAX_MAPPINGS_BYTES} bytes"
-    size = process_size(rec["node"], rec["mappings"]) if rec["mappings"] else 0
-    if size > MAX_MAPPINGS_BYTES:
-        return f"launch with {size} bytes of mappings (limit {MAX_MAPPINGS_BYTES})"
-    return None
-
-
-def invalid_kernel(rec: dict) -> str | None:
-    """Why a decoded GpuKernel cannot be joined, or None."""
-    if len(rec["node"]) > MAX_NODE:
-        return f"kernel with a node name of {len(rec['node'])} characters (limit {MAX_NODE})"
-    if rec["pid"] <= 0:
-        return f"kernel with pid {rec['pid']}"
-    if rec["end_ns"] < rec["start_ns"]:
-        return f"kernel ends {rec['start_ns'] - rec['end_ns']} ns before it starts"
-    if rec["end_ns"] - rec["start_ns"] > MAX_DURATION_NS:
-        return f"kernel runs {(rec['end_ns'] - rec['start_ns']) / 1e9:.0f} s (limit {MAX_DURATION_NS / 1e9:.0f} s)"
-    if not 0 <= rec["device_id"] <= 0xFFFF:
-        return f"kernel on device {rec['device_id']}"
-    if len(rec["kernel_name"]) > MAX_KERNEL_NAME:
-        return f"kernel name of {len(rec['kernel_name'])} characters (limit {MAX_KERNEL_NAME})"
-    return None
 
 
 class Correlator:
@@ -252,12 +146,17 @@ class Correlator:
         key = (node, pid, start, rec["correlation_id"])
         if t > st.wm[LAUNCH]:
             st.wm[LAUNCH] = t
+        nvtx = rec.get("nvtx_range", "")
+        if rec.get("graph"):
+            graph_launch(self, st, key, rec, nvtx, out)
+            return
         kern = st.kernels.get(key)
         if kern is not None:
             ks = kern[1]
             if start or t - cfg.skew_ns <= ks <= t + cfg.horizon_ns:
                 st.remove(KERNEL, key)
-                self._match(st, key, rec["weight"], self.stack_no(rec["user_addrs"], launch_codes(rec)), kern, out)
+                self._match(st, key, rec["weight"], self.stack_no(rec["user_addrs"], launch_codes(rec)), nvtx, kern,
+                            out)
                 return
             if ks > t:  # the kernel belongs to a later process with this pid: this launch is the stale one
                 out.unmatched.append((node, pid, t, LAUNCH, SUPERSEDED, 0, rec["weight"]))
@@ -265,7 +164,8 @@ class Correlator:
             st.remove(KERNEL, key)
             out.unmatched.append((node, pid, ks, KERNEL, SUPERSEDED, kern[2] - ks, 0))
         addrs, no, codes = self.stack_no(rec["user_addrs"], launch_codes(rec))
-        self._wait(st, LAUNCH, key, [0, t, rec["weight"], addrs, no, codes, 64 + len(node)], out)  # launch_size
+        self._wait(st, LAUNCH, key, [0, t, rec["weight"], addrs, no, codes, nvtx, False, 0, 72 + len(node) + len(nvtx)],
+                   out)  # launch_size, inline
 
     def _kernel(self, st: PartitionState, rec: dict, out: Outcome) -> None:
         cfg = self.config
@@ -274,36 +174,50 @@ class Correlator:
         if s > st.wm[KERNEL]:
             st.wm[KERNEL] = s
         name = rec["kernel_name"]
-        size = 80 + len(node) + len(name)  # kernel_size, inline
-        kern = [0, s, rec["end_ns"], rec["device_id"], rec["stream_id"] & 0xFFFFFFFF, name,
-                bool(rec.get("simulated", False)), size]
+        gid = rec.get("graph_id", 0)
+        if rec.get("activity", "KERNEL") == "KERNEL":
+            kern = [0, s, rec["end_ns"], rec["device_id"], rec["stream_id"] & 0xFFFFFFFF, name,
+                    bool(rec.get("simulated", False)), "KERNEL", 0, "", "", gid, rec.get("graph_node_id", 0),
+                    112 + len(node) + len(name)]  # kernel_size, inline
+        else:
+            kinds = rec["copy_kind"] + rec["memory_kinds"]
+            kern = [0, s, rec["end_ns"], rec["device_id"], rec["stream_id"] & 0xFFFFFFFF, name,
+                    bool(rec.get("simulated", False)), rec["activity"], rec["bytes"], rec["copy_kind"],
+                    rec["memory_kinds"], gid, rec.get("graph_node_id", 0), kernel_size(node, name, kinds)]
         launch = st.launches.get(key)
         if launch is not None:
             lt = launch[1]
             if start or lt - cfg.skew_ns <= s <= lt + cfg.horizon_ns:
-                st.remove(LAUNCH, key)
-                self._match(st, key, launch[2], (launch[3], launch[4], launch[5]), kern, out)
+                if launch[7]:  # a graph launch: it waits on for the rest of its graph's records
+                    launch[8] += 1
+                    if launch[0] not in st.added:
+                        st.updated[launch[0]] = key
+                else:
+                    st.remove(LAUNCH, key)
+                self._match(st, key, launch[2], (launch[3], launch[4], launch[5]), launch[6], kern, out)
                 return
             if lt > s:  # the launch belongs to a later process with this pid: this kernel is the stale one
                 out.unmatched.append((node, pid, s, KERNEL, SUPERSEDED, rec["end_ns"] - s, 0))
                 return
-            st.remove(LAUNCH, key)
-            out.unmatched.append((node, pid, lt, LAUNCH, SUPERSEDED, 0, launch[2]))
+            count_left(out, key, LAUNCH, SUPERSEDED, st.remove(LAUNCH, key))
+        if gid:
+            wait_graph_record(self, st, key, kern, out)
+            return
         self._wait(st, KERNEL, key, kern, out)
 
     def _wait(self, st: PartitionState, side: int, key: tuple, entry: list, out: Outcome) -> None:
         """Make a record wait for its partner (or count it late, or settle a duplicate key), then keep bounds."""
         t = entry[1]
         if t < min(st.wm) - self.config.horizon_ns:
-            out.unmatched.append(_unmatched(key, side, LATE, entry))
+            count_left(out, key, side, LATE, entry)
             return
         table = st.tables[side]
         old = table.get(key)
         if old is not None:
             if old[1] > t:  # the waiting one is newer: keep it
-                out.unmatched.append(_unmatched(key, side, SUPERSEDED, entry))
+                count_left(out, key, side, SUPERSEDED, entry)
                 return
-            out.unmatched.append(_unmatched(key, side, SUPERSEDED, st.remove(side, key)))
+            count_left(out, key, side, SUPERSEDED, st.remove(side, key))
         if side == LAUNCH:
             st.hold_stack(entry[4], entry[3], entry[5])
         entry[0] = seq = st.next_seq
@@ -315,18 +229,20 @@ class Correlator:
             st.check_at = t
         if len(table) > self.config.max_pending:
             oldest = next(iter(table))
-            out.unmatched.append(_unmatched(oldest, side, EVICTED, st.remove(side, oldest)))
+            count_left(out, oldest, side, EVICTED, st.remove(side, oldest))
 
-    def _match(self, st: PartitionState, key: tuple, weight: int, stack: tuple[tuple, int, tuple], kern: list,
-               out: Outcome) -> None:
+    def _match(self, st: PartitionState, key: tuple, weight: int, stack: tuple[tuple, int, tuple], nvtx: str,
+               kern: list, out: Outcome) -> None:
         """One pair: (node, pid, mappings id, mappings, launch addresses leaf first, weight, kernel start, kernel
-        duration, device, stream, kernel name, stack number, the stack's code objects, whether the kernel record
-        came from a simulated GPU library)."""
-        node, pid, start, _ = key
+        duration, device, stream, kernel name (a copy's or set's label), stack number, the stack's code objects,
+        whether the kernel record came from a simulated GPU library, the launch's NVTX range, activity, bytes,
+        memory kinds, graph id, graph node id, correlation id)."""
+        node, pid, start, corr = key
         proc = st.procs.get((node, pid, start))
         mid, mappings = (proc[3], proc[2]) if proc is not None else (0, [])
         out.matches.append((node, pid, mid, mappings, stack[0], weight, kern[1], kern[2] - kern[1], kern[3], kern[4],
-                            kern[5], stack[1], stack[2], kern[6]))
+                            kern[5], stack[1], stack[2], kern[6], nvtx, kern[7], kern[8], kern[10], kern[11],
+                            kern[12], corr))
 
     def _set_mappings(self, st: PartitionState, pkey: tuple, t: int, mappings: list[dict]) -> None:
         old = st.procs.get(pkey)
@@ -380,7 +296,7 @@ class Correlator:
                 if entry[1] >= cutoff:
                     next_check = min(next_check, entry[1])
                     break
-                out.unmatched.append(_unmatched(key, side, EXPIRED, st.remove(side, key)))
+                count_left(out, key, side, EXPIRED, st.remove(side, key))
         ttl_cutoff = cutoff + self.config.horizon_ns - self.config.mappings_ttl_ns
         while st.procs:
             pkey = next(iter(st.procs))
@@ -392,8 +308,8 @@ class Correlator:
         st.check_at = next_check
 
 
-def _unmatched(key: tuple, side: int, reason: str, entry: list) -> tuple:
-    node, pid = key[0], key[1]
-    if side == LAUNCH:
-        return node, pid, entry[1], LAUNCH, reason, 0, entry[2]
-    return node, pid, entry[1], KERNEL, reason, entry[2] - entry[1], 0
+__all__ = ["CorrelateConfig", "Correlator", "EVICTED", "EXPIRED", "FOREVER", "KERNEL", "LATE", "LAUNCH", "MAX_BYTES",
+           "MAX_DURATION_NS", "MAX_KERNEL_NAME", "MAX_KINDS", "MAX_MAPPINGS", "MAX_MAPPINGS_BYTES", "MAX_NODE",
+           "MAX_NVTX_RANGE", "MAX_USER_ADDRS", "MAX_WEIGHT", "NEVER", "Outcome", "PROCESS", "PartitionState",
+           "SECOND_NS", "SIDES", "STACK", "SUPERSEDED", "count_left", "invalid_kernel", "invalid_launch",
+           "kernel_size", "launch_codes", "launch_size", "process_size", "stack_size"]

@@ -6,6 +6,10 @@ instead of a log record once the log since the last snapshot outweighs the state
 always before half the log slots are used, so a slot is never reused while a record in it is still needed. The write
 cost stays within about 1.5x what changed, a restore reads at most about three states' worth, and the topic holds
 a fixed number of keys per partition.
+
+A pending graph launch changes in place (its match count): a log record carries it again under its own sequence
+number, and restore updates the entry where it stands (arrival order, its stack's holders unchanged). Restore reads
+CorrelatorState v3 records too (decoded into v4 with its defaults: no graphs, every record a kernel).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from processors.correlate import (
     process_size,
     stack_size,
 )
+from processors.correlate_graphs import graph_key, index_record
 
 KINDS = (LAUNCH, KERNEL, PROCESS, STACK)
 
@@ -46,11 +51,13 @@ def changelog(corr: Correlator, group: str, partition: int) -> list[dict]:
     if st is None:
         return []
     cfg = corr.config
-    diff_bytes = sum(st.table(kind)[key][-1] for kind, key in st.added.values()) + 10 * len(st.removed)
+    diff_bytes = sum(st.table(kind)[key][-1] for kind, key in st.added.values()) + 10 * len(st.removed) + \
+        sum(st.launches[key][-1] for key in st.updated.values())
     used = st.position - st.snapshot_position + 1 + diff_bytes // cfg.chunk_bytes
     if st.log_bytes + diff_bytes > max(cfg.snapshot_min_bytes, 2 * st.state_bytes) or used >= cfg.log_slots // 2:
         return _snapshot(corr, group, partition, st)
     items = [_item(seq, kind, key, st) for seq, (kind, key) in st.added.items()]
+    items += [_item(seq, LAUNCH, key, st) for seq, key in st.updated.items()]
     chunks = _chunks(items, cfg.chunk_bytes, st.removed)
     out = []
     for i, items in enumerate(chunks):
@@ -58,6 +65,7 @@ def changelog(corr: Correlator, group: str, partition: int) -> list[dict]:
         st.position += 1
     st.log_bytes += diff_bytes
     st.added.clear()
+    st.updated.clear()
     st.removed = []
     return out
 
@@ -69,6 +77,7 @@ def _snapshot(corr: Correlator, group: str, partition: int, st: PartitionState) 
     st.snapshot_position = st.position
     st.log_bytes = 0
     st.added.clear()
+    st.updated.clear()
     st.removed = []
     return [_record(group, partition, "SNAPSHOT", st.position, st.snapshot_id, i, len(chunks), st, items)
             for i, items in enumerate(chunks)]
@@ -84,14 +93,15 @@ def _item(seq: int, kind: int, key: tuple | int, st: PartitionState) -> tuple[in
     if kind == LAUNCH:
         return kind, {"seq": seq, "node": key[0], "pid": key[1], "process_start_ns": key[2],
                       "correlation_id": key[3], "time_ns": e[1], "weight": e[2],
-                      "stack_seq": st.stacks[e[4]][0]}, e[-1]
+                      "stack_seq": st.stacks[e[4]][0], "nvtx_range": e[6], "graph": e[7], "matches": e[8]}, e[-1]
     if kind == STACK:
         return kind, {"seq": seq, "user_addrs": list(e[1]),
                       "code_objects": [{"qualname": q, "file": f, "first_line": n} for q, f, n in e[3]]}, e[-1]
     if kind == KERNEL:
         return kind, {"seq": seq, "node": key[0], "pid": key[1], "process_start_ns": key[2],
                       "correlation_id": key[3], "start_ns": e[1], "end_ns": e[2], "device_id": e[3],
-                      "stream_id": e[4], "kernel_name": e[5], "simulated": e[6]}, e[-1]
+                      "stream_id": e[4], "kernel_name": e[5], "simulated": e[6], "activity": e[7], "bytes": e[8],
+                      "copy_kind": e[9], "memory_kinds": e[10], "graph_id": e[11], "graph_node_id": e[12]}, e[-1]
     return kind, {"seq": seq, "node": key[0], "pid": key[1], "process_start_ns": key[2], "time_ns": e[1],
                   "mappings": e[2]}, e[-1]
 
@@ -158,6 +168,8 @@ def restore(corr: Correlator, partition: int, records: list[dict]) -> PartitionS
             entry = st.table(kind).pop(key)
             if kind == LAUNCH and entry[4] in st.stacks:
                 st.stacks[entry[4]][2] -= 1
+            elif kind == KERNEL and len(key) > 4:
+                st.unindex(key)
         st.log_bytes += _apply(corr, st, r, where) + 10 * len(r["removed"])
     st.snapshot_position = position
     st.position = position + len(logs)
@@ -181,17 +193,28 @@ def _apply(corr: Correlator, st: PartitionState, r: dict, where: dict[int, tuple
             entry = [seq, addrs, 0, codes, stack_size(addrs, codes)]
         elif kind == LAUNCH:
             key = (x["node"], x["pid"], x["process_start_ns"], x["correlation_id"])
+            if seq in where:  # a graph launch logged again: its match count moved
+                st.launches[key][8] = x["matches"]
+                size += st.launches[key][-1]
+                continue
             held = where.get(x["stack_seq"])
             if held is None or held[0] != STACK:
                 raise ChangelogError(f"partition {r['partition']}: launch {seq} names unknown stack "
                                      f"{x['stack_seq']}")
             stack = st.stacks[held[1]]
             stack[2] += 1
-            entry = [seq, x["time_ns"], x["weight"], stack[1], held[1], stack[3], launch_size(key[0])]
+            nvtx = x.get("nvtx_range", "")
+            entry = [seq, x["time_ns"], x["weight"], stack[1], held[1], stack[3], nvtx, x.get("graph", False),
+                     x.get("matches", 0), launch_size(key[0], nvtx)]
         elif kind == KERNEL:
             key = (x["node"], x["pid"], x["process_start_ns"], x["correlation_id"])
+            ck, mk = x.get("copy_kind", ""), x.get("memory_kinds", "")
             entry = [seq, x["start_ns"], x["end_ns"], x["device_id"], x["stream_id"], x["kernel_name"],
-                     x.get("simulated", False), kernel_size(key[0], x["kernel_name"])]
+                     x.get("simulated", False), x.get("activity", "KERNEL"), x.get("bytes", 0), ck, mk,
+                     x.get("graph_id", 0), x.get("graph_node_id", 0), kernel_size(key[0], x["kernel_name"], ck + mk)]
+            if entry[11]:
+                key = graph_key(key, entry)
+                index_record(st, key)
         else:
             key = (x["node"], x["pid"], x["process_start_ns"])
             maps = [dict(m) for m in x["mappings"]]

@@ -1,6 +1,12 @@
 """GPU samples from the correlator's matches: each launch stack symbolized with the symbolize stage's machinery
 (symbolize_batch over the process's mappings, the same FrameMemo ids), the demangled kernel as the leaf frame, GPU
-time = kernel duration x launch weight, summed per (window, node, pid, device, stream, stack, kernel). Pure."""
+time = kernel duration x launch weight, summed per (window, node, pid, device, stream, stack, kernel, NVTX range,
+memory kinds). Pure.
+
+Copies and sets are rows like kernels: their label ('[memcpy HtoD]', '[memset]') is the kernel_name and the leaf
+frame (kind GPU_KERNEL: GpuFrameKind has no other GPU kind, and the label's brackets tell them apart), bytes x weight
+summed beside the time, their memory kinds part of the row's key. Every match is also one timeline record of its
+window, with the sample's stack id (launching stack and leaf)."""
 
 from __future__ import annotations
 
@@ -99,19 +105,25 @@ def build_gpu_samples(matches: list[tuple], unmatched: list[tuple], window_ns: i
     """GpuSamples records, one per (node, window) touched by the matches and unmatched counts of one call."""
     stats = stats if stats is not None else SymbolizeStats()
     resolved = stacks.resolve(matches, tables, stats)
-    sums: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
+    sums: dict[tuple, list[int]] = defaultdict(lambda: [0, 0, 0])
     defs: dict[int, tuple] = {}
     simulated: set[tuple[str, int]] = set()  # (node, window) with a kernel from a simulated GPU library
+    timelines: dict[tuple[str, int], list[dict]] = defaultdict(list)
     for m, (sid, ids, frames) in zip(matches, resolved, strict=True):
         node, pid, weight, kstart, duration = m[0], m[1], m[5], m[6], m[7]
         window = clamp_long(kstart - kstart % window_ns)
         if m[13]:
             simulated.add((node, window))
-        cell = sums[(node, window, pid, m[8], m[9], sid, m[10])]
+        cell = sums[(node, window, pid, m[8], m[9], sid, m[10], m[14], m[17])]
         cell[0] += duration * weight
         cell[1] += weight
+        cell[2] += m[16] * weight
         if sid not in defs:
             defs[sid] = (ids, frames)
+        timelines[(node, window)].append({
+            "pid": pid, "device": m[8], "stream": m[9], "start_ns": kstart, "end_ns": kstart + duration,
+            "activity": m[15], "name": m[10], "stack_id": sid, "weight": weight, "bytes": m[16], "nvtx_range": m[14],
+            "graph_id": m[18], "graph_node_id": m[19], "correlation_id": m[20]})
     lost: dict[tuple, list[int]] = defaultdict(lambda: [0, 0, 0])
     for node, pid, t, side, reason, duration, weight in unmatched:
         cell = lost[(node, clamp_long(t - t % window_ns), pid, side, reason)]  # times near -2^63 floor below it
@@ -125,18 +137,21 @@ def build_gpu_samples(matches: list[tuple], unmatched: list[tuple], window_ns: i
         if rec is None:
             rec = records[(node, window)] = {"node": node, "window_start_ns": window, "window_ns": window_ns,
                                               "frames": [], "stacks": [], "samples": [], "unmatched": [],
+                                              "timeline": timelines.get((node, window), []),
                                               "simulated": (node, window) in simulated}
         return rec
 
-    for (node, window, pid, device, stream, sid, name), (ns, launches) in sums.items():
+    for (node, window, pid, device, stream, sid, name, nvtx, kinds), (ns, launches, nbytes) in sums.items():
         record(node, window)["samples"].append({
             "pid": pid, "comm": "", "container_id": "", "device": device, "stream": stream, "stack_id": sid,
-            "kernel_name": name, "duration_ns": clamp_long(ns), "launches": clamp_long(launches)})
+            "kernel_name": name, "duration_ns": clamp_long(ns), "launches": clamp_long(launches),
+            "nvtx_range": nvtx, "bytes": clamp_long(nbytes), "memory_kinds": kinds})
     for (node, window, pid, side, reason), (events, ns, launches) in lost.items():
         record(node, window)["unmatched"].append({"pid": pid, "side": SIDES[side], "reason": reason,
                                                   "events": events, "duration_ns": clamp_long(ns),
                                                   "launches": clamp_long(launches)})
     for rec in records.values():
+        rec["timeline"].sort(key=_start)
         sids = list(dict.fromkeys(s["stack_id"] for s in rec["samples"]))
         rec["stacks"] = [{"stack_id": sid, "frame_ids": list(defs[sid][0])} for sid in sids]
         fdefs = {f[0]: f for sid in sids for f in defs[sid][1]}
@@ -145,39 +160,72 @@ def build_gpu_samples(matches: list[tuple], unmatched: list[tuple], window_ns: i
     return list(records.values())
 
 
+def _start(t: dict) -> int:
+    return t["start_ns"]
+
+
+def _frame_bytes(f: dict) -> int:
+    return len(f["function"]) * 4 + len(f["binary"]) + len(f.get("build_id", "")) + 24
+
+
+def _stack_bytes(s: dict) -> int:
+    return 10 * len(s["frame_ids"]) + 12
+
+
+def _sample_bytes(s: dict) -> int:
+    return 4 * (len(s["kernel_name"]) + len(s["comm"]) + len(s["container_id"]) + len(s.get("nvtx_range", "")) +
+                len(s.get("memory_kinds", ""))) + 80
+
+
+def _timeline_bytes(t: dict) -> int:
+    return 4 * (len(t["name"]) + len(t["nvtx_range"])) + 120
+
+
 def estimated_bytes(rec: dict) -> int:
     """An upper bound of the encoded GpuSamples record's size, without encoding it."""
-    frames = sum(len(f["function"]) * 4 + len(f["binary"]) + len(f.get("build_id", "")) + 24 for f in rec["frames"])
-    stacks = sum(10 * len(s["frame_ids"]) + 12 for s in rec["stacks"])
-    samples = sum(4 * (len(s["kernel_name"]) + len(s["comm"]) + len(s["container_id"])) + 64 for s in rec["samples"])
-    return 64 + 4 * len(rec["node"]) + frames + stacks + samples + 48 * len(rec["unmatched"])
+    return (64 + 4 * len(rec["node"]) + sum(map(_frame_bytes, rec["frames"])) + sum(map(_stack_bytes, rec["stacks"]))
+            + sum(map(_sample_bytes, rec["samples"])) + 48 * len(rec["unmatched"])
+            + sum(map(_timeline_bytes, rec.get("timeline", ()))))
 
 
 def split_gpu_samples(rec: dict, max_bytes: int) -> list[dict]:
-    """Split a GpuSamples record by its samples so each part stays under max_bytes; each part carries exactly the
-    stacks and frames its samples reference, and the first one the unmatched counts."""
-    if estimated_bytes(rec) <= max_bytes or len(rec["samples"]) <= 1:
+    """Split a GpuSamples record by its samples and timeline records so that each part's estimated_bytes stays under
+    max_bytes (but for a part of one item that alone is over); each part carries exactly the stacks and frames its
+    samples and timeline records reference, and the first one the unmatched counts. Every sample and timeline
+    record goes to exactly one part, in order, so the totals are those of the whole."""
+    timeline = rec.get("timeline", [])
+    if len(rec["samples"]) + len(timeline) <= 1 or estimated_bytes(rec) <= max_bytes:
         return [rec]
     stacks = {s["stack_id"]: s for s in rec["stacks"]}
     frames = {f["frame_id"]: f for f in rec["frames"]}
-    parts: list[list[dict]] = [[]]
-    size = 48 * len(rec["unmatched"])
-    for sample in rec["samples"]:
-        st = stacks[sample["stack_id"]]
-        cost = 12 * len(st["frame_ids"]) + sum(4 * len(frames[i]["function"]) + 80 for i in st["frame_ids"]) + \
-            4 * len(sample["kernel_name"]) + 128
-        if parts[-1] and size + cost > max_bytes:
-            parts.append([])
-            size = 0
-        parts[-1].append(sample)
-        size += cost
-    out = []
-    for i, samples in enumerate(parts):
-        used = list(dict.fromkeys(s["stack_id"] for s in samples))
-        fids = list(dict.fromkeys(f for sid in used for f in stacks[sid]["frame_ids"]))
-        out.append({**rec, "samples": samples, "stacks": [stacks[s] for s in used],
-                    "frames": [frames[f] for f in fids], "unmatched": rec["unmatched"] if i == 0 else []})
-    return out
+    base = 64 + 4 * len(rec["node"])
+    parts: list[tuple[list, list, dict, dict]] = []  # (samples, timeline, stacks used, frames used)
+    size = max_bytes + 1  # no part yet
+
+    def defs_bytes(sid: int, part: tuple) -> int:
+        if sid in part[2]:
+            return 0
+        st = stacks[sid]
+        new = [f for f in dict.fromkeys(st["frame_ids"]) if f not in part[3]]
+        return _stack_bytes(st) + sum(_frame_bytes(frames[f]) for f in new)
+
+    for which, items, cost_of in ((0, rec["samples"], _sample_bytes), (1, timeline, _timeline_bytes)):
+        for item in items:
+            sid = item["stack_id"]
+            cost = cost_of(item) + (defs_bytes(sid, parts[-1]) if parts else 0)
+            if not parts or (size + cost > max_bytes and (parts[-1][0] or parts[-1][1])):
+                parts.append(([], [], {}, {}))
+                size = base + (48 * len(rec["unmatched"]) if len(parts) == 1 else 0)
+                cost = cost_of(item) + defs_bytes(sid, parts[-1])
+            part = parts[-1]
+            part[which].append(item)
+            if sid not in part[2]:
+                part[2][sid] = None
+                part[3].update(dict.fromkeys(stacks[sid]["frame_ids"]))
+            size += cost
+    return [{**rec, "samples": samples, "timeline": tl, "stacks": [stacks[s] for s in used],
+             "frames": [frames[f] for f in fids], "unmatched": rec["unmatched"] if i == 0 else []}
+            for i, (samples, tl, used, fids) in enumerate(parts)]
 
 
 __all__ = ["GPU_BINARY", "GPU_KERNEL_KIND", "KERNEL", "LAUNCH", "LaunchStacks", "build_gpu_samples",
