@@ -180,10 +180,10 @@ class Correlator:
                     bool(rec.get("simulated", False)), "KERNEL", 0, "", "", gid, rec.get("graph_node_id", 0),
                     112 + len(node) + len(name)]  # kernel_size, inline
         else:
-            kinds = rec["copy_kind"] + rec["memory_kinds"]
+            ck, mk = rec.get("copy_kind", ""), rec.get("memory_kinds", "")
             kern = [0, s, rec["end_ns"], rec["device_id"], rec["stream_id"] & 0xFFFFFFFF, name,
-                    bool(rec.get("simulated", False)), rec["activity"], rec["bytes"], rec["copy_kind"],
-                    rec["memory_kinds"], gid, rec.get("graph_node_id", 0), kernel_size(node, name, kinds)]
+                    bool(rec.get("simulated", False)), rec["activity"], rec.get("bytes", 0), ck, mk, gid,
+                    rec.get("graph_node_id", 0), kernel_size(node, name, ck + mk)]
         launch = st.launches.get(key)
         if launch is not None:
             lt = launch[1]

@@ -179,9 +179,9 @@ def invalid_kernel(rec: dict) -> str | None:
     if len(rec["kernel_name"]) > MAX_KERNEL_NAME:
         return f"kernel name of {len(rec['kernel_name'])} characters (limit {MAX_KERNEL_NAME})"
     if rec.get("activity", "KERNEL") != "KERNEL":
-        if not 0 <= rec["bytes"] <= MAX_BYTES:
+        if not 0 <= rec.get("bytes", 0) <= MAX_BYTES:
             return f"{rec['activity'].lower()} of {rec['bytes']} bytes (from 0 to {MAX_BYTES})"
-        if len(rec["copy_kind"]) + len(rec["memory_kinds"]) > MAX_KINDS:
+        if len(rec.get("copy_kind", "")) + len(rec.get("memory_kinds", "")) > MAX_KINDS:
             return f"{rec['activity'].lower()} with kinds over {MAX_KINDS} characters"
     return None
 
