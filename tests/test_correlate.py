@@ -318,7 +318,8 @@ def _view(st) -> tuple:
     launches = [(k, e[:4] + e[5:]) for k, e in st.launches.items()]
     procs = [(k, e[:3] + e[4:]) for k, e in st.procs.items()]
     stacks = list(st.stacks.values())
-    return launches, list(st.kernels.items()), procs, stacks, st.wm, st.check_at, st.next_seq, st.offsets
+    index = {k: list(v) for k, v in st.graph_index.items()}
+    return launches, list(st.kernels.items()), index, procs, stacks, st.wm, st.check_at, st.next_seq, st.offsets
 
 
 def _fleet_events(seed: int) -> list[tuple[int, dict]]:

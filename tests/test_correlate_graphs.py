@@ -9,6 +9,8 @@ import random
 import time
 from collections import Counter
 
+import pytest
+
 from processors.correlate import KERNEL, LAUNCH, SECOND_NS, CorrelateConfig, Correlator, Outcome
 from processors.correlate_changelog import changelog, restore, state_key
 from processors.correlate_samples import LaunchStacks, build_gpu_samples
@@ -174,14 +176,16 @@ def _gpu_ns(matches: list[tuple]) -> Counter:
     return gpu_time([type("P", (), {"topic": "gpu.samples", "record": r})() for r in recs])
 
 
-def test_a_crash_between_two_records_of_a_graph_launch_loses_and_repeats_nothing():
+@pytest.mark.parametrize("seed", [4, 5])
+def test_a_crash_between_two_records_of_a_graph_launch_loses_and_repeats_nothing(seed):
     """Batches commit their matches with their changelog records; some batches crash before their commit (their
     output is lost, the state goes back to the committed changelog and the batch is read again from the committed
     offsets). Totals are exact and every record leaves once, with graph launches matched on both sides of each
     crash."""
     config = CorrelateConfig(horizon_ns=5 * SECOND_NS, snapshot_min_bytes=3000, log_slots=8, chunk_bytes=2000)
-    events, want = _graph_events(seed=4)
-    rng = random.Random(9)
+    events, want = _graph_events(seed=seed)
+    rng = random.Random(seed + 5)
+    written = Counter()
     log: dict[str, dict] = {}
     committed = Outcome()
     live = Correlator(config)
@@ -204,6 +208,7 @@ def test_a_crash_between_two_records_of_a_graph_launch_loses_and_repeats_nothing
             restore(live, 0, [r for r in log.values() if r["partition"] == 0])
             continue  # read again from the committed offsets
         for rec in changelog(live, "g", 0):
+            written[rec["kind"], rec["chunks"] > 1] += 1
             log[state_key(rec, config.log_slots)] = single_object.decode(single_object.encode("CorrelatorState",
                                                                                              rec))[1]
         committed.matches += out.matches
@@ -214,6 +219,8 @@ def test_a_crash_between_two_records_of_a_graph_launch_loses_and_repeats_nothing
         fresh = Correlator(config)
         assert _graph_view(restore(fresh, 0, list(log.values()))) == _graph_view(live.parts[0])
     assert crashes > 5 and split_graphs > 3  # crashes did come while graph launches had matched some records
+    # snapshots (some in several chunks) and logs both carried graph launches and records
+    assert written["SNAPSHOT", True] and written["SNAPSHOT", False] and written["LOG", False] > 20
     for i in range(3):  # the horizon passes
         live.process(0, LAUNCH, offsets[LAUNCH] + i, launch(9_000_000 + i, T0 + 100 * SECOND_NS, ["main"]),
                      committed)
