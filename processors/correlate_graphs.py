@@ -59,6 +59,10 @@ def graph_launch(corr: Correlator, st: PartitionState, key: tuple, rec: dict, nv
     """A graph launch: match every record waiting with its correlation id, then wait for the rest."""
     cfg = corr.config
     t, weight, start = rec["time_ns"], rec["weight"], key[2]
+    old = st.launches.get(key)
+    if old is not None and old[7] and old[1] >= t:  # a duplicate of a waiting graph launch: that one keeps its count
+        out.unmatched.append((key[0], key[1], t, LAUNCH, SUPERSEDED, 0, weight))
+        return
     stack = corr.stack_no(rec["user_addrs"], launch_codes(rec))
     waiting = [key] if key in st.kernels else []
     keys = st.graph_index.get(key)

@@ -127,6 +127,15 @@ def test_a_duplicate_graph_record_counts_once_and_eviction_keeps_the_index():
     assert st.pending() == (2, 0) and not st.graph_index
 
 
+def test_a_duplicate_graph_launch_counts_once_and_the_waiting_one_keeps_matching():
+    feed = Feed(stage(horizon_ns=5 * SECOND_NS))
+    feed.send(glaunch(1, T0, ["main"], weight=2), gkernel(1, T0 + 1, 10, 0))
+    feed.send(glaunch(1, T0, ["main"], weight=2), gkernel(1, T0 + 2, 20, 1))  # sent again
+    feed.send(launch(2, T0 + 20 * SECOND_NS, ["main"]), kernel(2, T0 + 20 * SECOND_NS, 5))
+    assert gpu_time(feed.produced) == {("main", demangle(GEMM)): 2 * 30 + 5}
+    assert unmatched(feed.produced) == {("LAUNCH", "SUPERSEDED"): 1, ("LAUNCH", "SUPERSEDED", "launches"): 2}
+
+
 def test_without_process_start_graph_records_of_an_earlier_process_are_superseded():
     feed = Feed(stage())
     feed.send(gkernel(5, T0, 40, 0, start=0), gkernel(5, T0 + 1, 30, 1, start=0))  # an earlier process's
