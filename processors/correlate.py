@@ -127,15 +127,19 @@ class Correlator:
                 out.replayed += 1  # already in the state (it was restored past this offset)
                 return
             st.offsets[side] = offset + 1
-        reason = invalid_launch(record) if side == LAUNCH else invalid_kernel(record)
+        if side == LAUNCH:
+            reason = invalid_launch(record)
+            if reason is None:
+                self._launch(st, record, out)
+        else:
+            reason = invalid_kernel(record)
+            if reason is None:
+                self._kernel(st, record, out)
         if reason is not None:
             out.invalid.append((index, reason))
             return
-        if side == LAUNCH:
-            self._launch(st, record, out)
-        else:
-            self._kernel(st, record, out)
-        if min(st.wm) - self.config.horizon_ns > st.check_at:
+        a, b = st.wm  # min(st.wm), without the call: this runs for every record
+        if (a if a < b else b) - self.config.horizon_ns > st.check_at:
             self._expire(st, out)
 
     def _launch(self, st: PartitionState, rec: dict, out: Outcome) -> None:
@@ -146,8 +150,11 @@ class Correlator:
         key = (node, pid, start, rec["correlation_id"])
         if t > st.wm[LAUNCH]:
             st.wm[LAUNCH] = t
-        nvtx = rec.get("nvtx_range", "")
-        if rec.get("graph"):
+        try:  # subscripts, not .get, on this path of every launch: decoded records have every field
+            nvtx, graph = rec["nvtx_range"], rec["graph"]
+        except KeyError:  # a record built without GpuLaunch v3's fields
+            nvtx, graph = rec.get("nvtx_range", ""), rec.get("graph", False)
+        if graph:
             graph_launch(self, st, key, rec, nvtx, out)
             return
         kern = st.kernels.get(key)
@@ -174,15 +181,18 @@ class Correlator:
         if s > st.wm[KERNEL]:
             st.wm[KERNEL] = s
         name = rec["kernel_name"]
-        gid = rec.get("graph_id", 0)
-        if rec.get("activity", "KERNEL") == "KERNEL":
+        try:  # as in _launch
+            gid, activity = rec["graph_id"], rec["activity"]
+        except KeyError:  # a record built without GpuKernel v2's fields
+            gid, activity = rec.get("graph_id", 0), rec.get("activity", "KERNEL")
+        if activity == "KERNEL":
             kern = [0, s, rec["end_ns"], rec["device_id"], rec["stream_id"] & 0xFFFFFFFF, name,
-                    bool(rec.get("simulated", False)), "KERNEL", 0, "", "", gid, rec.get("graph_node_id", 0),
-                    112 + len(node) + len(name)]  # kernel_size, inline
+                    bool(rec.get("simulated", False)), "KERNEL", 0, "", "", gid,
+                    rec.get("graph_node_id", 0) if gid else 0, 112 + len(node) + len(name)]  # kernel_size, inline
         else:
             ck, mk = rec.get("copy_kind", ""), rec.get("memory_kinds", "")
             kern = [0, s, rec["end_ns"], rec["device_id"], rec["stream_id"] & 0xFFFFFFFF, name,
-                    bool(rec.get("simulated", False)), rec["activity"], rec.get("bytes", 0), ck, mk, gid,
+                    bool(rec.get("simulated", False)), activity, rec.get("bytes", 0), ck, mk, gid,
                     rec.get("graph_node_id", 0), kernel_size(node, name, ck + mk)]
         launch = st.launches.get(key)
         if launch is not None:

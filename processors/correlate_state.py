@@ -129,7 +129,10 @@ def stack_size(addrs: tuple, codes: tuple = ()) -> int:
 
 def launch_codes(rec: dict) -> tuple:
     """The code objects a launch's Python frames name ((qualname, file, first line), by index), as a key part."""
-    return tuple((c["qualname"], c["file"], c["first_line"]) for c in rec.get("code_objects") or ())
+    codes = rec.get("code_objects")
+    if not codes:  # most launches (no Python frames): no generator to build and run
+        return ()
+    return tuple((c["qualname"], c["file"], c["first_line"]) for c in codes)
 
 
 def kernel_size(node: str, name: str, kinds: str = "") -> int:
@@ -153,14 +156,18 @@ def invalid_launch(rec: dict) -> str | None:
         return f"launch stack of {len(rec['user_addrs'])} addresses (limit {MAX_USER_ADDRS})"
     if len(rec["mappings"]) > MAX_MAPPINGS:
         return f"launch with {len(rec['mappings'])} mappings (limit {MAX_MAPPINGS})"
-    codes = rec.get("code_objects") or ()
-    if len(codes) > MAX_USER_ADDRS or stack_size((), launch_codes(rec)) > MAX_MAPPINGS_BYTES:
+    codes = rec.get("code_objects")
+    if codes and (len(codes) > MAX_USER_ADDRS or stack_size((), launch_codes(rec)) > MAX_MAPPINGS_BYTES):
         return f"launch with {len(codes)} code objects over {MAX_USER_ADDRS} or {MAX_MAPPINGS_BYTES} bytes"
     size = process_size(rec["node"], rec["mappings"]) if rec["mappings"] else 0
     if size > MAX_MAPPINGS_BYTES:
         return f"launch with {size} bytes of mappings (limit {MAX_MAPPINGS_BYTES})"
-    if len(rec.get("nvtx_range", "")) > MAX_NVTX_RANGE:
-        return f"launch with an NVTX range of {len(rec['nvtx_range'])} characters (limit {MAX_NVTX_RANGE})"
+    try:  # subscripts, not .get: this runs for every launch, and decoded records have every field
+        nvtx = rec["nvtx_range"]
+    except KeyError:
+        nvtx = ""
+    if len(nvtx) > MAX_NVTX_RANGE:
+        return f"launch with an NVTX range of {len(nvtx)} characters (limit {MAX_NVTX_RANGE})"
     return None
 
 
@@ -178,7 +185,11 @@ def invalid_kernel(rec: dict) -> str | None:
         return f"kernel on device {rec['device_id']}"
     if len(rec["kernel_name"]) > MAX_KERNEL_NAME:
         return f"kernel name of {len(rec['kernel_name'])} characters (limit {MAX_KERNEL_NAME})"
-    if rec.get("activity", "KERNEL") != "KERNEL":
+    try:
+        activity = rec["activity"]
+    except KeyError:
+        activity = "KERNEL"
+    if activity != "KERNEL":
         if not 0 <= rec.get("bytes", 0) <= MAX_BYTES:
             return f"{rec['activity'].lower()} of {rec['bytes']} bytes (from 0 to {MAX_BYTES})"
         if len(rec.get("copy_kind", "")) + len(rec.get("memory_kinds", "")) > MAX_KINDS:
