@@ -19,6 +19,7 @@ from processors.demangle import demangle
 from processors.stack_ids import stack_id
 from processors.symbolize import FrameMemo, SymbolizeStats, TableLookup, clamp_long, symbolize_batch
 from schemas.packed_stacks import PackedStacks
+from schemas.wire import LONG_MIN
 
 GPU_BINARY = "[gpu]"
 GPU_KERNEL_KIND = "GPU_KERNEL"
@@ -109,21 +110,29 @@ def build_gpu_samples(matches: list[tuple], unmatched: list[tuple], window_ns: i
     defs: dict[int, tuple] = {}
     simulated: set[tuple[str, int]] = set()  # (node, window) with a kernel from a simulated GPU library
     timelines: dict[tuple[str, int], list[dict]] = defaultdict(list)
+    timeline: list[dict] = []
+    last_node, last_window = None, None  # whose timeline `timeline` is: consecutive matches mostly share it
     for m, (sid, ids, frames) in zip(matches, resolved, strict=True):
-        node, pid, weight, kstart, duration = m[0], m[1], m[5], m[6], m[7]
-        window = clamp_long(kstart - kstart % window_ns)
+        node, pid, weight, kstart, duration, device, stream, name, nbytes, nvtx = m[0], m[1], m[5], m[6], m[7], m[8], \
+            m[9], m[10], m[16], m[14]
+        window = kstart - kstart % window_ns
+        if window < LONG_MIN:  # times near -2^63 floor below it
+            window = LONG_MIN
+        if window != last_window or node != last_node:
+            last_node, last_window = node, window
+            timeline = timelines[(node, window)]
         if m[13]:
             simulated.add((node, window))
-        cell = sums[(node, window, pid, m[8], m[9], sid, m[10], m[14], m[17])]
+        cell = sums[(node, window, pid, device, stream, sid, name, nvtx, m[17])]
         cell[0] += duration * weight
         cell[1] += weight
-        cell[2] += m[16] * weight
+        cell[2] += nbytes * weight
         if sid not in defs:
             defs[sid] = (ids, frames)
-        timelines[(node, window)].append({
-            "pid": pid, "device": m[8], "stream": m[9], "start_ns": kstart, "end_ns": kstart + duration,
-            "activity": m[15], "name": m[10], "stack_id": sid, "weight": weight, "bytes": m[16], "nvtx_range": m[14],
-            "graph_id": m[18], "graph_node_id": m[19], "correlation_id": m[20]})
+        timeline.append({"pid": pid, "device": device, "stream": stream, "start_ns": kstart,
+                         "end_ns": kstart + duration, "activity": m[15], "name": name, "stack_id": sid,
+                         "weight": weight, "bytes": nbytes, "nvtx_range": nvtx, "graph_id": m[18],
+                         "graph_node_id": m[19], "correlation_id": m[20]})
     lost: dict[tuple, list[int]] = defaultdict(lambda: [0, 0, 0])
     for node, pid, t, side, reason, duration, weight in unmatched:
         cell = lost[(node, clamp_long(t - t % window_ns), pid, side, reason)]  # times near -2^63 floor below it
@@ -183,9 +192,10 @@ def _timeline_bytes(t: dict) -> int:
 
 def estimated_bytes(rec: dict) -> int:
     """An upper bound of the encoded GpuSamples record's size, without encoding it."""
+    timeline = rec.get("timeline", ())
     return (64 + 4 * len(rec["node"]) + sum(map(_frame_bytes, rec["frames"])) + sum(map(_stack_bytes, rec["stacks"]))
             + sum(map(_sample_bytes, rec["samples"])) + 48 * len(rec["unmatched"])
-            + sum(map(_timeline_bytes, rec.get("timeline", ()))))
+            + 4 * sum([len(t["name"]) + len(t["nvtx_range"]) for t in timeline]) + 120 * len(timeline))
 
 
 def split_gpu_samples(rec: dict, max_bytes: int) -> list[dict]:
