@@ -194,6 +194,8 @@ def _apply(corr: Correlator, st: PartitionState, r: dict, where: dict[int, tuple
         elif kind == LAUNCH:
             key = (x["node"], x["pid"], x["process_start_ns"], x["correlation_id"])
             if seq in where:  # a graph launch logged again: its match count moved
+                if where[seq] != (LAUNCH, key):
+                    raise ChangelogError(f"partition {r['partition']}: entry {seq} logged again as another launch")
                 st.launches[key][8] = x["matches"]
                 size += st.launches[key][-1]
                 continue
