@@ -127,6 +127,19 @@ def test_a_duplicate_graph_record_counts_once_and_eviction_keeps_the_index():
     assert st.pending() == (2, 0) and not st.graph_index
 
 
+def test_an_evicted_graph_launch_left_matched_if_it_had_matched():
+    corr, out = Correlator(CorrelateConfig(max_pending=2)), Outcome()
+    corr.process(0, LAUNCH, 0, glaunch(1, T0, ["main"], weight=5), out)
+    corr.process(0, KERNEL, 0, gkernel(1, T0 + 1, 10, 0), out)
+    corr.process(0, LAUNCH, 1, glaunch(2, T0 + 1, ["main"], weight=6), out)  # never matched
+    for i in range(3, 5):
+        corr.process(0, LAUNCH, i - 1, glaunch(i, T0 + i, ["main"]), out)
+    assert corr.parts[0].pending() == (2, 0) and len(out.matches) == 1 and out.graph_launches == 1
+    assert out.unmatched == [(NODE, PID, T0 + 1, LAUNCH, "EVICTED", 0, 6)]
+    corr.process(0, KERNEL, 1, gkernel(1, T0 + 2, 10, 1), out)  # launch 1 is gone: its record waits
+    assert corr.parts[0].pending() == (2, 1)
+
+
 def test_a_duplicate_graph_launch_counts_once_and_the_waiting_one_keeps_matching():
     feed = Feed(stage(horizon_ns=5 * SECOND_NS))
     feed.send(glaunch(1, T0, ["main"], weight=2), gkernel(1, T0 + 1, 10, 0))
