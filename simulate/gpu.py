@@ -206,10 +206,13 @@ class GpuSim:
         # Launch through a C extension when one builds for this interpreter (the launching Python functions then
         # show in launch stacks: see native/sim/gpu/gpusim_python.c), else through ctypes.
         try:
-            self._launch = _load_extension(build_gpusim_python(self.path)).launch
+            ext = _load_extension(build_gpusim_python(self.path))
+            self._launch, self._memcpy, self._memset = ext.launch, ext.memcpy, ext.memset
+            self._graph_launch = ext.graph_launch
             self.launch_path = "extension"
         except (NativeBuildError, ImportError, OSError):
-            self._launch = lib.gpusim_launch
+            self._launch, self._memcpy, self._memset = lib.gpusim_launch, lib.gpusim_memcpy, lib.gpusim_memset
+            self._graph_launch = lib.gpusim_graph_launch
             self.launch_path = "ctypes"
 
     def launch(self, kernel_name: str, duration_ns: int, stream: int = 0) -> int:
@@ -219,12 +222,11 @@ class GpuSim:
     def memcpy(self, nbytes: int, copy: str, src: str, dst: str, duration_ns: int, stream: int = 0) -> int:
         """Queue a copy (`copy` one of COPY_KINDS, memory kinds of MEMORY_KINDS); its correlation id, or 0 when the
         device queue was full."""
-        return self._lib.gpusim_memcpy(nbytes, COPY_KINDS[copy], MEMORY_KINDS[src], MEMORY_KINDS[dst], duration_ns,
-                                       stream)
+        return self._memcpy(nbytes, COPY_KINDS[copy], MEMORY_KINDS[src], MEMORY_KINDS[dst], duration_ns, stream)
 
     def memset(self, nbytes: int, dst: str, duration_ns: int, stream: int = 0) -> int:
         """Queue a set of `dst` memory; its correlation id, or 0 when the device queue was full."""
-        return self._lib.gpusim_memset(nbytes, MEMORY_KINDS[dst], duration_ns, stream)
+        return self._memset(nbytes, MEMORY_KINDS[dst], duration_ns, stream)
 
     def graph_create(self, nodes: list[GraphNode]) -> int:
         """A graph of these nodes (node ids graph_id << 32 | index + 1); its id."""
@@ -238,7 +240,7 @@ class GpuSim:
 
     def graph_launch(self, graph: int, stream: int = 0) -> int:
         """Replay a graph: one correlation id for all its nodes, or 0 when the device queue cannot take them."""
-        return self._lib.gpusim_graph_launch(graph, stream)
+        return self._graph_launch(graph, stream)
 
     def graph_launch_rate(self) -> int:
         """The per-thread graph launch rate limit in force (FLEETPROF_GRAPH_LAUNCH_RATE; 0: every launch)."""

@@ -152,6 +152,7 @@ LOSS_BYTES = 4  # DtoH to pageable memory each step
 GRAD_BYTES = 8 << 20  # set to zero each step
 DEPTH_LAUNCHES_PER_STEP = 8  # 2 copies, a set, attention, matmul, 2 collectives, adam; and one graph launch
 STEP_RANGES = ("forward", "backward", "optimizer.step")
+SAMPLED_KEPT = 200_000  # sampled launches the report lists one by one; a longer run counts the rest
 
 
 class DepthWorkload:
@@ -202,7 +203,10 @@ def _depth_log(sim: GpuSim, sampled: dict[int, list], fired: dict[tuple, int], t
         totals["bytes"] = totals.get("bytes", 0) + k.bytes
         if k.state != "sampled":
             continue
-        sampled[k.correlation_id] = [k.api, k.weight, k.range or ""]
+        if len(sampled) < SAMPLED_KEPT or k.correlation_id in sampled:
+            sampled[k.correlation_id] = [k.api, k.weight, k.range or ""]
+        else:
+            totals["sampled_records_not_listed"] = totals.get("sampled_records_not_listed", 0) + 1
         key = (k.activity, k.name, k.bytes, k.graph_id, k.graph_node_id, k.range or "")
         fired[key] = fired.get(key, 0) + 1
 
