@@ -332,11 +332,13 @@ class GpuProbeCollector(RecordMaker):
             raise RuntimeError("GpuProbeCollector.poll() before start()")
         if timeout_ms > 0:
             time.sleep(timeout_ms / 1000)  # nothing would wake an epoll wait early: the BPF side sends no wake-ups
+        cuts = self.stats["polls_cut"]
         self._bpf.ring_buffer_consume()
         raw_launches, self._raw_launches = self._raw_launches, []
         raw_kernels, self._raw_kernels = self._raw_kernels, []
         raw_ranges, self._raw_ranges = self._raw_ranges, []
-        launches, kernels = self._records(raw_launches, raw_kernels, raw_ranges, unix_offset_ns())
+        launches, kernels = self._records(raw_launches, raw_kernels, raw_ranges, unix_offset_ns(),
+                                          self.stats["polls_cut"] != cuts, max(self.max_pending, 65_536))
         self._add_mappings(launches)
         return launches, kernels
 

@@ -5,8 +5,10 @@ rings, this part decodes what it read.
 Three rings: launches (kernel_launch, with the stack), kernels (kernel_executed, graph_kernel_executed and
 memory_executed, told apart by a kind field) and ranges (launch_range: the launching thread's NVTX range path).
 A range fires right before its kernel_launch on the same thread and is joined to it here by (pid, tid, correlation
-id). The ranges ring is read after the launches ring in a poll, so a launch read has its range read too, unless a
-poll was cut by its budget: an unjoined range waits one more poll, then it is dropped and counted.
+id). The ranges ring is read after the launches ring in a poll, so a launch read has its range read too, unless the
+poll was cut by its budget (libbpf then stops before the later rings): a launch without a range read in a cut poll is
+held until a poll that read every ring (at most max_pending of them), and a range not joined waits one more poll,
+then it is dropped and counted.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ LAUNCH_FIELDS = ("time_ns", "pid", "tid", "site", "correlation_id", "callback_id
 KERNEL_HEADER = struct.Struct("<QQIIIIIiQQQIIII")
 KERNEL_FIELDS = ("start_ns", "end_ns", "pid", "site", "correlation_id", "device_id", "stream_id", "name_bytes",
                  "name_addr", "bytes", "graph_node_id", "graph_id", "kind", "memory_kind", "pad")
+LAUNCH_SITE_AT = 16  # offset of launch_event.site
+RANGE_SITE = struct.Struct("<I")
 RANGE_HEADER = struct.Struct("<IIIIiIQ")  # pid, tid, site, correlation, path bytes, pad, path address
 RANGE_FIELDS = ("pid", "tid", "site", "correlation_id", "path_bytes", "pad", "path_addr")
 RECORD_STATS = ("names_truncated", "names_unreadable", "names_read_from_process", "api_names_unreadable",
@@ -86,16 +90,30 @@ class RecordMaker:
         self._starts: OrderedDict[int, int] = OrderedDict()  # pid -> process_start_ns, last known
         self._ranges: dict[tuple[int, int, int], str] = {}  # read, not yet joined to their launch
         self._ranges_waiting: dict[tuple[int, int, int], str] = {}  # those from the poll before: last chance
+        self._held: list[dict] = []  # launches of a cut poll whose range may not have been read yet
 
     def _records(self, raw_launches: list[bytes], raw_kernels: list[bytes], raw_ranges: list[bytes],
-                 offset: int) -> tuple[list[dict], list[dict]]:
+                 offset: int, cut: bool = False, max_held: int = 200_000) -> tuple[list[dict], list[dict]]:
+        """The records of one poll's events; `cut`: the poll stopped early, its later rings were not all read."""
         starts: dict[int, int] = {}  # each pid's /proc/PID/stat is read once per poll
         for raw in raw_ranges:
             got = range_path(raw, self.stats)
             if got is not None:
                 self._ranges[got[0]] = got[1]
-        launches = [r for r in (self._launch(raw, offset, starts) for raw in raw_launches) if r is not None]
+        held, self._held = self._held, []
+        for rec in held:  # held: none had a range yet
+            rec["nvtx_range"] = self._range_of((rec["pid"], rec["tid"], rec["correlation_id"]))
+        fresh = [(r, raw) for r, raw in ((self._launch(raw, offset, starts), raw) for raw in raw_launches)
+                 if r is not None]
         kernels = [r for r in (self._kernel(raw, starts) for raw in raw_kernels) if r is not None]
+        if cut:  # only an object with a launch_range probe may have sent a range for its launch
+            waiting = [r for r in held if not r["nvtx_range"]]
+            waiting += [r for r, raw in fresh if not r["nvtx_range"] and self._ranged(raw)]
+            if len(waiting) <= max_held:
+                self._held = waiting
+                held = [r for r in held if r["nvtx_range"]]
+                fresh = [(r, raw) for r, raw in fresh if r["nvtx_range"] or not self._ranged(raw)]
+        launches = held + [r for r, _ in fresh]
         self.stats["ranges_unmatched"] += len(self._ranges_waiting)
         self._ranges_waiting, self._ranges = self._ranges, {}
         return launches, kernels
@@ -122,6 +140,11 @@ class RecordMaker:
             found = self._starts.get(pid, 0)  # exited since: what was read while it ran
         starts[pid] = found
         return found
+
+    def _ranged(self, raw: bytes) -> bool:
+        """Whether the object that sent this launch record has a launch_range probe."""
+        obj = self._site_objects.get(RANGE_SITE.unpack_from(raw, LAUNCH_SITE_AT)[0])
+        return obj is not None and any(s.probe == "launch_range" for s in obj.sites)
 
     def _simulated(self, site: int) -> bool:
         obj = self._site_objects.get(site)

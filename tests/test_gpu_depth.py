@@ -168,6 +168,28 @@ def test_unreadable_range_paths_are_read_from_the_process_or_marked(depth: tuple
     assert _delta(c, before) == {"ranges_attached": 2, "ranges_unreadable": 1, "ranges_read_from_process": 1}
 
 
+def test_ranges_join_across_polls_cut_by_their_budget(depth: tuple[GpuProbeCollector, Emitter]) -> None:
+    c, e = depth
+    sent = {900 + i: (f"step > part{i}" if i % 4 else "") for i in range(11)}
+    for corr, path in sent.items():
+        e.cmd(f"rlaunch {corr} {path}" if path else f"launch {corr}")
+    before = c.counters()
+    c.max_pending = 3  # every ring is read 3 records a poll: the ranges ring only once the launches ring is empty
+    try:
+        got: dict[int, str] = {}
+        polls = 0
+        while len(got) < len(sent) and polls < 20:
+            polls += 1
+            got.update((r["correlation_id"], r["nvtx_range"]) for r in c.poll(0)[0] if r["pid"] == e.pid)
+    finally:
+        c.max_pending = 200_000
+    got.update((r["correlation_id"], r["nvtx_range"]) for r in c.poll(0)[0] if r["pid"] == e.pid)
+    assert got == sent
+    delta = _delta(c, before)
+    assert delta.pop("polls_cut") >= 4  # 11 launches and 8 ranges, 3 a poll
+    assert delta == {"ranges_attached": 8}
+
+
 def test_nothing_lost_or_unmatched(depth: tuple[GpuProbeCollector, Emitter]) -> None:
     c, _ = depth
     c.poll(0)

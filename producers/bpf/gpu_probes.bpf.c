@@ -1,17 +1,19 @@
-// bcc C: the fleetprof USDT probes (native/include/fleetprof_probes.h) as uprobes, one record per event into two
-// BPF ring buffers. producers/gpu_probes.py compiles it (-D settings: MAX_SITES, LAUNCH_RING_PAGES,
-// KERNEL_RING_PAGES, WEIGHT_ENTRIES, MAX_REG, UNWIND_TABLES) and attaches each probe site of each ELF object by path.
+// bcc C: the fleetprof USDT probes (native/include/fleetprof_probes.h) as uprobes, one record per event into three
+// BPF ring buffers: launches (kernel_launch, with the stack), kernels (kernel_executed, graph_kernel_executed and
+// memory_executed, told apart by `kind`) and ranges (launch_range; user space joins it to its launch).
+// producers/gpu_probes.py compiles it (-D settings: MAX_SITES, LAUNCH_RING_PAGES, KERNEL_RING_PAGES,
+// RANGE_RING_PAGES, WEIGHT_ENTRIES, MAX_REG, UNWIND_TABLES) and attaches each probe site of each ELF object by path.
 // The launching thread's user stack is unwound by unwind.bpf.h (the agent's call-frame tables, else frame
 // pointers): `launch_<slot>` starts the walk and `gpu_unwind` (tail calls) finishes it and sends the record; a
 // CPython process's launch goes on to `gpu_python` (python.bpf.h: its Python frames, after the native ones) first.
 //
 // One compiled program serves every object: where a probe's arguments live (register, memory, constant) differs
 // per site and per build, so user space decodes the site's note into `sites[slot]`, and attaches the wrapper
-// numbered `slot` (launch_<slot>, executed_<slot>, weight_<slot>, range_<slot>, graph_<slot>, memory_<slot>) there. A new object costs map writes and
-// attaches, never a compile.
+// numbered `slot` (launch_<slot>, executed_<slot>, weight_<slot>, range_<slot>, graph_<slot>, memory_<slot>) there.
+// A new object costs map writes and attaches, never a compile.
 //
 // Time: bpf_ktime_get_ns() is CLOCK_MONOTONIC; user space adds the Unix-minus-monotonic offset it measures when
-// it reads the ring (see producers/gpu_probes.py). kernel_executed's times (Unix ns by the probe ABI) are passed
+// it reads the ring (see producers/gpu_probes.py). The executed probes' times (Unix ns by the probe ABI) are passed
 // through as the probe gives them; user space rejects implausible ones.
 #include <uapi/linux/ptrace.h>
 #include "unwind.bpf.h"
