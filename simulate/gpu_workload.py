@@ -1,7 +1,7 @@
 """A simulated GPU training job: real Python (and native C) call paths that launch named kernels of known durations
 on the GPU simulator, so the agent's GPU collector can be checked against exactly what was launched.
 
-    python -m simulate.gpu_workload --seconds 5 [--launches-per-s 250] [--scenario train|depth]
+    python -m simulate.gpu_workload --seconds 5 [--launches-per-s 250] [--scenario train|depth|mixed]
 
 Each step launches from four call paths: the training loop's forward (attention) and backward (matmul), the
 simulator's native C chain (forward gemm and backward gemm), and a data-loader thread (resize, on stream 1). At the
@@ -245,6 +245,29 @@ def run_depth(seconds: float, launches_per_s: float, sim: GpuSim | None = None) 
     }
 
 
+def run_mixed(seconds: float, launches_per_s: float, sim: GpuSim | None = None) -> dict[str, Any]:
+    """The train scenario at half the rate, and beside it on a thread of its own the depth scenario's step at the
+    other half (the demo's workload). The execution log is the train scenario's: its `executed` counts both."""
+    sim = sim or GpuSim()
+    depth = DepthWorkload(sim)
+    steps = max(1, round(seconds * launches_per_s / 2 / DEPTH_LAUNCHES_PER_STEP))
+    period = seconds / steps
+
+    def depth_loop() -> None:
+        start = time.monotonic()
+        for i in range(steps):
+            _pace(start + i * period)
+            depth.train_step()
+
+    thread = threading.Thread(target=depth_loop, name="depth_step")
+    thread.start()
+    report = run(seconds, launches_per_s / 2, sim)
+    thread.join()
+    sim.synchronize()
+    report.update(scenario="mixed", depth_steps=steps, simulator=sim.stats())
+    return report
+
+
 def run(seconds: float, launches_per_s: float, sim: GpuSim | None = None) -> dict[str, Any]:
     """Run the workload and return its report."""
     sim = sim or GpuSim()
@@ -283,6 +306,9 @@ def run(seconds: float, launches_per_s: float, sim: GpuSim | None = None) -> dic
     }
 
 
+SCENARIOS = {"train": run, "depth": run_depth, "mixed": run_mixed}
+
+
 def cli(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m simulate.gpu_workload",
                                      description="A simulated GPU training job on the GPU simulator (simulated).")
@@ -290,13 +316,13 @@ def cli(argv: list[str] | None = None) -> int:
     parser.add_argument("--launches-per-s", type=float, default=250.0,
                         help=f"launches per second, all paths together ({LAUNCHES_PER_STEP} per step; depth: "
                              f"{DEPTH_LAUNCHES_PER_STEP} and a graph launch)")
-    parser.add_argument("--scenario", choices=("train", "depth"), default="train",
+    parser.add_argument("--scenario", choices=tuple(SCENARIOS), default="train",
                         help="train: kernels from Python, native and loader paths; depth: copies, a CUDA graph, "
-                             "NCCL-named kernels and NVTX ranges")
+                             "NCCL-named kernels and NVTX ranges; mixed: both, half the rate each")
     args = parser.parse_args(argv)
     if args.seconds <= 0 or args.launches_per_s <= 0:
         parser.error("--seconds and --launches-per-s must be positive")
-    report = (run_depth if args.scenario == "depth" else run)(args.seconds, args.launches_per_s)
+    report = SCENARIOS[args.scenario](args.seconds, args.launches_per_s)
     json.dump(report, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0

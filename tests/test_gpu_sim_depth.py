@@ -19,6 +19,7 @@ import pytest
 from producers.gpu_probes import GpuProbeCollector
 from producers.kernel_records import memory_fields
 from simulate.gpu import GpuSim, GraphNode, build_gpusim, memory_kind
+from simulate.gpu_demo import workload_command as demo_command
 from simulate.gpu_workload import STEP_RANGES
 from tests.elf_helpers import unavailable
 from tests.probe_emitters import Procs, _collector, _drain
@@ -65,6 +66,24 @@ def test_without_an_agent_ranges_are_before_attach_and_records_exact() -> None:
         assert memory_fields(kind)["kernel_name"] == name
     stats = sim.stats()
     assert stats["range_pops_unmatched"] >= 1 and stats["graph_launches_decided"] == 0
+
+
+def test_depth_and_mixed_scenarios_report_exactly_what_they_launched() -> None:
+    for scenario, per_step in (("depth", 0), ("mixed", 5)):
+        out = subprocess.run([sys.executable, "-m", "simulate.gpu_workload", "--seconds", "1", "--launches-per-s",
+                              "320", "--scenario", scenario], capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert out.returncode == 0, out.stderr
+        report = json.loads(out.stdout)
+        stats = report["simulator"]
+        depth_steps = report["steps"] if scenario == "depth" else report["depth_steps"]
+        train_steps = report["steps"] if per_step else 0
+        assert report["simulated"] and report["scenario"] == scenario and stats["queue_dropped"] == 0
+        # a depth step: 2 copies, a set, 5 kernels (2 NCCL-named) and a graph of 5 kernels and a copy
+        assert stats["launches"] == per_step * train_steps + 8 * depth_steps
+        assert (stats["graph_launches"], stats["graph_nodes_executed"]) == (depth_steps, 6 * depth_steps)
+        assert stats["kernels_executed"] == per_step * train_steps + 14 * depth_steps
+        assert stats["copies_executed"] == 4 * depth_steps
+    assert demo_command()[-2:] == ["--scenario", "mixed"]
 
 
 # --- through the agent ---
