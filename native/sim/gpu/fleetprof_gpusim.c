@@ -309,7 +309,10 @@ __attribute__((noinline)) uint32_t gpusim_submit(const struct gpusim_work *w, ui
         k->graph_id = w[i].graph_id;
         k->api = api;
         k->in_range = in_range;
-        memcpy(k->range, thread_range, sizeof(k->range));
+        if (in_range)
+            memcpy(k->range, thread_range, sizeof(k->range));
+        else
+            k->range[0] = '\0';
         const char *name = w[i].name ? w[i].name : "";
         size_t length = strlen(name);
         if (length >= GPUSIM_NAME_MAX) {
