@@ -327,7 +327,9 @@ class GpuProbeCollector(RecordMaker):
         """Wait `timeout_ms`, then return the GpuLaunch and GpuKernel records of the events since the last poll.
         The BPF side never wakes the reader (a wake-up per record would cost the launching thread), so call this
         on a timer. A launch record is ~110 bytes plus 8 a frame: the default 2 MiB ring holds ~7,000 of 20 frames,
-        so polling every 100 ms keeps up with ~70k sampled launches/s (raise ring_pages beyond that)."""
+        so polling every 100 ms keeps up with ~70k sampled launches/s (raise ring_pages beyond that). The kernels
+        ring takes every kernel, copy and set of the sampled launches (a graph launch's many), the ranges ring a
+        range path (up to 512 bytes) per sampled launch inside NVTX ranges; each ring has ring_pages pages."""
         if self._bpf is None:
             raise RuntimeError("GpuProbeCollector.poll() before start()")
         if timeout_ms > 0:
