@@ -1,9 +1,9 @@
-"""GPU launches and kernels from the fleetprof USDT probes (native/include/fleetprof_probes.h), as GpuLaunch and
-GpuKernel records (schemas/gpu_launch.v1.avsc, gpu_kernel.v1.avsc).
+"""GPU launches, kernels, copies and sets from the fleetprof USDT probes (native/include/fleetprof_probes.h), as
+GpuLaunch and GpuKernel records (schemas/gpu_launch.v3.avsc, gpu_kernel.v2.avsc).
 
 The kernel side is producers/bpf/gpu_probes.bpf.c (bcc C, compiled once at start()). Which objects carry the probes
 is producers/probe_finder.py's concern, where each probe keeps its arguments producers/usdt_notes.py's; here:
-attaching, and turning ring-buffer records into schema records.
+attaching and reading the ring buffers; turning their records into schema records is producers/gpu_records.py's.
 
 Attaching is per ELF object by path: a uprobe is bound to the file's inode, so every process that maps the object,
 now or later, in any mount namespace, is covered without a rescan. The probes' semaphores are counted by the
@@ -24,10 +24,7 @@ import logging
 import os
 import platform
 import re
-import struct
 import time
-from array import array
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,15 +32,13 @@ from typing import TYPE_CHECKING, Any
 
 from producers.agent import Records, Window
 from producers.cpu_sampler import BpfUnavailable, check_bpf
-from producers.kernel_records import implausible_times, kernel_dead_letter, kernel_name
+from producers.gpu_records import RecordMaker
 from producers.memory import release_after_compile
 from producers.perf_map import is_anonymous
 from producers.probe_finder import ProbeFinder, ProbeObject
-from producers.process_info import KEEP_ALL, ProcessCache, ProcessFilter, batch_mappings, process_start_ns
-from producers.python_frames import PY_MARK
+from producers.process_info import KEEP_ALL, ProcessCache, ProcessFilter, batch_mappings
 from producers.unwind_program import FRAME_POINTERS, load_unwinding_program
 from producers.usdt_notes import MAX_REG, PROBES, PROVIDER
-from schemas.wire import U64_MAX, u32_to_int, u64_to_long, u64_to_longs
 
 if TYPE_CHECKING:
     from producers.python_frames import PythonStacks
@@ -52,21 +47,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("fleetprof.gpu_probes")
 
 BPF_SOURCE = Path(__file__).resolve().parent / "bpf" / "gpu_probes.bpf.c"
-NATIVE_STACK = 129  # native frames of a launch's stack at most: 128 and the [truncated] mark (NATIVE_STACK in BPF)
-MAX_STACK = NATIVE_STACK + 66  # and its Python part: PY_MARK, 64 frames, the mark (MAX_STACK in BPF_SOURCE)
 MAX_SITES_LIMIT = 64  # wrappers written out in BPF_SOURCE
 ATTACH_TRIES = 3  # rescans that may try an object whose attach failed (it may have been a process going away)
 UPROBE_REF_CTR = Path("/sys/bus/event_source/devices/uprobe/format/ref_ctr_offset")
 # Kernel-side counters, by index into the `counters` map (N_COUNTERS in BPF_SOURCE).
-COUNTERS = ("lost_launches", "lost_kernels", "weights_unused")
-
-# The records' fixed parts (struct launch_event / kernel_event in BPF_SOURCE; a test compares the two).
-LAUNCH_HEADER = struct.Struct("<QIIIIiIiI64s")  # time, pid, tid, site, correlation, callback, weight, stack bytes
-LAUNCH_FIELDS = ("time_ns", "pid", "tid", "site", "correlation_id", "callback_id", "weight", "stack_bytes", "pad",
-                 "api_name")
-KERNEL_HEADER = struct.Struct("<QQIIIIIiQ")  # start, end, pid, site, correlation, device, stream, name bytes, addr
-KERNEL_FIELDS = ("start_ns", "end_ns", "pid", "site", "correlation_id", "device_id", "stream_id", "name_bytes",
-                 "name_addr")
+COUNTERS = ("lost_launches", "lost_kernels", "weights_unused", "lost_ranges")
 
 
 # --- the collector ------------------------------------------------------------------------------------------------
@@ -120,11 +105,11 @@ def remove_stale_events(files: tuple[Path, ...] = UPROBE_EVENTS) -> int:
     return removed
 
 
-class GpuProbeCollector:
+class GpuProbeCollector(RecordMaker):
     """Attaches to every loaded object with fleetprof probes and turns their events into GpuLaunch / GpuKernel
-    records. Call rescan() about every second, poll() every ~100 ms (each call drains both ring buffers),
-    end_window() when the agent's window ends, close() at the end; all from one thread (the ProcessCache is
-    shared with the CPU collector and is not locked)."""
+    records (producers/gpu_records.py). Call rescan() about every second, poll() every ~100 ms (each call drains
+    the ring buffers), end_window() when the agent's window ends, close() at the end; all from one thread (the
+    ProcessCache is shared with the CPU collector and is not locked)."""
 
     name = "gpu"
 
@@ -157,10 +142,7 @@ class GpuProbeCollector:
         self.max_pending = max_pending  # records of each kind one poll reads at most
         self.finder = finder or ProbeFinder()
         self.stats = {k: 0 for k in ("objects_attached", "objects_detached", "sites_attached",
-                                     "attach_failures", "objects_without_slots", "names_truncated",
-                                     "names_unreadable", "names_read_from_process", "api_names_unreadable",
-                                     "stacks_missing", "records_malformed", "polls_cut", "weights_invalid",
-                                     "kernel_times_implausible")}
+                                     "attach_failures", "objects_without_slots", "polls_cut")}
         self._bpf: Any = None
         self._bcc: Any = None
         self._attach: Any = None
@@ -171,9 +153,10 @@ class GpuProbeCollector:
         self._site_objects: dict[int, ProbeObject] = {}
         self._raw_launches: list[bytes] = []
         self._raw_kernels: list[bytes] = []
+        self._raw_ranges: list[bytes] = []
         self._dead_letters: list[dict] = []  # DeadLetter records of rejected kernel records, until drained
         self._mapped: dict[int, Any] = {}  # pid -> the ProcessInfo whose mappings this window's records carried
-        self._starts: OrderedDict[int, int] = OrderedDict()  # pid -> process_start_ns, last known
+        self._init_records()
 
     # lifecycle
 
@@ -186,7 +169,8 @@ class GpuProbeCollector:
         if not UPROBE_REF_CTR.exists():
             raise BpfUnavailable(f"no {UPROBE_REF_CTR}: the kernel cannot count USDT semaphores (needs Linux 4.20+)")
         cflags = [f"-DMAX_SITES={self.max_sites}", f"-DLAUNCH_RING_PAGES={self.ring_pages}",
-                  f"-DKERNEL_RING_PAGES={self.ring_pages}", f"-DMAX_REG={MAX_REG[arch]}"]
+                  f"-DKERNEL_RING_PAGES={self.ring_pages}", f"-DRANGE_RING_PAGES={self.ring_pages}",
+                  f"-DMAX_REG={MAX_REG[arch]}"]
         if self.python is not None and self.python.procs.attached:
             cflags.append("-DPY_EXTERN")  # the CPU sampler's entries: without them, no process has Python frames
         try:
@@ -198,6 +182,7 @@ class GpuProbeCollector:
             log.info("removed %d uprobe events left by agents that were killed", stale)
         bpf[b"launches"].open_ring_buffer(self._on_launch)
         bpf[b"kernels"].open_ring_buffer(self._on_kernel)
+        bpf[b"ranges"].open_ring_buffer(self._on_range)  # read last: a launch read has its range written before it
         # libbcc's bpf_attach_uprobe takes ref_ctr_offset as a 7th argument, which bcc's Python binding leaves out
         proto = ct.CFUNCTYPE(ct.c_int, ct.c_int, ct.c_int, ct.c_char_p, ct.c_char_p, ct.c_ulonglong, ct.c_int,
                              ct.c_uint32)
@@ -326,6 +311,10 @@ class GpuProbeCollector:
         self._raw_kernels.append(ct.string_at(data, size))
         return self._budget(self._raw_kernels)
 
+    def _on_range(self, _ctx: Any, data: Any, size: int) -> int:
+        self._raw_ranges.append(ct.string_at(data, size))
+        return self._budget(self._raw_ranges)
+
     def _budget(self, pending: list[bytes]) -> int:
         # libbpf keeps reading while the producers keep writing: a negative return ends this poll's reading, and
         # what is left stays in the ring for the next poll (a ring that fills loses records, counted)
@@ -338,68 +327,22 @@ class GpuProbeCollector:
         """Wait `timeout_ms`, then return the GpuLaunch and GpuKernel records of the events since the last poll.
         The BPF side never wakes the reader (a wake-up per record would cost the launching thread), so call this
         on a timer. A launch record is ~110 bytes plus 8 a frame: the default 2 MiB ring holds ~7,000 of 20 frames,
-        so polling every 100 ms keeps up with ~70k sampled launches/s (raise ring_pages beyond that)."""
+        so polling every 100 ms keeps up with ~70k sampled launches/s (raise ring_pages beyond that). The kernels
+        ring takes every kernel, copy and set of the sampled launches (a graph launch's many), the ranges ring a
+        range path (up to 512 bytes) per sampled launch inside NVTX ranges; each ring has ring_pages pages."""
         if self._bpf is None:
             raise RuntimeError("GpuProbeCollector.poll() before start()")
         if timeout_ms > 0:
             time.sleep(timeout_ms / 1000)  # nothing would wake an epoll wait early: the BPF side sends no wake-ups
+        cuts = self.stats["polls_cut"]
         self._bpf.ring_buffer_consume()
         raw_launches, self._raw_launches = self._raw_launches, []
         raw_kernels, self._raw_kernels = self._raw_kernels, []
-        offset = unix_offset_ns()
-        starts: dict[int, int] = {}  # each pid's /proc/PID/stat is read once per poll
-        launches = [r for r in (self._launch(raw, offset, starts) for raw in raw_launches) if r is not None]
-        kernels = [r for r in (self._kernel(raw, starts) for raw in raw_kernels) if r is not None]
+        raw_ranges, self._raw_ranges = self._raw_ranges, []
+        launches, kernels = self._records(raw_launches, raw_kernels, raw_ranges, unix_offset_ns(),
+                                          self.stats["polls_cut"] != cuts, max(self.max_pending, 65_536))
         self._add_mappings(launches)
         return launches, kernels
-
-    def _start_ns(self, pid: int, starts: dict[int, int]) -> int:
-        if pid in starts:
-            return starts[pid]
-        found = process_start_ns(pid)
-        if found:
-            self._starts[pid] = found
-            self._starts.move_to_end(pid)
-            if len(self._starts) > 65_536:
-                self._starts.popitem(last=False)
-        else:
-            found = self._starts.get(pid, 0)  # exited since: what was read while it ran
-        starts[pid] = found
-        return found
-
-    def _simulated(self, site: int) -> bool:
-        obj = self._site_objects.get(site)
-        return obj is not None and obj.simulated
-
-    def _launch(self, raw: bytes, offset: int, starts: dict[int, int]) -> dict | None:
-        if len(raw) < LAUNCH_HEADER.size:
-            self.stats["records_malformed"] += 1
-            return None
-        t, pid, tid, site, corr, callback, weight, stack_bytes, _, api = LAUNCH_HEADER.unpack_from(raw)
-        if stack_bytes <= 8:  # the probe's own address only: no caller's frame could be read
-            self.stats["stacks_missing"] += 1
-        body = raw[LAUNCH_HEADER.size:LAUNCH_HEADER.size + max(stack_bytes, 0)]
-        # user addresses, below 2**63, and the walk's [truncated] mark (TRUNCATED_FRAME): as Avro longs, same bits
-        stack = array("q", body[:len(body) // 8 * 8]).tolist()
-        code_objects: list[dict] = []
-        if PY_MARK - (1 << 64) in stack:  # a CPython process's: its Python frames in place
-            merged, code_objects = self._python_frames(pid, [a & U64_MAX for a in stack])
-            stack = u64_to_longs(merged)
-        if not 1 <= weight < 1 << 31:
-            self.stats["weights_invalid"] += 1
-            weight = 1
-        name = api.split(b"\0", 1)[0]
-        if not name:
-            self.stats["api_names_unreadable"] += 1
-        return {"node": self.node, "pid": pid, "tid": tid, "process_start_ns": self._start_ns(pid, starts),
-                "time_ns": t + offset, "correlation_id": corr, "callback_id": callback,
-                "api_name": name.decode(errors="replace"), "weight": weight,
-                "user_addrs": stack, "mappings": [], "code_objects": code_objects, "simulated": self._simulated(site)}
-
-    def _python_frames(self, pid: int, stack: list[int]) -> tuple[list[int], list[dict]]:
-        if self.python is None:  # no reader: the native frames, as without a Python part
-            return stack[:stack.index(PY_MARK)], []
-        return self.python.rewrite_launch(pid, stack)
 
     def _add_mappings(self, launches: list[dict]) -> None:
         """The first launch of a process this window carries its mappings, and so does the first after they were
@@ -416,23 +359,6 @@ class GpuProbeCollector:
             self._mapped[pid] = info
             anonymous = any(is_anonymous(m.path) for m in info.mappings)
             rec["mappings"] = batch_mappings(info, self.processes.perf_maps.get(pid) if anonymous else None)
-
-    def _kernel(self, raw: bytes, starts: dict[int, int]) -> dict | None:
-        if len(raw) < KERNEL_HEADER.size:
-            self.stats["records_malformed"] += 1
-            return None
-        start, end, pid, site, corr, device, stream, name_bytes, name_addr = KERNEL_HEADER.unpack_from(raw)
-        record = {"node": self.node, "pid": pid, "process_start_ns": self._start_ns(pid, starts),
-                  "correlation_id": corr, "start_ns": u64_to_long(start), "end_ns": u64_to_long(end),
-                  "device_id": u32_to_int(device), "stream_id": u32_to_int(stream),
-                  "kernel_name": kernel_name(raw[KERNEL_HEADER.size:], name_bytes, pid, name_addr, self.stats),
-                  "simulated": self._simulated(site)}
-        why = implausible_times(start, end)
-        if why is None:
-            return record
-        self.stats["kernel_times_implausible"] += 1
-        self._dead_letters.append(kernel_dead_letter(record, why))
-        return None
 
     def end_window(self, window: Window | None = None) -> list[Records]:
         """The next launch of each process carries its mappings again."""
@@ -471,8 +397,8 @@ class GpuProbeCollector:
                 and self.keep.accepts(self.processes.get(r["pid"]))]
 
     def program_stats(self) -> dict[str, tuple[int, int]]:
-        """(run time ns, runs) of the loaded programs by kind (launch, executed, weight), from /proc/self/fdinfo;
-        both stay 0 unless kernel.bpf_stats_enabled is on."""
+        """(run time ns, runs) of the loaded programs by kind (launch, executed, weight, range, graph, memory), from
+        /proc/self/fdinfo; both stay 0 unless kernel.bpf_stats_enabled is on."""
         totals: dict[str, tuple[int, int]] = {}
         for name, fn in (self._bpf.funcs.items() if self._bpf is not None else []):
             try:

@@ -1,14 +1,15 @@
-"""What the agent checks in a kernel_executed record before it becomes a GpuKernel: the kernel's name, read again
-from the process when the BPF side could not read it, and its times, which the probe ABI gives as Unix ns.
+"""What the agent checks in a kernel_executed / graph_kernel_executed / memory_executed record before it becomes a
+GpuKernel: the kernel's name, read again from the process when the BPF side could not read it, and its times, which
+the probe ABI gives as Unix ns; and how a copy or set is labelled (its kinds in CUPTI's numbering, decoded).
 
 A BPF program cannot fault a page in, so a name in a page the process never touched (a string in a library's
 .rodata nobody read yet) comes back as -EFAULT. Reading /proc/PID/mem at drain time faults it in, as a debugger
 would; a name that cannot be had that way either (the process is gone, the pointer is bad) is stored as
 UNREADABLE_NAME and counted, never as an empty string.
 
-Times outside [2000-01-01, now + 1 day], an end before the start, or a kernel longer than a day are not a clock
-any GPU runs on: such a record is counted and sent to the dead-letter topic with the reason, not stored as GPU
-time.
+Times (of kernels, copies and sets alike) outside [2000-01-01, now + 1 day], an end before the start, or a kernel
+longer than a day are not a clock any GPU runs on: such a record is counted and sent to the dead-letter topic with
+the reason, not stored as GPU time.
 """
 
 from __future__ import annotations
@@ -24,6 +25,34 @@ UNREADABLE_NAME = "[unreadable kernel name]"
 EARLIEST_NS = 946_684_800 * 10**9  # 2000-01-01T00:00:00Z
 DAY_NS = 86_400 * 10**9
 PAGE = 4096
+
+# CUPTI's CUpti_ActivityMemcpyKind, and CUpti_ActivityMemoryKind (6 and 7 are the static forms of 3 and 5).
+COPY_KINDS = {1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA", 8: "DtoD", 9: "HtoH",
+              10: "PtoP"}
+MEMORY_KINDS = {1: "pageable", 2: "pinned", 3: "device", 4: "array", 5: "managed", 6: "device", 7: "managed"}
+MEMORY_IS_SET = 0x100  # FLEETPROF_MEMORY_IS_SET
+MEMSET_LABEL = "[memset]"
+# The launch APIs whose one correlation id stands for every kernel, copy and set their graph replays.
+GRAPH_LAUNCH_APIS = frozenset({"cudaGraphLaunch", "cudaGraphLaunch_ptsz", "cuGraphLaunch", "cuGraphLaunch_ptsz",
+                               "gpusimGraphLaunch (simulated)"})
+
+
+def is_graph_launch(api_name: str) -> bool:
+    """Whether a launch by `api_name` is a CUDA graph launch (runtime or driver API, per-thread-stream or not, or the
+    GPU simulator's)."""
+    return api_name in GRAPH_LAUNCH_APIS
+
+
+def memory_fields(memory_kind: int) -> dict:
+    """The GpuKernel fields of a copy or set from memory_executed's memory_kind (FLEETPROF_MEMORY_KIND: copy kind in
+    bits 0-7, bit 8 a set, source memory kind in bits 16-23, destination in 24-31)."""
+    src = MEMORY_KINDS.get((memory_kind >> 16) & 0xFF, "unknown")
+    dst = MEMORY_KINDS.get((memory_kind >> 24) & 0xFF, "unknown")
+    if memory_kind & MEMORY_IS_SET:
+        return {"activity": "MEMSET", "kernel_name": MEMSET_LABEL, "copy_kind": "", "memory_kinds": dst}
+    copy = COPY_KINDS.get(memory_kind & 0xFF, "unknown")
+    return {"activity": "MEMCPY", "kernel_name": f"[memcpy {copy}]", "copy_kind": copy,
+            "memory_kinds": f"{src}>{dst}"}
 
 
 def kernel_name(sent: bytes, name_bytes: int, pid: int, name_addr: int, stats: dict[str, int]) -> str:

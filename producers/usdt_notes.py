@@ -17,7 +17,8 @@ log = logging.getLogger("fleetprof.gpu_probes")
 
 PROVIDER = "fleetprof"
 # probe name -> (wrapper name prefix in BPF_SOURCE, argument count)
-PROBES = {"kernel_launch": ("launch", 3), "kernel_executed": ("executed", 6), "launch_weight": ("weight", 2)}
+PROBES = {"kernel_launch": ("launch", 3), "kernel_executed": ("executed", 6), "launch_weight": ("weight", 2),
+          "launch_range": ("range", 2), "graph_kernel_executed": ("graph", 8), "memory_executed": ("memory", 9)}
 
 ARG_REG, ARG_MEM, ARG_CONST = 1, 2, 3
 NO_REG = 0xFF
@@ -39,7 +40,7 @@ class ArgSpec:
 
 @dataclass(frozen=True)
 class ProbeSite:
-    probe: str  # kernel_launch, kernel_executed or launch_weight
+    probe: str  # a key of PROBES
     offset: int  # file offset of the probe's instruction: where the uprobe goes
     ref_ctr_offset: int  # file offset of its semaphore (0: none)
     args: tuple[ArgSpec, ...]

@@ -19,7 +19,7 @@ from producers.native_build import NativeBuildError, NativeLibrary, build
 
 GPU_SIM = NativeLibrary(
     name="gpu_sim",
-    sources=("sim/gpu/fleetprof_gpusim.c", "sim/gpu/native_paths.c"),
+    sources=("sim/gpu/fleetprof_gpusim.c", "sim/gpu/memory_graphs.c", "sim/gpu/ranges.c", "sim/gpu/native_paths.c"),
     output="libfleetprof_gpusim.so",
     # the native launch paths keep every frame: frame pointers (the builder's default) and no sibling calls
     cflags=("-fvisibility=hidden", "-D_GNU_SOURCE", "-pthread", "-fno-optimize-sibling-calls"),
@@ -60,22 +60,56 @@ def _load_extension(path: Path) -> Any:
 # ---- the simulator through ctypes (structs mirror native/sim/gpu/gpusim.h; sizes are checked at load) ----
 
 NAME_MAX = 256
+RANGE_MAX = 512
 STATES = {0: "unseen", 1: "skipped", 2: "sampled"}
+ACTIVITIES = {0: "KERNEL", 1: "MEMCPY", 2: "MEMSET"}
+APIS = {0: "kernel", 1: "memcpy", 2: "memset", 3: "graph"}
+GRAPH_API_NAME = "gpusimGraphLaunch (simulated)"
+# CUPTI's CUpti_ActivityMemcpyKind and CUpti_ActivityMemoryKind, by name
+COPY_KINDS = {"HtoD": 1, "DtoH": 2, "HtoA": 3, "AtoH": 4, "AtoA": 5, "AtoD": 6, "DtoA": 7, "DtoD": 8, "HtoH": 9,
+              "PtoP": 10}
+MEMORY_KINDS = {"unknown": 0, "pageable": 1, "pinned": 2, "device": 3, "array": 4, "managed": 5}
+
+
+def memory_kind(copy: str | None, src: str = "unknown", dst: str = "device") -> int:
+    """FLEETPROF_MEMORY_KIND of a copy (`copy` one of COPY_KINDS) or, with copy None, a set of `dst` memory."""
+    if copy is None:
+        return 0x100 | MEMORY_KINDS[dst] << 24
+    return COPY_KINDS[copy] | MEMORY_KINDS[src] << 16 | MEMORY_KINDS[dst] << 24
 
 
 class _Executed(ctypes.Structure):
     _fields_ = [("start_ns", ctypes.c_uint64), ("end_ns", ctypes.c_uint64), ("duration_ns", ctypes.c_uint64),
                 ("correlation_id", ctypes.c_uint32), ("device_id", ctypes.c_uint32), ("stream_id", ctypes.c_uint32),
-                ("state", ctypes.c_uint32), ("weight", ctypes.c_uint32), ("reserved", ctypes.c_uint32),
-                ("name", ctypes.c_char * NAME_MAX)]
+                ("state", ctypes.c_uint32), ("weight", ctypes.c_uint32), ("activity", ctypes.c_uint32),
+                ("name", ctypes.c_char * NAME_MAX), ("bytes", ctypes.c_uint64), ("graph_node_id", ctypes.c_uint64),
+                ("graph_id", ctypes.c_uint32), ("memory_kind", ctypes.c_uint32), ("in_range", ctypes.c_uint32),
+                ("api", ctypes.c_uint32), ("range", ctypes.c_char * RANGE_MAX)]
 
 
 STAT_FIELDS = ("launches", "launches_decided", "launches_sampled", "weight_sum", "kernels_executed", "kernels_fired",
-               "queue_dropped", "log_dropped", "names_truncated")
+               "queue_dropped", "log_dropped", "names_truncated", "copies_executed", "copies_fired", "graph_launches",
+               "graph_launches_decided", "graph_launches_sampled", "graph_weight_sum", "graph_nodes_executed",
+               "graph_nodes_fired", "ranges_fired", "range_paths_cut", "ranges_too_deep", "range_pops_unmatched")
 
 
 class _Stats(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in STAT_FIELDS]
+
+
+class _GraphNode(ctypes.Structure):
+    _fields_ = [("kernel_name", ctypes.c_char_p), ("duration_ns", ctypes.c_uint64), ("bytes", ctypes.c_uint64),
+                ("memory_kind", ctypes.c_uint32), ("reserved", ctypes.c_uint32)]
+
+
+@dataclass(frozen=True)
+class GraphNode:
+    """A node of a simulated CUDA graph: a kernel (memory_kind 0) or a copy or set (see memory_kind())."""
+
+    kernel_name: str
+    duration_ns: int
+    bytes: int = 0
+    memory_kind: int = 0
 
 
 class _KernelSpec(ctypes.Structure):
@@ -85,7 +119,7 @@ class _KernelSpec(ctypes.Structure):
 
 @dataclass(frozen=True)
 class ExecutedKernel:
-    """One kernel the simulated device ran (times are CLOCK_REALTIME ns)."""
+    """One kernel, copy or set the simulated device ran (times are CLOCK_REALTIME ns)."""
 
     name: str
     correlation_id: int
@@ -96,6 +130,13 @@ class ExecutedKernel:
     duration_ns: int  # as requested
     state: str  # what the agent decided at launch: unseen (none attached), skipped, sampled
     weight: int
+    activity: str = "KERNEL"  # KERNEL, MEMCPY, MEMSET; a copy's or set's name is its label ("[memcpy HtoD]")
+    bytes: int = 0
+    memory_kind: int = 0
+    graph_id: int = 0
+    graph_node_id: int = 0
+    api: str = "kernel"  # how it was launched: kernel, memcpy, memset, graph
+    range: str | None = None  # the launching thread's NVTX range path as launch_range sends it; None: in no range
 
 
 @dataclass(frozen=True)
@@ -139,7 +180,24 @@ class GpuSim:
         lib.gpusim_native_train_step.restype = None
         lib.gpusim_native_kernels.argtypes = [ctypes.POINTER(ctypes.POINTER(_KernelSpec))]
         lib.gpusim_native_kernels.restype = ctypes.c_uint32
-        for which, struct in enumerate((_Executed, _Stats, _KernelSpec)):
+        lib.gpusim_graph_launch_rate.argtypes = []
+        lib.gpusim_graph_launch_rate.restype = ctypes.c_uint32
+        lib.gpusim_memcpy.argtypes = [ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32,
+                                      ctypes.c_uint64, ctypes.c_uint32]
+        lib.gpusim_memcpy.restype = ctypes.c_uint32
+        lib.gpusim_memset.argtypes = [ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_uint32]
+        lib.gpusim_memset.restype = ctypes.c_uint32
+        lib.gpusim_graph_create.argtypes = [ctypes.POINTER(_GraphNode), ctypes.c_uint32]
+        lib.gpusim_graph_create.restype = ctypes.c_uint32
+        lib.gpusim_graph_launch.argtypes = [ctypes.c_uint32, ctypes.c_uint32]
+        lib.gpusim_graph_launch.restype = ctypes.c_uint32
+        lib.gpusim_range_push.argtypes = [ctypes.c_char_p]
+        lib.gpusim_range_push.restype = None
+        lib.gpusim_range_push_domain.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+        lib.gpusim_range_push_domain.restype = None
+        lib.gpusim_range_pop.argtypes = []
+        lib.gpusim_range_pop.restype = ctypes.c_int
+        for which, struct in enumerate((_Executed, _Stats, _KernelSpec, _GraphNode)):
             if lib.gpusim_sizeof(which) != ctypes.sizeof(struct):
                 raise GpuSimError(f"{self.path}: struct {struct.__name__} is {lib.gpusim_sizeof(which)} bytes in C, "
                                   f"{ctypes.sizeof(struct)} here: rebuild the simulator")
@@ -148,15 +206,56 @@ class GpuSim:
         # Launch through a C extension when one builds for this interpreter (the launching Python functions then
         # show in launch stacks: see native/sim/gpu/gpusim_python.c), else through ctypes.
         try:
-            self._launch = _load_extension(build_gpusim_python(self.path)).launch
+            ext = _load_extension(build_gpusim_python(self.path))
+            self._launch, self._memcpy, self._memset = ext.launch, ext.memcpy, ext.memset
+            self._graph_launch = ext.graph_launch
             self.launch_path = "extension"
         except (NativeBuildError, ImportError, OSError):
-            self._launch = lib.gpusim_launch
+            self._launch, self._memcpy, self._memset = lib.gpusim_launch, lib.gpusim_memcpy, lib.gpusim_memset
+            self._graph_launch = lib.gpusim_graph_launch
             self.launch_path = "ctypes"
 
     def launch(self, kernel_name: str, duration_ns: int, stream: int = 0) -> int:
         """Queue a kernel; its correlation id, or 0 when the device queue was full (counted as dropped)."""
         return self._launch(kernel_name.encode(), duration_ns, stream)
+
+    def memcpy(self, nbytes: int, copy: str, src: str, dst: str, duration_ns: int, stream: int = 0) -> int:
+        """Queue a copy (`copy` one of COPY_KINDS, memory kinds of MEMORY_KINDS); its correlation id, or 0 when the
+        device queue was full."""
+        return self._memcpy(nbytes, COPY_KINDS[copy], MEMORY_KINDS[src], MEMORY_KINDS[dst], duration_ns, stream)
+
+    def memset(self, nbytes: int, dst: str, duration_ns: int, stream: int = 0) -> int:
+        """Queue a set of `dst` memory; its correlation id, or 0 when the device queue was full."""
+        return self._memset(nbytes, MEMORY_KINDS[dst], duration_ns, stream)
+
+    def graph_create(self, nodes: list[GraphNode]) -> int:
+        """A graph of these nodes (node ids graph_id << 32 | index + 1); its id."""
+        keep = [n.kernel_name.encode() for n in nodes]  # alive until the simulator copied them
+        table = (_GraphNode * len(nodes))(*(_GraphNode(k, n.duration_ns, n.bytes, n.memory_kind, 0)
+                                            for k, n in zip(keep, nodes, strict=True)))
+        graph = self._lib.gpusim_graph_create(table, len(nodes))
+        if graph == 0:
+            raise ValueError(f"the simulator refused a graph of {len(nodes)} nodes (too many graphs or nodes)")
+        return graph
+
+    def graph_launch(self, graph: int, stream: int = 0) -> int:
+        """Replay a graph: one correlation id for all its nodes, or 0 when the device queue cannot take them."""
+        return self._graph_launch(graph, stream)
+
+    def graph_launch_rate(self) -> int:
+        """The per-thread graph launch rate limit in force (FLEETPROF_GRAPH_LAUNCH_RATE; 0: every launch)."""
+        return self._lib.gpusim_graph_launch_rate()
+
+    def range_push(self, name: str, domain: str | None = None) -> None:
+        """Enter an NVTX range on this thread (nvtxRangePushA, or nvtxDomainRangePushEx with a domain)."""
+        if domain is None:
+            self._lib.gpusim_range_push(name.encode())
+        else:
+            self._lib.gpusim_range_push_domain(domain.encode(), name.encode())
+
+    def range_pop(self) -> int:
+        """Leave the innermost range: the depth left, -1 when there was none (counted)."""
+        return self._lib.gpusim_range_pop()
 
     def synchronize(self) -> None:
         """Wait until every kernel queued so far has run (the GIL is released meanwhile)."""
@@ -174,7 +273,8 @@ class GpuSim:
         return self._lib.gpusim_launch_rate()
 
     def attached(self) -> int:
-        """Bit per probe an agent enabled: 1 kernel_launch, 2 kernel_executed, 4 launch_weight."""
+        """Bit per probe an agent enabled: 1 kernel_launch, 2 kernel_executed, 4 launch_weight, 8 launch_range,
+        16 graph_kernel_executed, 32 memory_executed."""
         return self._lib.gpusim_attached()
 
     def stats(self) -> dict[str, int]:
@@ -204,6 +304,9 @@ class GpuSim:
             n = self._lib.gpusim_log_drain(self._drain_buffer, len(self._drain_buffer))
             for e in self._drain_buffer[:n]:
                 out.append(ExecutedKernel(e.name.decode(errors="replace"), e.correlation_id, e.device_id, e.stream_id,
-                                          e.start_ns, e.end_ns, e.duration_ns, STATES.get(e.state, "?"), e.weight))
+                                          e.start_ns, e.end_ns, e.duration_ns, STATES.get(e.state, "?"), e.weight,
+                                          ACTIVITIES.get(e.activity, "?"), e.bytes, e.memory_kind, e.graph_id,
+                                          e.graph_node_id, APIS.get(e.api, "?"),
+                                          e.range.decode(errors="replace") if e.in_range else None))
             if n < len(self._drain_buffer):
                 return out

@@ -1,7 +1,8 @@
 """`fleetprof up --simulate-gpu`: a GPU node on a laptop, labelled simulated everywhere it shows.
 
 Two child processes join the local pipeline: the simulated GPU workload (real Python and native call paths firing the
-same USDT probes as the CUPTI shim, under a CPython with `-X perf` when one is built, so its Python frames show) and
+same USDT probes as the CUPTI shim; its `mixed` scenario, so copies, a replayed CUDA graph, NCCL-named kernels and
+NVTX ranges show too, under a CPython with `-X perf` when one is built, so its Python frames show) and
 the real `fleetprof agent`, whose real nvidia-ml-py loads the simulated libnvidia-ml.so.1 with a scripted timeline:
 two GPUs busy for four minutes, then idle for one, over and over for a day.
 """
@@ -18,6 +19,7 @@ from simulate.nvml import Segment, SimDevice, SimProcess, sim_env, write_scenari
 DAY_S = 24 * 3600
 CYCLE_S = 300  # busy 240 s, idle 60 s
 PERF_PYTHON = ROOT / ".venv" / "bin" / "python-perf"
+SCENARIO = ("--scenario", "mixed")
 
 
 def demo_scenario(path: Path, workload_pid: int) -> Path:
@@ -42,8 +44,8 @@ def demo_scenario(path: Path, workload_pid: int) -> Path:
 def workload_command() -> list[str]:
     """The simulated workload, for a day; under CPython with -X perf when infra/setup.sh could build it."""
     if PERF_PYTHON.exists():
-        return [str(PERF_PYTHON), "-X", "perf", "-m", "simulate.gpu_workload", "--seconds", str(DAY_S)]
-    return [sys.executable, "-m", "simulate.gpu_workload", "--seconds", str(DAY_S)]
+        return [str(PERF_PYTHON), "-X", "perf", "-m", "simulate.gpu_workload", "--seconds", str(DAY_S), *SCENARIO]
+    return [sys.executable, "-m", "simulate.gpu_workload", "--seconds", str(DAY_S), *SCENARIO]
 
 
 def agent_env(scenario: Path) -> dict[str, str]:

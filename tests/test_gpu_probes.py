@@ -16,14 +16,17 @@ from pathlib import Path
 from processors.symbol_tables import table_from_chunks
 from producers.agent import Records
 from producers.elf_symbols import read_build_id
-from producers.gpu_probes import (
-    COUNTERS,
+from producers.gpu_probes import COUNTERS
+from producers.gpu_records import (
     KERNEL_FIELDS,
     KERNEL_HEADER,
     LAUNCH_FIELDS,
     LAUNCH_HEADER,
     MAX_STACK,
     NATIVE_STACK,
+    RANGE_FIELDS,
+    RANGE_HEADER,
+    RANGE_PATH_MAX,
 )
 from producers.kafka_link import KafkaLink
 from producers.kernel_records import KERNEL_NAME_MAX, UNREADABLE_NAME
@@ -50,7 +53,8 @@ def test_record_layouts_match_the_bpf_structs(procs: Procs, bpf_ok: None) -> Non
     c = _collector(procs)
     try:
         for table, header, names in ((b"launch_scratch", LAUNCH_HEADER, LAUNCH_FIELDS),
-                                     (b"kernel_scratch", KERNEL_HEADER, KERNEL_FIELDS)):
+                                     (b"kernel_scratch", KERNEL_HEADER, KERNEL_FIELDS),
+                                     (b"range_scratch", RANGE_HEADER, RANGE_FIELDS)):
             leaf = c._bpf[table].Leaf._type_  # per-CPU: an array of the struct
             fields = [f[0] for f in leaf._fields_][:len(names)]
             assert fields == list(names)
@@ -58,9 +62,12 @@ def test_record_layouts_match_the_bpf_structs(procs: Procs, bpf_ok: None) -> Non
             sizes = [getattr(leaf, n).size for n in names]
             assert [o + s for o, s in zip(offsets, sizes, strict=True)][-1] == header.size
             assert offsets == [header.size - sum(sizes[i:]) for i in range(len(names))]  # packed in this order
-        launch, kernel = (dict(c._bpf[t].Leaf._type_._fields_) for t in (b"launch_scratch", b"kernel_scratch"))
+        launch, kernel, ranges = (dict(c._bpf[t].Leaf._type_._fields_)
+                                  for t in (b"launch_scratch", b"kernel_scratch", b"range_scratch"))
         assert launch["stack"]._length_ == MAX_STACK
         assert kernel["name"]._length_ == KERNEL_NAME_MAX + 2  # one more than kept, and the NUL
+        assert ranges["path"]._length_ == RANGE_PATH_MAX
+        assert c._bpf[b"sites"].Leaf._fields_[0][1]._length_ == 9  # memory_executed's nine arguments
         assert len(c._bpf[b"counters"]) == len(COUNTERS)
     finally:
         c.close()

@@ -18,6 +18,7 @@ from elftools.elf.elffile import ELFFile
 
 from simulate.gpu import GpuSim, build_gpusim
 from tests.usdt_probes import (
+    PROBE_ARGS,
     assert_probes_follow_the_abi,
     attach,
     built,
@@ -25,6 +26,7 @@ from tests.usdt_probes import (
     load_bcc,
     observed,
     private_copy,
+    sdt_notes,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,11 +42,14 @@ def test_simulator_exports_its_api() -> None:
     names, _ = dynamic_symbols(gpusim_library())
     assert names == {"gpusim_launch", "gpusim_synchronize", "gpusim_set_device", "gpusim_device_count",
                      "gpusim_launch_rate", "gpusim_attached", "gpusim_stats", "gpusim_sizeof", "gpusim_log_start",
-                     "gpusim_log_drain", "gpusim_native_train_step", "gpusim_native_kernels"}
+                     "gpusim_log_drain", "gpusim_native_train_step", "gpusim_native_kernels", "gpusim_memcpy",
+                     "gpusim_memset", "gpusim_graph_create", "gpusim_graph_launch", "gpusim_graph_launch_rate",
+                     "gpusim_range_push", "gpusim_range_push_domain", "gpusim_range_pop"}
 
 
 def test_simulator_probes_follow_the_abi() -> None:
     assert_probes_follow_the_abi(gpusim_library())
+    assert sorted(n["name"] for n in sdt_notes(gpusim_library())[0]) == sorted(PROBE_ARGS)  # all six
 
 
 def test_native_paths_keep_their_frames() -> None:
@@ -174,7 +179,7 @@ def _run_attached(bcc: Any, child: subprocess.Popen) -> tuple[Any, dict[str, Any
 def test_simulator_probes_fire_with_exact_values(bcc: Any, workload_child: subprocess.Popen) -> None:
     bpf, report = _run_attached(bcc, workload_child)
     seen = observed(bpf)
-    assert report["attached"] == 7  # the kernel raised all three semaphores
+    assert report["attached"] == 7  # the kernel raised the three semaphores attached here
     assert (seen["launches"], seen["weighted"], seen["executed"]) == (250, 0, 250)
     assert seen["apis"] == {"gpusimLaunchKernel (simulated)": 250}
     # the same kernels with the same start/end as the simulator's own log, to the nanosecond
@@ -188,7 +193,7 @@ def test_simulator_probes_fire_with_exact_values(bcc: Any, workload_child: subpr
     native = [f for f, _ in stacks if "native_gemm" in f]
     assert native and all(f[f.index("native_gemm"):f.index("native_gemm") + 3] ==
                           ["native_gemm", "native_forward", "gpusim_native_train_step"] for f in native)
-    assert all(f[0] == "gpusim_launch" for f, _ in stacks)  # fired in gpusim_launch itself, as it returns
+    assert all(f[:2] == ["gpusim_submit", "gpusim_launch"] for f, _ in stacks)  # fired as gpusim_launch returns
 
 
 @pytest.mark.parametrize("workload_child", [(1.5, 2000, 100)], indirect=True)

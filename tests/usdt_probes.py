@@ -18,7 +18,10 @@ from producers.native_build import NativeBuildError
 from tests.elf_helpers import unavailable
 
 # The ABI of native/include/fleetprof_probes.h as sdt argument sizes (negative: signed).
-PROBE_ARGS = {"kernel_launch": [4, -4, 8], "kernel_executed": [8, 8, 4, 4, 4, 8], "launch_weight": [4, 4]}
+PROBE_ARGS = {"kernel_launch": [4, -4, 8], "kernel_executed": [8, 8, 4, 4, 4, 8], "launch_weight": [4, 4],
+              "launch_range": [4, 8], "graph_kernel_executed": [8, 8, 4, 4, 4, 8, 4, 8],
+              "memory_executed": [8, 8, 4, 4, 4, 8, 4, 4, 8]}
+CORE_PROBES = ("kernel_launch", "kernel_executed", "launch_weight")  # every emitter's; the others where it fires them
 
 
 def built(build_one: Callable[[], Path]) -> Path:
@@ -69,14 +72,16 @@ def sdt_notes(path: Path) -> tuple[list[dict[str, Any]], tuple[int, int]]:
 
 
 def assert_probes_follow_the_abi(library: Path) -> None:
-    """The three probes, one site each, with the ABI's argument sizes and their semaphores in .probes."""
+    """The core probes and any others of the ABI, one site each, with the ABI's argument sizes and their semaphores
+    in .probes."""
     notes, (low, high) = sdt_notes(library)
-    assert sorted(n["name"] for n in notes) == sorted(PROBE_ARGS)  # the three probes, one site each
+    names = sorted(n["name"] for n in notes)
+    assert len(set(names)) == len(names) and set(CORE_PROBES) <= set(names) <= set(PROBE_ARGS), names
     for note in notes:
         assert note["provider"] == "fleetprof"
         assert note["sizes"] == PROBE_ARGS[note["name"]], note["name"]
         assert low <= note["semaphore"] < high, note["name"]
-    assert len({n["semaphore"] for n in notes}) == 3
+    assert len({n["semaphore"] for n in notes}) == len(notes)
 
 
 BPF_COUNTER = r"""

@@ -1,17 +1,19 @@
-// bcc C: the fleetprof USDT probes (native/include/fleetprof_probes.h) as uprobes, one record per event into two
-// BPF ring buffers. producers/gpu_probes.py compiles it (-D settings: MAX_SITES, LAUNCH_RING_PAGES,
-// KERNEL_RING_PAGES, WEIGHT_ENTRIES, MAX_REG, UNWIND_TABLES) and attaches each probe site of each ELF object by path.
+// bcc C: the fleetprof USDT probes (native/include/fleetprof_probes.h) as uprobes, one record per event into three
+// BPF ring buffers: launches (kernel_launch, with the stack), kernels (kernel_executed, graph_kernel_executed and
+// memory_executed, told apart by `kind`) and ranges (launch_range; user space joins it to its launch).
+// producers/gpu_probes.py compiles it (-D settings: MAX_SITES, LAUNCH_RING_PAGES, KERNEL_RING_PAGES,
+// RANGE_RING_PAGES, WEIGHT_ENTRIES, MAX_REG, UNWIND_TABLES) and attaches each probe site of each ELF object by path.
 // The launching thread's user stack is unwound by unwind.bpf.h (the agent's call-frame tables, else frame
 // pointers): `launch_<slot>` starts the walk and `gpu_unwind` (tail calls) finishes it and sends the record; a
 // CPython process's launch goes on to `gpu_python` (python.bpf.h: its Python frames, after the native ones) first.
 //
 // One compiled program serves every object: where a probe's arguments live (register, memory, constant) differs
 // per site and per build, so user space decodes the site's note into `sites[slot]`, and attaches the wrapper
-// numbered `slot` (launch_<slot>, executed_<slot>, weight_<slot>) there. A new object costs map writes and
-// attaches, never a compile.
+// numbered `slot` (launch_<slot>, executed_<slot>, weight_<slot>, range_<slot>, graph_<slot>, memory_<slot>) there.
+// A new object costs map writes and attaches, never a compile.
 //
 // Time: bpf_ktime_get_ns() is CLOCK_MONOTONIC; user space adds the Unix-minus-monotonic offset it measures when
-// it reads the ring (see producers/gpu_probes.py). kernel_executed's times (Unix ns by the probe ABI) are passed
+// it reads the ring (see producers/gpu_probes.py). The executed probes' times (Unix ns by the probe ABI) are passed
 // through as the probe gives them; user space rejects implausible ones.
 #include <uapi/linux/ptrace.h>
 #include "unwind.bpf.h"
@@ -26,6 +28,9 @@
 #ifndef KERNEL_RING_PAGES
 #define KERNEL_RING_PAGES 512
 #endif
+#ifndef RANGE_RING_PAGES
+#define RANGE_RING_PAGES 64
+#endif
 #ifndef WEIGHT_ENTRIES
 #define WEIGHT_ENTRIES 16384
 #endif
@@ -33,9 +38,10 @@
 #define MAX_REG 20  // the highest register index user space may name (x86_64 pt_regs: 21 words)
 #endif
 
-#define MAX_ARGS 6
+#define MAX_ARGS 9  // memory_executed's
 #define API_NAME_MAX 64
 #define KERNEL_NAME_MAX 4096            // characters of a kernel name kept
+#define RANGE_PATH_MAX 512  // FLEETPROF_RANGE_PATH_MAX: a range path with its NUL, cut by the emitter
 #define NAME_READ (KERNEL_NAME_MAX + 2)  // read one more than kept (and the NUL): a longer name is known to be cut
 #define NATIVE_STACK (UNWIND_MAX_FRAMES + 1)  // native frames walked at most, and the [truncated] mark
 #define MAX_STACK (NATIVE_STACK + PY_USED)     // and the Python part
@@ -50,7 +56,13 @@
 #define LOST_LAUNCHES 0
 #define LOST_KERNELS 1
 #define WEIGHTS_UNUSED 2  // a launch_weight whose kernel_launch on that thread had another correlation id
-#define N_COUNTERS 3
+#define LOST_RANGES 3
+#define N_COUNTERS 4
+
+// kernel_event.kind: which probe sent it
+#define KIND_KERNEL 0
+#define KIND_GRAPH_KERNEL 1
+#define KIND_MEMORY 2
 
 // How to read one probe argument: user space's decoding of the note's "size@operand".
 struct arg_spec {
@@ -67,7 +79,8 @@ struct site {
     struct arg_spec args[MAX_ARGS];
 };
 
-// Keep both records in step with LAUNCH_HEADER / KERNEL_HEADER in producers/gpu_probes.py (a test compares them).
+// Keep the records in step with LAUNCH_HEADER / KERNEL_HEADER / RANGE_HEADER in producers/gpu_records.py (a test
+// compares them).
 struct launch_event {
     u64 time_ns;  // bpf_ktime_get_ns()
     u32 pid;      // tgid
@@ -92,7 +105,26 @@ struct kernel_event {
     u32 stream_id;
     s32 name_bytes;  // what bpf_probe_read_user_str returned: bytes with the NUL (NAME_READ: cut), or -errno
     u64 name_addr;   // where the name is: a failed read (a page not resident) is retried by user space from there
-    char name[NAME_READ];  // only name_bytes of it are sent
+    u64 bytes;          // memory_executed: bytes copied or set
+    u64 graph_node_id;  // graph_kernel_executed, memory_executed: 0 when no graph replayed it
+    u32 graph_id;
+    u32 kind;         // KIND_KERNEL, KIND_GRAPH_KERNEL, KIND_MEMORY
+    u32 memory_kind;  // memory_executed: FLEETPROF_MEMORY_KIND
+    u32 pad;
+    char name[NAME_READ];  // only name_bytes of it are sent (a memory record has none: name_bytes 0)
+};
+
+// launch_range: the launching thread's NVTX range path, joined to its launch by (pid, tid, correlation id) in user
+// space (it fires right before kernel_launch on the same thread).
+struct range_event {
+    u32 pid;
+    u32 tid;
+    u32 site;
+    u32 correlation_id;
+    s32 path_bytes;  // what bpf_probe_read_user_str returned, or -errno (retried by user space from path_addr)
+    u32 pad;
+    u64 path_addr;
+    char path[RANGE_PATH_MAX];  // only path_bytes of it are sent
 };
 
 struct weight_t {
@@ -107,12 +139,14 @@ BPF_TABLE("lru_hash", u32, struct weight_t, weights, WEIGHT_ENTRIES);
 // Records are built here (a kernel name is 4 KB, too big for the BPF stack) and sent with their used length only.
 BPF_PERCPU_ARRAY(launch_scratch, struct launch_event, 1);
 BPF_PERCPU_ARRAY(kernel_scratch, struct kernel_event, 1);
+BPF_PERCPU_ARRAY(range_scratch, struct range_event, 1);
 BPF_PROG_ARRAY(unwind_progs, 2);  // [0]: gpu_unwind, [1]: gpu_python, put there by user space
 // Written with BPF_RB_NO_WAKEUP: while the reader keeps up, each record would otherwise queue a wake-up (an irq_work:
 // a self-interrupt, on a VM an exit to the hypervisor), measured at +200 ns of program time alone per launch here,
 // paid by the launching thread. The reader polls on a timer instead; a full ring loses records, counted.
 BPF_RINGBUF_OUTPUT(launches, LAUNCH_RING_PAGES);
 BPF_RINGBUF_OUTPUT(kernels, KERNEL_RING_PAGES);
+BPF_RINGBUF_OUTPUT(ranges, RANGE_RING_PAGES);
 
 static __always_inline void count(int which) {
     u64 *n = counters.lookup(&which);
@@ -244,7 +278,8 @@ int gpu_python(struct pt_regs *ctx) {
     return 0;
 }
 
-static __always_inline int on_executed(struct pt_regs *ctx, u32 slot) {
+// kernel_executed, graph_kernel_executed and memory_executed: their first five arguments are the same.
+static __always_inline int on_executed(struct pt_regs *ctx, u32 slot, u32 kind) {
     int zero = 0;
     struct site *site = sites.lookup(&slot);
     struct kernel_event *e = kernel_scratch.lookup(&zero);
@@ -257,18 +292,65 @@ static __always_inline int on_executed(struct pt_regs *ctx, u32 slot) {
     e->correlation_id = read_arg(ctx, &site->args[2]);
     e->device_id = read_arg(ctx, &site->args[3]);
     e->stream_id = read_arg(ctx, &site->args[4]);
-    u64 name = read_arg(ctx, &site->args[5]);
-    // a BPF program cannot fault a page in: a name in a page the process never touched reads as -EFAULT
-    long got = bpf_probe_read_user_str(e->name, sizeof(e->name), (void *)name);
-    e->name_bytes = got;
-    e->name_addr = name;
+    e->kind = kind;
+    e->bytes = 0;
+    e->memory_kind = 0;
+    e->graph_id = 0;
+    e->graph_node_id = 0;
+    e->pad = 0;
     u64 size = sizeof(*e) - sizeof(e->name);
-    if (got > 0)
-        size += got;
+    if (kind == KIND_MEMORY) {
+        e->bytes = read_arg(ctx, &site->args[5]);
+        e->memory_kind = read_arg(ctx, &site->args[6]);
+        e->graph_id = read_arg(ctx, &site->args[7]);
+        e->graph_node_id = read_arg(ctx, &site->args[8]);
+        e->name_bytes = 0;
+        e->name_addr = 0;
+    } else {
+        if (kind == KIND_GRAPH_KERNEL) {
+            e->graph_id = read_arg(ctx, &site->args[6]);
+            e->graph_node_id = read_arg(ctx, &site->args[7]);
+        }
+        u64 name = read_arg(ctx, &site->args[5]);
+        // a BPF program cannot fault a page in: a name in a page the process never touched reads as -EFAULT
+        long got = bpf_probe_read_user_str(e->name, sizeof(e->name), (void *)name);
+        e->name_bytes = got;
+        e->name_addr = name;
+        if (got > 0)
+            size += got;
+    }
+    asm volatile("" : "+r"(size));
     if (size > sizeof(*e))
         size = sizeof(*e);
     if (kernels.ringbuf_output(e, size, BPF_RB_NO_WAKEUP) < 0)
         count(LOST_KERNELS);
+    return 0;
+}
+
+static __always_inline int on_range(struct pt_regs *ctx, u32 slot) {
+    int zero = 0;
+    struct site *site = sites.lookup(&slot);
+    struct range_event *e = range_scratch.lookup(&zero);
+    if (!site || !e)
+        return 0;
+    u64 pid_tgid = bpf_get_current_pid_tgid();
+    e->pid = pid_tgid >> 32;
+    e->tid = (u32)pid_tgid;
+    e->site = slot;
+    e->correlation_id = read_arg(ctx, &site->args[0]);
+    e->pad = 0;
+    u64 path = read_arg(ctx, &site->args[1]);
+    long got = bpf_probe_read_user_str(e->path, sizeof(e->path), (void *)path);
+    e->path_bytes = got;
+    e->path_addr = path;
+    u64 size = sizeof(*e) - sizeof(e->path);
+    if (got > 0)
+        size += got;
+    asm volatile("" : "+r"(size));
+    if (size > sizeof(*e))
+        size = sizeof(*e);
+    if (ranges.ringbuf_output(e, size, BPF_RB_NO_WAKEUP) < 0)
+        count(LOST_RANGES);
     return 0;
 }
 
@@ -284,12 +366,15 @@ static __always_inline int on_weight(struct pt_regs *ctx, u32 slot) {
     return 0;
 }
 
-// The attachable programs: three per slot, thin enough to stay out of bcc's way (it rewrites map calls only
+// The attachable programs: six per slot, thin enough to stay out of bcc's way (it rewrites map calls only
 // outside macros, and every map call is in the handlers above).
 #define SITE(n)                                                                  \
     int launch_##n(struct pt_regs *ctx) { return on_launch(ctx, n); }           \
-    int executed_##n(struct pt_regs *ctx) { return on_executed(ctx, n); }       \
-    int weight_##n(struct pt_regs *ctx) { return on_weight(ctx, n); }
+    int executed_##n(struct pt_regs *ctx) { return on_executed(ctx, n, KIND_KERNEL); }      \
+    int weight_##n(struct pt_regs *ctx) { return on_weight(ctx, n); }           \
+    int range_##n(struct pt_regs *ctx) { return on_range(ctx, n); }             \
+    int graph_##n(struct pt_regs *ctx) { return on_executed(ctx, n, KIND_GRAPH_KERNEL); }   \
+    int memory_##n(struct pt_regs *ctx) { return on_executed(ctx, n, KIND_MEMORY); }
 
 SITE(0) SITE(1) SITE(2) SITE(3) SITE(4) SITE(5) SITE(6) SITE(7)
 #if MAX_SITES > 8
