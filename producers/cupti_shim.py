@@ -58,7 +58,7 @@ def cuda_include_dirs() -> list[Path]:
 CUPTI_SHIM = NativeLibrary(
     name="cupti_shim",
     sources=("cupti_shim/fleetprof_cupti.c", "cupti_shim/launches.c", "cupti_shim/activity.c",
-             "cupti_shim/record.c"),
+             "cupti_shim/memory.c", "cupti_shim/nvtx.c", "cupti_shim/record.c"),
     output="libfleetprof_cupti.so",
     cflags=("-fvisibility=hidden", "-D_GNU_SOURCE", "-pthread"),
     ldflags=("-ldl", "-pthread"),
