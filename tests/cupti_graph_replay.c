@@ -3,7 +3,10 @@
  * kernel does when an agent attaches, replays graphs, and prints what both sides counted and the process's memory.
  *
  *   cupti_graph_replay SIMULATED_CUPTI SHIM SEMAPHORE_OFFSET COUNTERS_OFFSET COUNTERS LAUNCHES NODES FLUSH_EVERY
+ *                      [COPIES]
  * FLUSH_EVERY: launches between two cuptiActivityFlushAll (as CUPTI's own thread delivers full buffers); 0: never.
+ * NODES kernel nodes and COPIES (default 0) device-to-device copy nodes per graph. flush_seconds: the time inside
+ * the flushes, where the shim reads the records (bench/gpu_launch_overhead.py: the cost per record).
  * Prints one JSON object: the simulator's totals, the shim's counters (in struct shim_counters order, as numbers),
  * VmRSS after the first tenth of the launches and at the end, VmHWM, and the seconds taken. */
 #define _GNU_SOURCE
@@ -41,7 +44,7 @@ static double now_s(void)
 
 int main(int argc, char **argv)
 {
-    if (argc != 9) {
+    if (argc != 9 && argc != 10) {
         fprintf(stderr, "usage: %s CUPTI SHIM SEMAPHORE_OFFSET COUNTERS_OFFSET COUNTERS LAUNCHES NODES FLUSH_EVERY\n",
                 argv[0]);
         return 2;
@@ -67,6 +70,8 @@ int main(int argc, char **argv)
     int count = atoi(argv[5]);
     uint64_t launches = strtoull(argv[6], NULL, 10), nodes = strtoull(argv[7], NULL, 10);
     uint64_t flush_every = strtoull(argv[8], NULL, 10);
+    uint32_t copies = argc == 10 ? (uint32_t)strtoul(argv[9], NULL, 10) : 0;
+    double flushing = 0;
     *semaphore = 1; /* an agent attached: the watcher subscribes within a poll */
     for (int i = 0; i < 5000 && (state() & 1) == 0; i++)
         usleep(1000);
@@ -75,10 +80,13 @@ int main(int argc, char **argv)
     double t0 = now_s();
     long rss_warm = 0;
     for (uint64_t i = 0; i < launches; i++) {
-        graph_launch(0, 311, "cudaGraphLaunch", "k_replayed", 1 + (uint32_t)(i % 7), (uint32_t)nodes, 0, 0, 1000,
-                     (uint32_t)(i % 4));
-        if (flush_every && (i + 1) % flush_every == 0)
+        graph_launch(0, 311, "cudaGraphLaunch", "k_replayed", 1 + (uint32_t)(i % 7), (uint32_t)nodes, copies, 4096,
+                     1000, (uint32_t)(i % 4));
+        if (flush_every && (i + 1) % flush_every == 0) {
+            double f0 = now_s();
             flush(0);
+            flushing += now_s() - f0;
+        }
         if (i + 1 == launches / 10)
             rss_warm = status_kb("VmRSS");
     }
@@ -91,8 +99,8 @@ int main(int argc, char **argv)
            (unsigned long long)sim[3]);
     for (int i = 0; i < count; i++)
         printf("%s%llu", i ? "," : "", (unsigned long long)counters[i]);
-    printf("],\"rss_warm_kb\":%ld,\"rss_end_kb\":%ld,\"hwm_kb\":%ld,\"seconds\":%.3f}\n", rss_warm,
-           status_kb("VmRSS"), status_kb("VmHWM"), seconds);
+    printf("],\"rss_warm_kb\":%ld,\"rss_end_kb\":%ld,\"hwm_kb\":%ld,\"seconds\":%.3f,\"flush_seconds\":%.4f}\n",
+           rss_warm, status_kb("VmRSS"), status_kb("VmHWM"), seconds, flushing);
     *semaphore = 0;
     return 0;
 }

@@ -96,8 +96,11 @@ struct thread_ranges {
     uint64_t starts[RANGE_STARTS_MAX]; /* ids of the start/end ranges this thread started, in order */
     uint32_t start_count;
 };
-static __thread uint32_t depth;                 /* push/pop depth, counted whether attached or not */
-static __thread struct thread_ranges *ranges;   /* from the first range kept on this thread */
+struct nvtx_thread {
+    uint32_t depth;                /* push/pop depth, counted whether attached or not */
+    struct thread_ranges *ranges;  /* from the first range kept on this thread */
+};
+static __thread struct nvtx_thread me; /* one TLS lookup per call: in a dlopened library each is a call */
 static _Atomic uint32_t nvtx_epoch = 1;
 static pthread_key_t ranges_key;
 static pthread_once_t key_once = PTHREAD_ONCE_INIT;
@@ -121,15 +124,15 @@ static void make_key(void)
     pthread_key_create(&ranges_key, free);
 }
 
-static struct thread_ranges *thread_ranges(void)
+static struct thread_ranges *thread_ranges(struct nvtx_thread *t)
 {
-    if (ranges == NULL) {
+    if (__builtin_expect(t->ranges == NULL, 0)) {
         pthread_once(&key_once, make_key);
-        ranges = calloc(1, sizeof(*ranges));
-        if (ranges != NULL)
-            pthread_setspecific(ranges_key, ranges);
+        t->ranges = calloc(1, sizeof(*t->ranges));
+        if (t->ranges != NULL)
+            pthread_setspecific(ranges_key, t->ranges);
     }
-    return ranges;
+    return t->ranges;
 }
 
 static void copy_ascii(char *out, const char *text)
@@ -138,11 +141,10 @@ static void copy_ascii(char *out, const char *text)
         memcpy(out, UNNAMED, sizeof(UNNAMED));
         return;
     }
-    size_t n = strnlen(text, RANGE_TEXT_MAX);
-    if (n < RANGE_TEXT_MAX) {
-        memcpy(out, text, n + 1);
-        return;
-    }
+    /* a byte loop, not strnlen and memcpy: messages are short, and a memcpy of a variable length starts slowly */
+    for (size_t i = 0; i < RANGE_TEXT_MAX; i++)
+        if ((out[i] = text[i]) == '\0')
+            return;
     memcpy(out, text, RANGE_TEXT_MAX - 4);
     memcpy(out + RANGE_TEXT_MAX - 4, "...", 4);
     atomic_fetch_add_explicit(&shim_counters.nvtx_messages_cut, 1, memory_order_relaxed);
@@ -173,9 +175,9 @@ static void copy_attributes(char *out, const struct nvtx_attributes *a)
 }
 
 /* Attached only: the message of the range at `level`, or NULL where it is too deep or there is no memory. */
-static struct range *kept(uint32_t level, const struct domain *domain)
+static struct range *kept(struct nvtx_thread *me_, uint32_t level, const struct domain *domain)
 {
-    struct thread_ranges *t = thread_ranges();
+    struct thread_ranges *t = thread_ranges(me_);
     if (level >= RANGE_DEPTH_MAX || t == NULL) {
         atomic_fetch_add_explicit(&shim_counters.nvtx_too_deep, 1, memory_order_relaxed);
         return NULL;
@@ -188,9 +190,10 @@ static struct range *kept(uint32_t level, const struct domain *domain)
 
 static int push_ascii(const char *message)
 {
-    uint32_t level = depth++;
+    struct nvtx_thread *t = &me;
+    uint32_t level = t->depth++;
     if (FLEETPROF_ENABLED(launch_range)) {
-        struct range *r = kept(level, NULL);
+        struct range *r = kept(t, level, NULL);
         if (r != NULL)
             copy_ascii(r->text, message);
     }
@@ -199,9 +202,10 @@ static int push_ascii(const char *message)
 
 static int push_wide(const wchar_t *message)
 {
-    uint32_t level = depth++;
+    struct nvtx_thread *t = &me;
+    uint32_t level = t->depth++;
     if (FLEETPROF_ENABLED(launch_range)) {
-        struct range *r = kept(level, NULL);
+        struct range *r = kept(t, level, NULL);
         if (r != NULL)
             copy_wide(r->text, message);
     }
@@ -210,9 +214,10 @@ static int push_wide(const wchar_t *message)
 
 static int domain_push(const struct domain *domain, const struct nvtx_attributes *attributes)
 {
-    uint32_t level = depth++;
+    struct nvtx_thread *t = &me;
+    uint32_t level = t->depth++;
     if (FLEETPROF_ENABLED(launch_range)) {
-        struct range *r = kept(level, domain);
+        struct range *r = kept(t, level, domain);
         if (r != NULL)
             copy_attributes(r->text, attributes);
     }
@@ -226,11 +231,12 @@ static int push_ex(const struct nvtx_attributes *attributes)
 
 static int pop(void)
 {
-    if (depth == 0) {
+    struct nvtx_thread *t = &me;
+    if (__builtin_expect(t->depth == 0, 0)) {
         atomic_fetch_add_explicit(&shim_counters.nvtx_pops_unmatched, 1, memory_order_relaxed);
         return -1;
     }
-    return (int)--depth;
+    return (int)--t->depth;
 }
 
 static int domain_pop(const struct domain *domain)
@@ -246,7 +252,7 @@ static uint64_t domain_start(const struct domain *domain, const struct nvtx_attr
 {
     if (!FLEETPROF_ENABLED(launch_range))
         return 0;
-    struct thread_ranges *t = thread_ranges();
+    struct thread_ranges *t = thread_ranges(&me);
     uint64_t sequence = atomic_fetch_add_explicit(&start_sequence, 1, memory_order_relaxed);
     for (uint32_t probe = 0; t != NULL && probe < 8; probe++) {
         uint32_t slot = (uint32_t)(sequence + probe) & (OPEN_MAX - 1);
@@ -370,8 +376,8 @@ static void element(struct path *p, const struct range *r, uint32_t epoch)
 
 int shim_nvtx_path(char *out)
 {
-    uint32_t levels = depth;
-    struct thread_ranges *t = ranges;
+    uint32_t levels = me.depth;
+    struct thread_ranges *t = me.ranges;
     if (levels == 0 && (t == NULL || t->start_count == 0))
         return 0;
     uint32_t epoch = atomic_load_explicit(&nvtx_epoch, memory_order_relaxed);
