@@ -1,5 +1,13 @@
-/* libfleetprof_cupti.so: loaded into a CUDA process by the driver (CUDA_INJECTION64_PATH), it turns CUPTI's kernel
- * launch callbacks and kernel activity records into fleetprof's USDT probes (native/include/fleetprof_probes.h).
+/* libfleetprof_cupti.so: loaded into a CUDA process by the driver (CUDA_INJECTION64_PATH), it turns CUPTI's kernel,
+ * graph, copy and set launch callbacks and their activity records into fleetprof's USDT probes
+ * (native/include/fleetprof_probes.h): launches.c and activity.c for kernels and CUDA graphs, memory.c for copies
+ * and sets. It is also an NVTX injection library (NVTX_INJECTION64_PATH, nvtx.c): the NVTX range path of the
+ * launching thread goes with each sampled launch.
+ *
+ * Settings: FLEETPROF_LAUNCH_RATE (sampled kernel, copy and set launches per second per thread, default 1000, 0:
+ * all), FLEETPROF_GRAPH_LAUNCH_RATE (sampled CUDA graph launches per second per thread, a rate limit of their own,
+ * default 100, 0: all), FLEETPROF_CUPTI_ACTIVITY, FLEETPROF_CUPTI_BUFFERS, FLEETPROF_CUPTI_BUFFER_KB,
+ * FLEETPROF_CUPTI_POLL_MS, FLEETPROF_CUPTI_FLUSH_MS, FLEETPROF_CUPTI_RECORD, FLEETPROF_CUPTI_LIBRARY.
  *
  * Cost with no agent attached: InitializeInjection only opens libcupti and starts one watcher thread. CUPTI itself
  * stays off: no subscriber, no callbacks, no activity kind. The watcher reads the probes' semaphores every

@@ -7,7 +7,8 @@
  * it against a program built with the real NVTX3 headers.
  *
  * Cost. With no agent attached (launch_range's semaphore 0) a push or pop is a load of the semaphore, a branch and
- * a change of the thread's depth counter; a start returns 0 and an end of 0 returns at once. Attached, a push also
+ * a change of the thread's depth counter, after one thread-local lookup (a call to __tls_get_addr in a dlopened
+ * library); a start returns 0 and an end of 0 returns at once. Attached, a push also
  * copies its message (at most RANGE_TEXT_MAX - 1 bytes, a longer one cut to end in "..." and counted), so the path
  * survives the caller freeing its string, into the thread's stack of RANGE_DEPTH_MAX ranges (deeper ones are
  * counted, not named, and the path then ends in "...").
@@ -115,8 +116,12 @@ static _Atomic uint64_t start_sequence = 1;
 
 void shim_nvtx_on(int on)
 {
-    (void)on;
-    atomic_fetch_add(&nvtx_epoch, 1); /* ranges copied before stay stale: they may have been popped since */
+    /* at a detach, not an attach: ranges copied while attached are stale once nothing is kept (pushes and pops go
+     * on uncopied), while those copied between the kernel raising the semaphore and the watcher's next poll are
+     * right. A detach and attach within one poll interval go unnoticed: then a range pushed in between is shown
+     * with the name its level had before. */
+    if (!on)
+        atomic_fetch_add(&nvtx_epoch, 1);
 }
 
 static void make_key(void)
