@@ -45,15 +45,22 @@ def replay(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return run
 
 
-def test_25m_graph_kernel_records_stay_exact_bounded_and_plausible(replay: Any) -> None:
+@pytest.mark.parametrize("activity", ["always", "sampled"])
+def test_25m_graph_kernel_records_stay_exact_bounded_and_plausible(replay: Any, activity: str) -> None:
+    # always: every record on, most read only to be counted as skipped (the default graph rate limit);
+    # sampled with every graph launch sampled: each launch holds records on for its whole replay, 25,000 times
     launches, nodes = 25_000, 1_000  # 25M kernel records
-    run = replay(launches, nodes, flush_every=16, env={})  # ~3.2 MiB of records between flushes, 16 MiB of pool
+    env = {"FLEETPROF_CUPTI_ACTIVITY": "sampled", "FLEETPROF_GRAPH_LAUNCH_RATE": "0"} if activity == "sampled" else {}
+    run = replay(launches, nodes, flush_every=16, env=env)  # ~3.2 MiB of records between flushes, 16 MiB of pool
     shim = run["shim"]
     # totals exact: every record the simulated CUPTI generated was delivered and read, none dropped
     assert run["generated"] == run["delivered"] == shim["kernels"] == shim["graph_kernels"] == launches * nodes
     assert (run["dropped"], shim["records_dropped"], shim["buffers_refused"]) == (0, 0, 0)
     assert shim["graph_launches"] == shim["launches"] == launches
-    assert 0 < shim["graph_launches_sampled"] < launches  # FLEETPROF_GRAPH_LAUNCH_RATE's default, 100/s
+    if activity == "always":
+        assert 0 < shim["graph_launches_sampled"] < launches  # FLEETPROF_GRAPH_LAUNCH_RATE's default, 100/s
+    else:
+        assert shim["graph_launches_sampled"] == shim["activity_enables"] == launches
     assert shim["kernels_skipped"] == nodes * (launches - shim["graph_launches_sampled"])
     assert (shim["kernels_unseen"], shim["kernels_incomplete"]) == (0, 0)
     # no record had a timestamp outside its plausible window (end >= start, not before CUPTI came on, not after its
