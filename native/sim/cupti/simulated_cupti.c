@@ -4,7 +4,12 @@
  * types, behaving as the documentation describes (one subscriber, per-callback enabling, activity buffers requested
  * and completed through the registered callbacks, dropped records counted when no buffer is given). A test drives it
  * with simcupti_launch, which plays one launch API call: the enter and exit callbacks on the calling thread and the
- * kernel records it produces. Kernels do not run; their times come from the clock CUPTI would use.
+ * kernel records it produces; simcupti_memory (a copy or set API call and its MEMCPY or MEMSET record) and
+ * simcupti_graph_launch (a graph launch whose kernel and copy nodes carry the graph id and node ids, CUDA 11's
+ * records) are in simulated_workloads.c. Kernels do not run; their times come from the clock CUPTI would use.
+ * Records of the three kinds follow each other in a buffer, each as long as its CUDA 12 type
+ * (CUpti_ActivityKernel9, CUpti_ActivityMemcpy6, CUpti_ActivityMemset4); simcupti_totals says what was generated,
+ * dropped and delivered, and the GPU time generated, for exact totals.
  *
  * Activity enabling applies to work submitted afterwards: a launch's kernels produce records only when their kind was
  * enabled at the moment the launch submitted them, which is between its enter and exit callbacks (for a graph
