@@ -131,6 +131,11 @@ int main(int argc, char **argv)
     step("over"); /* a path of 10 x 90 bytes: more than launch_range takes */
     for (int i = 0; i < 10; i++)
         nvtxRangePop();
+    for (int i = 0; i < 100; i++) /* started and ended between two launches: forgotten, never refused */
+        nvtxRangeEnd(nvtxRangeStartA("brief"));
+    nvtxRangeId_t kept = nvtxRangeStartA("kept");
+    step("many_starts");
+    nvtxRangeEnd(kept);
     nvtxRangePop(); /* early */
     step("outside");
     nvtxRangePop(); /* one too many */

@@ -66,11 +66,12 @@ def test_range_paths_of_the_real_nvtx3_library(workload: Path, tmp_path: Path) -
         "long": early + "m" * 92 + "...",  # a message is kept to 95 bytes
         "deep": early + " > ".join(["level"] * 31) + "...",  # 32 levels kept, the 9 deeper counted
         "over": (early + " > ".join(["n" * 90] * 10))[:508] + "...",  # 511 bytes and the NUL
+        "many_starts": early + "kept",  # after 100 start/end pairs: none refused, none left
         "outside": None,
         "after": None,
     }
     summary = r["summary"][0]
     assert {k: summary[k] for k in ("launch_ranges", "nvtx_messages_cut", "nvtx_too_deep", "nvtx_pops_unmatched",
                                     "nvtx_paths_cut", "nvtx_starts_refused")} == {
-        "launch_ranges": 9, "nvtx_messages_cut": 1, "nvtx_too_deep": 9, "nvtx_pops_unmatched": 1,
+        "launch_ranges": 10, "nvtx_messages_cut": 1, "nvtx_too_deep": 9, "nvtx_pops_unmatched": 1,
         "nvtx_paths_cut": 2, "nvtx_starts_refused": 0}

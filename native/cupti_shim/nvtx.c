@@ -252,6 +252,16 @@ static int domain_pop(const struct domain *domain)
 
 /* ---- start/end ---- */
 
+/* Forgets the start/end ranges of this thread that have ended. */
+static void prune(struct thread_ranges *t)
+{
+    uint32_t still = 0;
+    for (uint32_t i = 0; i < t->start_count; i++)
+        if (atomic_load_explicit(&open_ranges[t->starts[i] & (OPEN_MAX - 1)].id, memory_order_acquire) == t->starts[i])
+            t->starts[still++] = t->starts[i];
+    t->start_count = still;
+}
+
 static uint64_t domain_start(const struct domain *domain, const struct nvtx_attributes *attributes,
                              const char *ascii, const wchar_t *wide)
 {
@@ -273,6 +283,8 @@ static uint64_t domain_start(const struct domain *domain, const struct nvtx_attr
             copy_wide(r->text, wide);
         else
             copy_ascii(r->text, ascii);
+        if (t->start_count == RANGE_STARTS_MAX)
+            prune(t); /* ranges started and ended between two sampled launches */
         if (t->start_count < RANGE_STARTS_MAX)
             t->starts[t->start_count++] = id;
         else
