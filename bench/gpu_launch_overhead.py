@@ -298,21 +298,33 @@ def records_and_nvtx(records: int = 2_000_000, pairs: int = 5_000_000) -> dict:
             "-pthread")
         out: dict = {"records": records, "pairs": pairs}
         for label, nodes, copies in (("copy", 0, 1000), ("graph_kernel", 1000, 0)):
-            run = _replay(replay, shim, cupti, nodes, copies, records // 1000)
-            assert run["delivered"] == records and run["dropped"] == 0, run
-            out[f"{label}_record_ns"] = round(run["flush_seconds"] * 1e9 / records, 1)
+            best = float("inf")
+            for _ in range(3):  # the best of three: the machine is shared
+                run = _replay(replay, shim, cupti, nodes, copies, records // 1000)
+                assert run["delivered"] == records and run["dropped"] == 0, run
+                best = min(best, run["flush_seconds"] * 1e9 / records)
+            out[f"{label}_record_ns"] = round(best, 1)
         injected = {"NVTX_INJECTION64_PATH": str(shim)}
         attached = {**injected, "CUDA_INJECTION64_PATH": str(shim), "FLEETPROF_CUPTI_LIBRARY": str(cupti),
                     "FLEETPROF_CUPTI_RECORD": "/dev/null"}
         out["nvtx_pair_ns"] = {"no injection": _nvtx_pair_ns(nvtx, {}, pairs),
                                "shim, no agent": _nvtx_pair_ns(nvtx, injected, pairs),
                                "shim, attached": _nvtx_pair_ns(nvtx, attached, pairs)}
+        semaphores = [str(symbol_offset(shim, f"fleetprof_{name}_semaphore")[0])
+                      for name in ("kernel_launch", "launch_range")]
+        launch_env = {**injected, "CUDA_INJECTION64_PATH": str(shim), "FLEETPROF_CUPTI_LIBRARY": str(cupti),
+                      "FLEETPROF_LAUNCH_RATE": "0"}
+        out["sampled_launch_ns"] = {f"depth {depth}": min(float(subprocess.run(
+            [str(nvtx), "launches", "200000", str(depth), *semaphores], capture_output=True, text=True, check=True,
+            env={**os.environ, **launch_env}).stdout) for _ in range(3)) for depth in (0, 4, 16)}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{'shim read per activity record (simulated CUPTI, no BPF)':56} copy {out['copy_record_ns']:.1f} ns, "
           f"graph kernel {out['graph_kernel_record_ns']:.1f} ns")
     for label, ns in out["nvtx_pair_ns"].items():
         print(f"  NVTX push+pop pair, {label:34} {ns:8.1f} ns")
+    for label, ns in out["sampled_launch_ns"].items():
+        print(f"  sampled launch (simulated CUPTI), NVTX {label:18} {ns:8.1f} ns")
     return out
 
 

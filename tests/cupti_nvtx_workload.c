@@ -6,6 +6,10 @@
  *
  *   cupti_nvtx_workload            the scenario below
  *   cupti_nvtx_workload bench N    N push/pop pairs timed, printed as ns per pair (bench/gpu_launch_overhead.py)
+ *   cupti_nvtx_workload launches N DEPTH LAUNCH_SEMAPHORE RANGE_SEMAPHORE
+ *                                  N launches inside DEPTH ranges, all sampled, with the shim attached (the two
+ *                                  semaphores at these offsets in the shim raised, as an agent's uprobes do): ns per
+ *                                  launch, the range path built and sent each time when DEPTH > 0
  */
 #define _GNU_SOURCE
 #include <nvtx3/nvToolsExt.h>
@@ -66,6 +70,28 @@ static int start_cuda(void)
 
 int main(int argc, char **argv)
 {
+    if (argc == 6 && strcmp(argv[1], "launches") == 0) {
+        long n = atol(argv[2]), depth = atol(argv[3]);
+        if (start_cuda() != 0)
+            return 1;
+        Dl_info info;
+        if (!dladdr(dlsym(dlopen(getenv("CUDA_INJECTION64_PATH"), RTLD_NOW), "InitializeInjection"), &info))
+            return 1;
+        char *base = info.dli_fbase;
+        *(volatile unsigned short *)(base + strtoul(argv[4], NULL, 0)) = 1;
+        *(volatile unsigned short *)(base + strtoul(argv[5], NULL, 0)) = 1;
+        int (*state)(void) = (int (*)(void))dlsym(dlopen(getenv("FLEETPROF_CUPTI_LIBRARY"), RTLD_NOW), "simcupti_state");
+        for (int i = 0; i < 5000 && (state() & 1) == 0; i++)
+            nanosleep(&(struct timespec){0, 1000000}, NULL);
+        static const char *const names[] = {"step", "forward", "aten::linear", "aten::addmm", "layer", "block"};
+        for (long i = 0; i < depth; i++)
+            nvtxRangePushA(names[i % 6]);
+        double t0 = now_ns();
+        for (long i = 0; i < n; i++)
+            launch(0, 211, "cudaLaunchKernel", "k", 0, 0, 0, 0, 0);
+        printf("%.1f\n", (now_ns() - t0) / (double)n);
+        return 0;
+    }
     if (argc == 3 && strcmp(argv[1], "bench") == 0) {
         long n = atol(argv[2]);
         nvtxRangePop(); /* the first NVTX call loads the injection, if NVTX_INJECTION64_PATH names one */
