@@ -25,6 +25,14 @@ launches sampled (goal: at most 1.1x), for `--launches` launches on 2 threads wi
 no time inside the launch API and with 2 µs (a real cudaLaunchKernel's order, the time another thread's sampled
 launch holds records on); and the launching process's CPU ns per launch, records' processing included, detached and
 attached in both modes, on one thread launching back to back.
+
+Also without root (alone with --records-only): what the shim spends per activity record it reads, copy records
+(memory_executed's path) next to graph kernel records, timed inside the flushes of tests/cupti_graph_replay.c on the
+simulated CUPTI (the simulated record iteration included; the probes' semaphores down, so no BPF); and per NVTX
+push/pop pair through the real NVTX3 library (tests/cupti_nvtx_workload.c): no injection library (NVTX's own
+no-op), the shim injected with no agent attached (a load, a branch and a depth counter), and attached (the message
+copied; the record file raises launch_range's semaphore as an agent would). Goal: at most 50 ns per push/pop
+attached.
 """
 
 from __future__ import annotations
@@ -44,11 +52,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from producers.cupti_shim import build_shim, nvtx_include_dir  # noqa: E402
 from producers.gpu_probes import GpuProbeCollector  # noqa: E402
 from producers.native_build import NATIVE, PROBES_INCLUDE  # noqa: E402
 from producers.probe_finder import ProbeFinder  # noqa: E402
 from producers.process_info import ProcessCache  # noqa: E402
-from simulate.cupti import launch_bound  # noqa: E402
+from simulate.cupti import SHIM_COUNTERS, build_simulated_cupti, launch_bound, symbol_offset  # noqa: E402
 
 # Every launcher answers "run N" with: wall ns and CPU ns (the whole process: the simulator's device thread too)
 # per launch, launches sampled, weight sum (of this round).
@@ -262,16 +271,80 @@ def cupti_activity(launches: int, rate: int) -> dict[str, list[dict]]:
     return {"records": records, "cpu": cpu}
 
 
+def _replay(program: Path, shim: Path, cupti: Path, nodes: int, copies: int, launches: int) -> dict:
+    semaphore = symbol_offset(shim, "fleetprof_kernel_launch_semaphore")[0]
+    counters = symbol_offset(shim, "shim_counters")[0]
+    args = [program, cupti, shim, semaphore, counters, len(SHIM_COUNTERS), launches, nodes, 16, copies]
+    env = {**os.environ, "FLEETPROF_CUPTI_LIBRARY": str(cupti), "FLEETPROF_CUPTI_ACTIVITY": "always"}
+    done = subprocess.run([str(a) for a in args], capture_output=True, text=True, check=True, env=env)
+    return json.loads(done.stdout)
+
+
+def _nvtx_pair_ns(program: Path, env: dict[str, str], pairs: int, reps: int = 3) -> float:
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith("FLEETPROF_") and k not in ("NVTX_INJECTION64_PATH", "CUDA_INJECTION64_PATH")}
+    return min(float(subprocess.run([str(program), "bench", str(pairs)], capture_output=True, text=True, check=True,
+                                    env={**base, **env}).stdout) for _ in range(reps))
+
+
+def records_and_nvtx(records: int = 2_000_000, pairs: int = 5_000_000) -> dict:
+    """ns per copy record and per graph kernel record read by the shim; ns per NVTX push/pop pair."""
+    tmp = Path(tempfile.mkdtemp(prefix="fleetprof-recbench-"))
+    try:
+        shim, cupti = build_shim(), build_simulated_cupti()
+        replay, nvtx = tmp / "replay", tmp / "nvtx"
+        gcc("-O2", "-o", str(replay), str(ROOT / "tests" / "cupti_graph_replay.c"), "-ldl")
+        gcc("-O2", f"-I{nvtx_include_dir()}", "-o", str(nvtx), str(ROOT / "tests" / "cupti_nvtx_workload.c"), "-ldl",
+            "-pthread")
+        out: dict = {"records": records, "pairs": pairs}
+        for label, nodes, copies in (("copy", 0, 1000), ("graph_kernel", 1000, 0)):
+            best = float("inf")
+            for _ in range(3):  # the best of three: the machine is shared
+                run = _replay(replay, shim, cupti, nodes, copies, records // 1000)
+                assert run["delivered"] == records and run["dropped"] == 0, run
+                best = min(best, run["flush_seconds"] * 1e9 / records)
+            out[f"{label}_record_ns"] = round(best, 1)
+        injected = {"NVTX_INJECTION64_PATH": str(shim)}
+        attached = {**injected, "CUDA_INJECTION64_PATH": str(shim), "FLEETPROF_CUPTI_LIBRARY": str(cupti),
+                    "FLEETPROF_CUPTI_RECORD": "/dev/null"}
+        out["nvtx_pair_ns"] = {"no injection": _nvtx_pair_ns(nvtx, {}, pairs),
+                               "shim, no agent": _nvtx_pair_ns(nvtx, injected, pairs),
+                               "shim, attached": _nvtx_pair_ns(nvtx, attached, pairs)}
+        semaphores = [str(symbol_offset(shim, f"fleetprof_{name}_semaphore")[0])
+                      for name in ("kernel_launch", "launch_range")]
+        launch_env = {**injected, "CUDA_INJECTION64_PATH": str(shim), "FLEETPROF_CUPTI_LIBRARY": str(cupti),
+                      "FLEETPROF_LAUNCH_RATE": "0"}
+        out["sampled_launch_ns"] = {f"depth {depth}": min(float(subprocess.run(
+            [str(nvtx), "launches", "200000", str(depth), *semaphores], capture_output=True, text=True, check=True,
+            env={**os.environ, **launch_env}).stdout) for _ in range(3)) for depth in (0, 4, 16)}
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{'shim read per activity record (simulated CUPTI, no BPF)':56} copy {out['copy_record_ns']:.1f} ns, "
+          f"graph kernel {out['graph_kernel_record_ns']:.1f} ns")
+    for label, ns in out["nvtx_pair_ns"].items():
+        print(f"  NVTX push+pop pair, {label:34} {ns:8.1f} ns")
+    for label, ns in out["sampled_launch_ns"].items():
+        print(f"  sampled launch (simulated CUPTI), NVTX {label:18} {ns:8.1f} ns")
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--launches", type=int, default=200_000, help="launches per repetition")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--rate", type=int, default=1000, help="sampled launches per second per thread")
     parser.add_argument("--cupti-only", action="store_true", help="only the simulated CUPTI part (no root, no BPF)")
+    parser.add_argument("--records-only", action="store_true",
+                        help="only the cost per copy record and per NVTX push/pop (no root, no BPF)")
     args = parser.parse_args()
-    cupti = cupti_activity(args.launches, args.rate)
     out = ROOT / "bench" / "out"
     out.mkdir(parents=True, exist_ok=True)
+    costs = records_and_nvtx()
+    if args.records_only:
+        (out / "gpu_record_nvtx_cost.json").write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), **costs},
+                                                                  indent=2))
+        return 0
+    cupti = cupti_activity(args.launches, args.rate) | {"records_and_nvtx": costs}
     if args.cupti_only:
         (out / "gpu_launch_overhead_cupti.json").write_text(json.dumps(
             {"date": time.strftime("%Y-%m-%d"), "launches": args.launches, "rate": args.rate, **cupti}, indent=2))

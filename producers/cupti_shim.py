@@ -55,10 +55,27 @@ def cuda_include_dirs() -> list[Path]:
     return chosen
 
 
+NVTX_HEADER = "nvtx3/nvToolsExt.h"
+NVTX_WHEEL = "nvidia-nvtx-cu12"
+
+
+def nvtx_include_dir() -> Path:
+    """The include folder of the NVTX3 headers (the nvidia-nvtx-cu12 wheel of the test extra, or one named in
+    FLEETPROF_CUDA_INCLUDE), for building test workloads that use NVTX the way applications do; the shim itself
+    declares the NVTX ABI it needs and does not need them."""
+    override = os.environ.get(CUDA_INCLUDE_ENV, "")
+    candidates = [Path(p) for p in override.split(os.pathsep) if p] if override else _wheel_include_dirs()
+    found = next((d for d in candidates if (d / NVTX_HEADER).is_file()), None)
+    if found is None:
+        raise NativeBuildError(f"no {NVTX_HEADER} ({NVTX_WHEEL}) in the installed nvidia-* wheels: run bash "
+                               "infra/setup.sh (pip install -e '.[test]')")
+    return found
+
+
 CUPTI_SHIM = NativeLibrary(
     name="cupti_shim",
     sources=("cupti_shim/fleetprof_cupti.c", "cupti_shim/launches.c", "cupti_shim/activity.c",
-             "cupti_shim/record.c"),
+             "cupti_shim/memory.c", "cupti_shim/nvtx.c", "cupti_shim/record.c"),
     output="libfleetprof_cupti.so",
     cflags=("-fvisibility=hidden", "-D_GNU_SOURCE", "-pthread"),
     ldflags=("-ldl", "-pthread"),

@@ -28,14 +28,18 @@ from producers.cupti_shim import build_shim, cuda_include_dirs
 from producers.native_build import NativeLibrary, build
 
 SIMULATED_CUPTI = NativeLibrary(
-    name="simulated_cupti", sources=("sim/cupti/simulated_cupti.c",), output="libcupti_simulated.so",
-    cflags=("-fvisibility=hidden", "-pthread"), ldflags=("-pthread",), soname="libcupti_simulated.so",
+    name="simulated_cupti", sources=("sim/cupti/simulated_cupti.c", "sim/cupti/simulated_workloads.c"),
+    output="libcupti_simulated.so", cflags=("-fvisibility=hidden", "-pthread"), ldflags=("-pthread",),
+    soname="libcupti_simulated.so",
     include_dirs=cuda_include_dirs)
 
 # struct shim_counters in native/cupti_shim/shim.h, in order (its symbol's size is checked against this)
 SHIM_COUNTERS = ("launches", "launches_sampled", "launches_nested", "launches_failed", "kernels", "kernels_skipped",
                  "kernels_unseen", "kernels_incomplete", "records_dropped", "buffers_refused", "activity_enables",
-                 "activity_refused")
+                 "activity_refused", "copies", "sets", "memory_skipped", "memory_unseen", "memory_incomplete",
+                 "graph_kernels", "graph_launches", "graph_launches_sampled", "records_implausible", "gpu_ns",
+                 "launch_ranges", "nvtx_messages_cut", "nvtx_paths_cut", "nvtx_too_deep", "nvtx_pops_unmatched",
+                 "nvtx_starts_refused")
 
 
 def build_simulated_cupti(force: bool = False) -> Path:

@@ -22,13 +22,14 @@ from simulate.cupti import build_simulated_cupti, launch_bound, symbol_offset
 from tests.elf_helpers import gcc_build, need, unavailable
 from tests.gpu.validate import gcc_command, read_records
 from tests.usdt_probes import (
-    assert_probes_follow_the_abi,
+    PROBE_ARGS,
     attach,
     built,
     dynamic_symbols,
     load_bcc,
     observed,
     private_copy,
+    sdt_notes,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,14 +65,24 @@ def test_missing_cuda_headers_are_one_line_naming_the_wheels(tmp_path: Path, mon
                               f"{CUDA_INCLUDE_ENV}={tmp_path}")
 
 
-def test_shim_exports_only_initialize_injection_and_links_no_cuda() -> None:
+def test_shim_exports_only_its_injection_entry_points_and_links_no_cuda() -> None:
     names, needed = dynamic_symbols(shim_library())
-    assert names == {"InitializeInjection"}
+    assert names == {"InitializeInjection", "InitializeInjectionNvtx2"}  # CUDA's and NVTX's
     assert [n for n in needed if "cupti" in n or "cuda" in n] == []  # libcupti is opened at run time
 
 
+# the shim's probes beyond the three the GPU simulator shares (tests/usdt_probes.py), as sdt argument sizes
+SHIM_PROBE_ARGS = {**PROBE_ARGS, "launch_range": [4, 8], "graph_kernel_executed": [8, 8, 4, 4, 4, 8, 4, 8],
+                   "memory_executed": [8, 8, 4, 4, 4, 8, 4, 4, 8]}
+
+
 def test_shim_probes_follow_the_abi() -> None:
-    assert_probes_follow_the_abi(shim_library())
+    notes, (low, high) = sdt_notes(shim_library())
+    assert sorted(n["name"] for n in notes) == sorted(SHIM_PROBE_ARGS)  # one site each
+    for note in notes:
+        assert (note["provider"], note["sizes"]) == ("fleetprof", SHIM_PROBE_ARGS[note["name"]]), note["name"]
+        assert low <= note["semaphore"] < high, note["name"]
+    assert len({n["semaphore"] for n in notes}) == len(SHIM_PROBE_ARGS)
 
 
 # ---- the per-thread rate limit (native/include/fleetprof_ratelimit.h) with a synthetic clock ----
@@ -227,7 +238,7 @@ def test_shim_records_launches_and_kernels(simulated_cupti: Path, tmp_path: Path
     record = tmp_path / "records.jsonl"
     run = _drive_shim({"launches": LAUNCH_PLAN}, simulated_cupti,
                       {"FLEETPROF_CUPTI_RECORD": str(record), "FLEETPROF_LAUNCH_RATE": "0"})
-    assert run["states"] == [1, 3]  # self-check mode: CUPTI on from InitializeInjection
+    assert run["states"] == [1, 15]  # self-check mode: CUPTI on from InitializeInjection (kernels, copies, sets)
     a1, a2, _failed, graph, driver, unseen = run["ids"]
     r = _records(record)
     assert [(x["correlation_id"], x["callback_id"], x["domain"], x["api"], x["weight"], x["nested"])
@@ -251,7 +262,13 @@ def test_shim_records_launches_and_kernels(simulated_cupti: Path, tmp_path: Path
     summary = {k: v for k, v in r["summary"][0].items() if k != "type"}
     assert summary == {"launches": 4, "launches_sampled": 4, "launches_nested": 1, "launches_failed": 1,
                        "kernels": 8, "kernels_skipped": 0, "kernels_unseen": 1, "kernels_incomplete": 0,
-                       "records_dropped": 0, "buffers_refused": 0, "activity_enables": 0, "activity_refused": 0}
+                       "records_dropped": 0, "buffers_refused": 0, "activity_enables": 0, "activity_refused": 0,
+                       "copies": 0, "sets": 0, "memory_skipped": 0, "memory_unseen": 0, "memory_incomplete": 0,
+                       # the simulator's cudaGraphLaunch of simcupti_launch carries no graph id: plain kernels
+                       "graph_kernels": 0, "graph_launches": 1, "graph_launches_sampled": 1,
+                       "records_implausible": 0, "gpu_ns": 2000 + 8000 + 3000 + 4000, "launch_ranges": 0,
+                       "nvtx_messages_cut": 0, "nvtx_paths_cut": 0, "nvtx_too_deep": 0, "nvtx_pops_unmatched": 0,
+                       "nvtx_starts_refused": 0}
 
 
 def test_shim_without_sdt_header_still_records(simulated_cupti: Path, tmp_path: Path) -> None:
@@ -307,7 +324,7 @@ def test_shim_counts_records_dropped_when_its_pool_runs_dry(simulated_cupti: Pat
     assert "raise FLEETPROF_CUPTI_BUFFERS (now 2)" in run["stderr"]
 
 
-@pytest.mark.parametrize(("activity", "attached"), [("sampled", 1), ("always", 3)])
+@pytest.mark.parametrize(("activity", "attached"), [("sampled", 1), ("always", 15)])
 def test_shim_keeps_cupti_off_until_an_agent_attaches(simulated_cupti: Path, activity: str, attached: int) -> None:
     offset, _ = symbol_offset(shim_library(), "fleetprof_kernel_launch_semaphore")
     run = _drive_shim({"launches": [], "poke": offset, "attached_state": attached}, simulated_cupti,
@@ -454,7 +471,7 @@ def test_shim_probes_fire_through_bcc(bcc: Any, simulated_cupti: Path, tmp_path:
     try:
         assert child.stdout.readline().strip() == "ready"
         bpf = attach(bcc, child.pid)
-        child.stdin.write("3\n")  # wait until the shim has turned CUPTI on
+        child.stdin.write("15\n")  # wait until the shim has turned CUPTI on
         child.stdin.flush()
         run = json.loads(child.stdout.readline())
         child.stdin.write("exit\n")
@@ -464,7 +481,7 @@ def test_shim_probes_fire_through_bcc(bcc: Any, simulated_cupti: Path, tmp_path:
     finally:
         child.kill()
         child.wait()
-    assert run["states"][-1] == 3
+    assert run["states"][-1] == 15
     assert seen["apis"] == {"cudaLaunchKernel": 2, "cudaGraphLaunch": 1, "cuLaunchKernel": 1}
     assert (seen["launches"], seen["weighted"], seen["executed"]) == (4, 0, 8)
     assert seen["kernels"] == {"k_a": (2, 2000), "k_graph": (4, 8000), "k_b": (1, 3000), "k_unseen": (1, 4000)}

@@ -1,5 +1,6 @@
-/* CONCURRENT_KERNEL activity records: which kernels CUPTI times, a fixed pool of buffers handed to CUPTI, and one
- * kernel_executed probe per kernel record, with CUPTI's timestamps as Unix ns.
+/* CONCURRENT_KERNEL, MEMCPY and MEMSET activity records: which kernels and copies CUPTI times, a fixed pool of
+ * buffers handed to CUPTI, and one kernel_executed (graph_kernel_executed for a kernel a CUDA graph replayed) probe
+ * per kernel record, with CUPTI's timestamps as Unix ns; copies and sets are memory.c's.
  *
  * Which kernels (FLEETPROF_CUPTI_ACTIVITY). With the kind enabled CUPTI instruments every kernel submitted and hands
  * over one record per kernel; on a launch-bound workload (tens of thousands of short kernels a second per thread) that
@@ -11,7 +12,9 @@
  *   Enabling applies to work submitted while it is on, so that launch's kernels come with records (every kernel node
  *   of a graph launch included) and a skipped launch's kernels do not. The switch is process-wide (CUPTI has none per
  *   thread, and one per context would not separate threads on one GPU): a count of holders lets concurrent sampled
- *   launches nest, and a skipped launch that another thread submits meanwhile still gets its records, which are
+ *   launches nest (per kind: a kernel launch holds CONCURRENT_KERNEL on, a copy MEMCPY, a set MEMSET, a graph
+   launch all three for its whole submission, so every node of the replay is timed), and a skipped launch that
+   another thread submits meanwhile still gets its records, which are
  *   counted (kernels_skipped) and dropped as before. Records per launch are the sampled fraction times one plus that
  *   overlap, which is about (other threads launching meanwhile) x (time inside a launch call / time between
  *   launches): 1 for one launching thread; weights are the rate limit's, so totals stay unbiased.
@@ -48,7 +51,8 @@
 #include <time.h>
 
 /* Only fields of the common prefix are read; every kernel record version from 4 to 13 (CUDA 12 and 13) has them at
- * these offsets, so a record of a newer libcupti reads correctly through the CUDA 12 header's type. */
+ * these offsets (graphNodeId and graphId since version 5, CUDA 11), so a record of a newer libcupti reads correctly
+ * through the CUDA 12 header's type. */
 typedef CUpti_ActivityKernel9 kernel_record;
 _Static_assert(offsetof(kernel_record, start) == 16, "kernel record layout");
 _Static_assert(offsetof(kernel_record, end) == 24, "kernel record layout");
@@ -56,6 +60,13 @@ _Static_assert(offsetof(kernel_record, deviceId) == 40, "kernel record layout");
 _Static_assert(offsetof(kernel_record, streamId) == 48, "kernel record layout");
 _Static_assert(offsetof(kernel_record, correlationId) == 92, "kernel record layout");
 _Static_assert(offsetof(kernel_record, name) == 104, "kernel record layout");
+_Static_assert(offsetof(kernel_record, graphNodeId) == 144, "kernel record layout");
+_Static_assert(offsetof(kernel_record, graphId) == 156, "kernel record layout");
+
+static const CUpti_ActivityKind kinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
+                                           CUPTI_ACTIVITY_KIND_MEMSET}; /* in SHIM_KIND_* bit order */
+#define KIND_COUNT 3
+#define LATEST_SLACK_NS 1000000000ull /* a record may end up to 1 s after its buffer's delivery: clock steps */
 
 #define OFFSET_IS_ZERO_NS 1000 /* below this the measured offset is the measurement's own jitter */
 
@@ -68,11 +79,13 @@ static int timestamp_callback;
 static const char *clock_source = "none";
 static int64_t clock_offset_ns;    /* added to every record's timestamps */
 static int64_t measured_offset_ns; /* CLOCK_REALTIME - cuptiGetTimestamp at the last start, a check */
+static uint32_t kinds_available;   /* the kinds CUPTI took at the last start */
+static uint64_t on_since_ns;       /* CLOCK_REALTIME when records came on, less a second: no record starts before */
 
 /* sampled mode: records on while at least one sampled launch holds them */
 static pthread_mutex_t hold_mu = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic int per_launch;  /* read without the lock by every sampled launch; written under it */
-static uint32_t holders;        /* under hold_mu */
+static uint32_t holders[KIND_COUNT]; /* under hold_mu */
 static uint32_t generation = 1; /* under hold_mu: tokens of launches in flight across a stop or start are stale */
 
 int shim_activity_init(void)
@@ -106,36 +119,61 @@ static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *ma
     *max_records = 0;
 }
 
-static void kernel(const kernel_record *record)
+int shim_plausible(uint64_t start, uint64_t end, uint64_t latest)
 {
-    atomic_fetch_add(&shim_counters.kernels, 1);
+    if (end >= start && start >= on_since_ns && end <= latest)
+        return 1;
+    atomic_fetch_add_explicit(&shim_counters.records_implausible, 1, memory_order_relaxed);
+    return 0;
+}
+
+static void kernel(const kernel_record *record, uint64_t latest)
+{
+    atomic_fetch_add_explicit(&shim_counters.kernels, 1, memory_order_relaxed);
+    if (record->graphId != 0)
+        atomic_fetch_add_explicit(&shim_counters.graph_kernels, 1, memory_order_relaxed);
     if (record->start == 0 && record->end == 0) {
         atomic_fetch_add(&shim_counters.kernels_incomplete, 1);
         return;
     }
     uint64_t start = record->start + (uint64_t)clock_offset_ns;
     uint64_t end = record->end + (uint64_t)clock_offset_ns;
+    if (!shim_plausible(start, end, latest))
+        return;
+    atomic_fetch_add_explicit(&shim_counters.gpu_ns, end - start, memory_order_relaxed);
     const char *name = record->name != NULL ? record->name : "";
+    /* a graph launch's records all carry its correlation id: the table entry is read, never consumed */
     int state = shim_correlation_state(record->correlationId);
     if (state == SHIM_CORR_SKIPPED)
-        atomic_fetch_add(&shim_counters.kernels_skipped, 1);
+        atomic_fetch_add_explicit(&shim_counters.kernels_skipped, 1, memory_order_relaxed);
     else if (state == SHIM_CORR_UNSEEN)
-        atomic_fetch_add(&shim_counters.kernels_unseen, 1);
+        atomic_fetch_add_explicit(&shim_counters.kernels_unseen, 1, memory_order_relaxed);
     int fire = state != SHIM_CORR_SKIPPED;
-    if (fire)
+    if (fire && record->graphId != 0)
+        FLEETPROF_GRAPH_KERNEL_EXECUTED(start, end, record->correlationId, record->deviceId, record->streamId, name,
+                                        record->graphId, record->graphNodeId);
+    else if (fire)
         FLEETPROF_KERNEL_EXECUTED(start, end, record->correlationId, record->deviceId, record->streamId, name);
     if (shim_recording())
-        shim_record_kernel(start, end, record->correlationId, record->deviceId, record->streamId, name, fire);
+        shim_record_kernel(start, end, record->correlationId, record->deviceId, record->streamId, name, fire,
+                           record->graphId, record->graphNodeId);
 }
+
+static uint64_t CUPTIAPI realtime_ns(void);
 
 static void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream_id, uint8_t *buffer, size_t size,
                                       size_t valid_size)
 {
     (void)size;
+    uint64_t latest = realtime_ns() + LATEST_SLACK_NS; /* read once per buffer */
     CUpti_Activity *record = NULL;
     while (buffer != NULL && shim_cupti.activity_get_next_record(buffer, valid_size, &record) == CUPTI_SUCCESS) {
         if (record->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || record->kind == CUPTI_ACTIVITY_KIND_KERNEL)
-            kernel((const kernel_record *)record);
+            kernel((const kernel_record *)record, latest);
+        else if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY)
+            shim_memcpy_record(record, latest);
+        else if (record->kind == CUPTI_ACTIVITY_KIND_MEMSET)
+            shim_memset_record(record, latest);
     }
     size_t dropped = 0;
     if (shim_cupti.activity_get_num_dropped_records(context, stream_id, &dropped) == CUPTI_SUCCESS && dropped > 0)
@@ -194,8 +232,9 @@ static void align_clock(void)
 static void new_generation(int sampled)
 {
     pthread_mutex_lock(&hold_mu);
-    holders = 0;
-    if (++generation == 0)
+    for (int i = 0; i < KIND_COUNT; i++)
+        holders[i] = 0;
+    if (++generation >= (1u << 29)) /* a token is the generation and the kinds held, 3 bits */
         generation = 1;
     atomic_store(&per_launch, sampled);
     pthread_mutex_unlock(&hold_mu);
@@ -212,6 +251,7 @@ int shim_activity_start(int sampled)
         }
         callbacks_registered = 1;
     }
+    on_since_ns = realtime_ns() - LATEST_SLACK_NS;
     /* enabled here even in sampled mode: a refusal is said now, not found in a launch, and what CUPTI does at the
      * first enable (generating its timing code for the loaded modules: stalls of seconds, pytorch/kineto#542) is
      * done on this thread, not inside the application's first sampled launch */
@@ -220,8 +260,18 @@ int shim_activity_start(int sampled)
         shim_warn("cannot enable CUPTI kernel records (%s): GPU profiling is off", shim_result_string(result));
         return -1;
     }
+    kinds_available = SHIM_KIND_KERNEL;
+    for (int i = 1; i < KIND_COUNT; i++) { /* copies and sets are optional: kernels are timed without them */
+        result = shim_cupti.activity_enable(kinds[i]);
+        if (result == CUPTI_SUCCESS)
+            kinds_available |= 1u << i;
+        else
+            shim_record_note(i == 1 ? "memcpy_refused" : "memset_refused", shim_result_string(result));
+    }
     if (sampled)
-        shim_cupti.activity_disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+        for (int i = 0; i < KIND_COUNT; i++)
+            if (kinds_available & (1u << i))
+                shim_cupti.activity_disable(kinds[i]);
     new_generation(sampled);
     return 0;
 }
@@ -229,7 +279,9 @@ int shim_activity_start(int sampled)
 void shim_activity_stop(void)
 {
     new_generation(0);
-    shim_cupti.activity_disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+    for (int i = 0; i < KIND_COUNT; i++)
+        if (kinds_available & (1u << i))
+            shim_cupti.activity_disable(kinds[i]);
     shim_cupti.activity_flush_all(0);
 }
 
@@ -238,23 +290,35 @@ int shim_activity_per_launch(void)
     return atomic_load(&per_launch);
 }
 
-uint32_t shim_activity_hold(void)
+uint32_t shim_activity_hold(uint32_t wanted)
 {
     if (!atomic_load_explicit(&per_launch, memory_order_relaxed))
         return 0;
     uint32_t token = 0;
-    pthread_mutex_lock(&hold_mu); /* held across the CUPTI call: enable and disable stay in the holders' order */
+    pthread_mutex_lock(&hold_mu); /* held across the CUPTI calls: enable and disable stay in the holders' order */
     if (atomic_load_explicit(&per_launch, memory_order_relaxed)) {
-        if (holders > 0) {
-            holders++;
-            token = generation;
-        } else if (shim_cupti.activity_enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) == CUPTI_SUCCESS) {
-            holders = 1;
-            token = generation;
-            atomic_fetch_add_explicit(&shim_counters.activity_enables, 1, memory_order_relaxed);
-        } else {
-            atomic_fetch_add_explicit(&shim_counters.activity_refused, 1, memory_order_relaxed);
+        uint32_t held = 0;
+        int refused = 0;
+        for (int i = 0; i < KIND_COUNT; i++) {
+            if (!(wanted & kinds_available & (1u << i)))
+                continue;
+            if (holders[i] > 0) {
+                holders[i]++;
+                held |= 1u << i;
+            } else if (shim_cupti.activity_enable(kinds[i]) == CUPTI_SUCCESS) {
+                holders[i] = 1;
+                held |= 1u << i;
+                if (i == 0)
+                    atomic_fetch_add_explicit(&shim_counters.activity_enables, 1, memory_order_relaxed);
+            } else {
+                refused = 1;
+            }
         }
+        /* a refused kind is not held: the token names the kinds the release gives back */
+        if (refused)
+            atomic_fetch_add_explicit(&shim_counters.activity_refused, 1, memory_order_relaxed);
+        if (held)
+            token = generation << 3 | held;
     }
     pthread_mutex_unlock(&hold_mu);
     return token;
@@ -265,8 +329,9 @@ void shim_activity_release(uint32_t token)
     if (token == 0)
         return;
     pthread_mutex_lock(&hold_mu);
-    if (token == generation && holders > 0 && --holders == 0)
-        shim_cupti.activity_disable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+    for (int i = 0; i < KIND_COUNT && token >> 3 == generation; i++)
+        if ((token & (1u << i)) && holders[i] > 0 && --holders[i] == 0)
+            shim_cupti.activity_disable(kinds[i]);
     pthread_mutex_unlock(&hold_mu);
 }
 

@@ -1,5 +1,13 @@
-/* libfleetprof_cupti.so: loaded into a CUDA process by the driver (CUDA_INJECTION64_PATH), it turns CUPTI's kernel
- * launch callbacks and kernel activity records into fleetprof's USDT probes (native/include/fleetprof_probes.h).
+/* libfleetprof_cupti.so: loaded into a CUDA process by the driver (CUDA_INJECTION64_PATH), it turns CUPTI's kernel,
+ * graph, copy and set launch callbacks and their activity records into fleetprof's USDT probes
+ * (native/include/fleetprof_probes.h): launches.c and activity.c for kernels and CUDA graphs, memory.c for copies
+ * and sets. It is also an NVTX injection library (NVTX_INJECTION64_PATH, nvtx.c): the NVTX range path of the
+ * launching thread goes with each sampled launch.
+ *
+ * Settings: FLEETPROF_LAUNCH_RATE (sampled kernel, copy and set launches per second per thread, default 1000, 0:
+ * all), FLEETPROF_GRAPH_LAUNCH_RATE (sampled CUDA graph launches per second per thread, a rate limit of their own,
+ * default 100, 0: all), FLEETPROF_CUPTI_ACTIVITY, FLEETPROF_CUPTI_BUFFERS, FLEETPROF_CUPTI_BUFFER_KB,
+ * FLEETPROF_CUPTI_POLL_MS, FLEETPROF_CUPTI_FLUSH_MS, FLEETPROF_CUPTI_RECORD, FLEETPROF_CUPTI_LIBRARY.
  *
  * Cost with no agent attached: InitializeInjection only opens libcupti and starts one watcher thread. CUPTI itself
  * stays off: no subscriber, no callbacks, no activity kind. The watcher reads the probes' semaphores every
@@ -100,6 +108,8 @@ static int activity_sampled_from_env(void)
 static void read_settings(void)
 {
     shim_settings.launch_rate = fleetprof_launch_rate_from_env();
+    shim_settings.graph_launch_rate = env_u32(SHIM_GRAPH_LAUNCH_RATE_ENV, SHIM_GRAPH_LAUNCH_RATE_DEFAULT, 0,
+                                              UINT32_MAX);
     shim_settings.buffers = env_u32("FLEETPROF_CUPTI_BUFFERS", 16, 2, 1024);
     shim_settings.buffer_bytes = (size_t)env_u32("FLEETPROF_CUPTI_BUFFER_KB", 1024, 64, 65536) * 1024;
     shim_settings.poll_ms = env_u32("FLEETPROF_CUPTI_POLL_MS", 100, 1, 10000);
@@ -158,7 +168,8 @@ static void *open_cupti(char *tried, size_t tried_size)
 static int agent_attached(void)
 {
     return fleetprof_kernel_launch_semaphore != 0 || fleetprof_kernel_executed_semaphore != 0 ||
-           fleetprof_launch_weight_semaphore != 0;
+           fleetprof_launch_weight_semaphore != 0 || fleetprof_graph_kernel_executed_semaphore != 0 ||
+           fleetprof_memory_executed_semaphore != 0;
 }
 
 static void turn_on(void)
@@ -193,6 +204,7 @@ static void turn_on(void)
         shim_enable_launch_callbacks(subscriber, 1);
     cupti_on = 1;
     ever_on = 1;
+    shim_nvtx_on(1);
     shim_record_on();
 }
 
@@ -206,6 +218,7 @@ static void turn_off(void)
         subscribed = 0;
     }
     cupti_on = 0;
+    shim_nvtx_on(0);
     shim_record_note("off", "");
 }
 
@@ -295,6 +308,8 @@ static void initialize(void)
     const char *record = getenv("FLEETPROF_CUPTI_RECORD");
     if (record != NULL && *record != '\0' && shim_record_open(record) != 0)
         shim_warn("cannot open FLEETPROF_CUPTI_RECORD=%s for appending; self-check records are off", record);
+    if (shim_recording())
+        fleetprof_launch_range_semaphore++; /* the record file takes the NVTX range paths, as an agent would */
     read_settings();
 
     char tried[512];

@@ -141,3 +141,47 @@ def test_script_stops_in_one_line_without_torch(tmp_path: Path) -> None:
                          env={"PATH": "/usr/bin:/bin", "PYTHON": str(fake)})
     assert out.returncode == 2
     assert out.stderr.splitlines()[-1] == f"validate.sh: {fake} has no torch with a usable CUDA device"
+
+
+def test_copies_are_labelled_alike_on_both_sides() -> None:
+    htod, dtoh, dtod, memset = 1 | 2 << 16 | 3 << 24, 2 | 3 << 16 | 1 << 24, 8 | 3 << 16 | 3 << 24, 0x100 | 3 << 24
+    lines = [{"type": "memory", "correlation_id": 1, "start_ns": 100, "end_ns": 110, "memory_kind": htod},
+             {"type": "memory", "correlation_id": 2, "start_ns": 120, "end_ns": 150, "memory_kind": dtoh},
+             {"type": "memory", "correlation_id": 3, "start_ns": 150, "end_ns": 155, "memory_kind": memset},
+             {"type": "memory", "correlation_id": 4, "start_ns": 190, "end_ns": 250, "memory_kind": dtod},
+             {"type": "kernel", "correlation_id": 5, "start_ns": 100, "end_ns": 101, "name": "k", "graph_id": 4}]
+    shim = validate.read_memory_records([json.dumps(x) for x in lines], 100, 200)  # the DtoD one ends after
+    assert (shim.count, shim.ns) == ({"[memcpy HtoD] pinned>device": 1, "[memcpy DtoH] device>pageable": 1,
+                                      "[memset] device": 1},
+                                     {"[memcpy HtoD] pinned>device": 10, "[memcpy DtoH] device>pageable": 30,
+                                      "[memset] device": 5})
+    trace = {"traceEvents": [
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)", "dur": 0.010},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pageable)", "dur": 0.031},
+        {"ph": "X", "cat": "gpu_memset", "name": "Memset (Device)", "dur": 0.005},
+        {"ph": "X", "cat": "kernel", "name": "k", "dur": 1.0}]}
+    torch = validate.read_chrome_memory(trace)
+    assert torch.count == shim.count
+    assert validate.compare(shim, torch)["ok"] is True
+    assert validate.graph_kernel_count([json.dumps(x) for x in lines]) == 1
+
+
+def test_range_paths_of_the_nvtx_run() -> None:
+    launches = [{"type": "launch", "correlation_id": i, "nested": False, "weight": 1, "kind": "kernel",
+                 **({"nvtx_range": "step > forward > aten::linear"} if i % 10 else {})} for i in range(1, 101)]
+    summary = {"type": "summary", "launch_ranges": 90, "nvtx_paths_cut": 0, "kernels": 100}
+    facts = validate.range_facts([json.dumps(x) for x in [*launches, summary]])
+    assert (facts["sampled"], facts["ranged"], facts["ok"]) == (100, 90, True)
+    assert facts["top_paths"] == [("step > forward > aten::linear", 90)]
+    assert facts["counters"] == {"launch_ranges": 90, "nvtx_paths_cut": 0}
+    facts = validate.range_facts([json.dumps(x) for x in launches[:20]])
+    assert (facts["ranged"], facts["ok"]) == (18, True)
+    assert validate.range_facts([json.dumps({**x, "nvtx_range": ""}) for x in launches])["ok"] is False
+
+
+def test_sampled_copies_count_as_timed() -> None:
+    lines = [{"type": "launch", "correlation_id": 1, "nested": False, "weight": 1},
+             {"type": "launch", "correlation_id": 2, "nested": False, "weight": 1},
+             {"type": "kernel", "correlation_id": 1}, {"type": "memory", "correlation_id": 2}]
+    facts = validate.sampled_facts([json.dumps(x) for x in lines])
+    assert (facts["sampled_without_kernel"], facts["kernels"]["sampled"], facts["ok"]) == (0, 2, True)

@@ -1,10 +1,15 @@
 """A small, deterministic PyTorch training loop for tests/gpu/validate.sh (needs a CUDA GPU and torch).
 
     python3 tests/gpu/train_loop.py --steps 200 --markers m.json [--profile trace.json] [--no-graphs]
+                                    [--no-copies] [--nvtx]
 
 It writes the Unix-ns bounds of the measured steps to --markers (the shim's kernel records are cut to them), and
 with --profile runs the measured steps under torch.profiler and exports its Chrome trace there. Each step is an
-MLP forward/backward/AdamW step plus a replay of a captured CUDA graph, so graph launches are covered.
+MLP forward/backward/AdamW step plus a replay of a captured CUDA graph (graph launches), and host<->device copies:
+a batch in from pageable and from pinned memory, a result out to pinned memory (asynchronous) and to pageable memory,
+and a memset (zero_) of a device buffer. With --nvtx the measured steps run under torch.autograd.profiler.emit_nvtx
+(an NVTX range per operator) inside "step" / "forward" / "backward" / "optimizer.step" ranges, so the shim, as NVTX
+injection library (NVTX_INJECTION64_PATH), attaches range paths to the launches.
 """
 
 from __future__ import annotations
@@ -24,14 +29,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--markers", type=Path, required=True, help="JSON file for the measured window")
     parser.add_argument("--profile", type=Path, default=None, help="run the measured steps under torch.profiler")
     parser.add_argument("--no-graphs", action="store_true", help="leave out the CUDA graph replay")
+    parser.add_argument("--no-copies", action="store_true", help="leave out the host<->device copies")
+    parser.add_argument("--nvtx", action="store_true", help="NVTX ranges: emit_nvtx and named step ranges")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 1:
         parser.error("--steps and --warmup must be at least 1")
     return args
 
 
-def build(torch: Any) -> tuple[Any, Any]:
-    """The training step and the graph replay (or None), warmed up."""
+def build(torch: Any, copies: bool = True, nvtx: bool = False) -> tuple[Any, Any]:
+    """The training step and the captured graph, warmed up."""
     nn, functional = torch.nn, torch.nn.functional
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(1024, 2048), nn.GELU(), nn.LayerNorm(2048), nn.Linear(2048, 1024)).cuda()
@@ -39,10 +46,28 @@ def build(torch: Any) -> tuple[Any, Any]:
     x = torch.randn(256, 1024, device="cuda")
     y = torch.randn(256, 1024, device="cuda")
 
+    host_pageable = torch.randn(256, 1024)
+    host_pinned = torch.randn(256, 1024).pin_memory()
+    out_pinned = torch.empty(256, 1024).pin_memory()
+    scratch = torch.empty(1 << 20, device="cuda")
+    rng = torch.cuda.nvtx.range if nvtx else (lambda _name: nullcontext())
+
     def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        functional.mse_loss(model(x), y).backward()
-        optimizer.step()
+        with rng("step"):
+            if copies:
+                x.copy_(host_pageable)  # HtoD from pageable memory
+                x.copy_(host_pinned, non_blocking=True)  # HtoD from pinned memory
+                scratch.zero_()  # a memset (or a fill kernel, as torch decides)
+            optimizer.zero_grad(set_to_none=True)
+            with rng("forward"):
+                loss = functional.mse_loss(model(x), y)
+            with rng("backward"):
+                loss.backward()
+            with rng("optimizer.step"):
+                optimizer.step()
+            if copies:
+                out_pinned.copy_(x, non_blocking=True)  # DtoH into pinned memory
+                loss.detach().cpu()  # DtoH into pageable memory (synchronizes)
 
     head = nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512)).cuda().eval()
     static_in = torch.randn(64, 512, device="cuda")
@@ -64,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if not torch.cuda.is_available():
         raise SystemExit("train_loop: torch sees no CUDA device")
-    step, graph = build(torch)
+    step, graph = build(torch, copies=not args.no_copies, nvtx=args.nvtx)
     for _ in range(args.warmup):
         step()
         graph.replay()
@@ -74,8 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         from torch.profiler import ProfilerActivity, profile
 
         profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    ranges = torch.autograd.profiler.emit_nvtx() if args.nvtx else nullcontext()
     start_ns = time.time_ns()
-    with profiler if profiler is not None else nullcontext():
+    with profiler if profiler is not None else nullcontext(), ranges:
         for _ in range(args.steps):
             step()
             if not args.no_graphs:

@@ -4,13 +4,18 @@ toolkit); no bcc, no package manager, no install of fleetprof: it runs from the 
 
 1. Builds the shim (producers.cupti_shim); without <sys/sdt.h> it builds the same sources with -DFLEETPROF_NO_SDT
    (no probes: the self-check file is all this check needs).
-2. Runs tests/gpu/train_loop.py five times, the same steps each time: plain; with the shim injected and idle (no
-   agent, no record: its cost when nothing is attached); with the shim recording (FLEETPROF_CUPTI_RECORD: kernel
-   records on all the time); under torch.profiler; with the shim recording and kernel records on only around the
-   launches its rate limit samples (FLEETPROF_CUPTI_ACTIVITY=sampled, the default when an agent attaches). The shim
-   and torch.profiler cannot share one process: CUPTI has one subscriber and one set of activity-buffer callbacks
-   per process.
-3. Prints per-kernel GPU time both ways with their ratio (goal: within 5%); for the sampled run, whether kernel
+2. Runs tests/gpu/train_loop.py six times, the same steps each time (each step: a training step, a captured CUDA
+   graph replayed, host<->device copies from and to pageable and pinned memory, a memset): plain; with the shim
+   injected and idle (no agent, no record: its cost when nothing is attached); with the shim recording
+   (FLEETPROF_CUPTI_RECORD: kernel, copy and set records on all the time); under torch.profiler; with the shim
+   recording and records on only around the launches its rate limits sample (FLEETPROF_CUPTI_ACTIVITY=sampled, the
+   default when an agent attaches); and (fewer steps) under torch.autograd.profiler.emit_nvtx with the shim also the
+   NVTX injection library (NVTX_INJECTION64_PATH), every launch sampled. The shim and torch.profiler cannot share
+   one process: CUPTI has one subscriber and one set of activity-buffer callbacks per process.
+3. Prints per-kernel GPU time both ways with their ratio (goal: within 5%), the same per copy kind and memory kinds
+   ("[memcpy HtoD] pinned>device", "[memset] device"), the graph kernels the shim saw; for the NVTX run, the share of
+   sampled launches that carry a range path (goal: at least 90%) and the most frequent paths; for the sampled run,
+   whether kernel
    records came for the sampled launches and (nearly) only for them (goal: at most 1% of sampled launches without
    one, at most 1.1 records per record of a sampled launch), which real CUPTI does not document, and its step time
    against the run with records on all the time; and NVML readings (nvidia-ml-py, if importable) against
@@ -29,16 +34,33 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-GOAL = 0.05  # per-kernel GPU time within 5% of torch.profiler's
-SIGNIFICANT = 0.01  # kernels below this share of the GPU time are listed but not held to the goal
-SAMPLED_MISSING = 0.01  # sampled launches allowed without a kernel record (a graph of copies only has none)
-SAMPLED_EXTRA = 1.1  # kernel records allowed per record of a sampled launch (the rest: other threads' launches)
+sys.path.insert(0, str(ROOT))  # run as a script from the repository: tests.gpu.gpu_records, producers
+
+from tests.gpu.gpu_records import (  # noqa: E402  (re-exported: tests/gpu/test_validate.py reads them here)
+    GOAL,
+    SIGNIFICANT,
+    KernelTotals,
+    compare,
+    demangle,
+    format_table,
+    graph_kernel_count,
+    range_facts,
+    read_chrome_memory,
+    read_chrome_trace,
+    read_memory_records,
+    read_records,
+    rename,
+    sampled_facts,
+)
+
+__all__ = ["KernelTotals", "compare", "demangle", "format_table", "graph_kernel_count", "range_facts",
+           "read_chrome_memory", "read_chrome_trace", "read_memory_records", "read_records", "rename", "sampled_facts"]
+
 SMI_FIELDS = ("utilization.gpu", "memory.used", "power.draw", "temperature.gpu", "clocks.sm")
 CANNOT_RUN = 2
 
@@ -114,149 +136,6 @@ def build_shim(work: Path) -> tuple[Path, str]:
 
 
 # ---- reading both sides ----
-
-@dataclass
-class KernelTotals:
-    """Per kernel name: how many ran and their summed GPU time."""
-
-    count: dict[str, int]
-    ns: dict[str, int]
-
-    @classmethod
-    def empty(cls) -> KernelTotals:
-        return cls({}, {})
-
-    def add(self, name: str, ns: int) -> None:
-        self.count[name] = self.count.get(name, 0) + 1
-        self.ns[name] = self.ns.get(name, 0) + ns
-
-
-def read_records(lines: Iterable[str], start_ns: int, end_ns: int) -> tuple[KernelTotals, dict[str, Any]]:
-    """The shim's self-check records: kernels that ran inside [start_ns, end_ns], and facts about the run."""
-    totals = KernelTotals.empty()
-    facts: dict[str, Any] = {"launches": 0, "nested_launches": 0, "kernels_outside_window": 0,
-                             "kernels_with_launch": 0, "kernels_in_window": 0}
-    launched: set[int] = set()
-    kernels: list[dict[str, Any]] = []
-    for line in lines:
-        if not line.strip():
-            continue
-        record = json.loads(line)
-        kind = record["type"]
-        if kind == "launch":
-            launched.add(record["correlation_id"])
-            facts["nested_launches" if record["nested"] else "launches"] += 1
-        elif kind == "kernel":
-            kernels.append(record)
-        elif kind == "on":
-            facts["clock"] = record["clock"]
-            facts["clock_measured_offset_ns"] = record["clock_measured_offset_ns"]
-            facts["activity"] = record.get("activity", "always")
-        elif kind in ("summary", "start"):
-            facts[kind] = {k: v for k, v in record.items() if k != "type"}
-    for k in kernels:
-        if start_ns <= k["start_ns"] and k["end_ns"] <= end_ns:
-            totals.add(k["name"], k["end_ns"] - k["start_ns"])
-            facts["kernels_in_window"] += 1
-            facts["kernels_with_launch"] += k["correlation_id"] in launched
-        else:
-            facts["kernels_outside_window"] += 1
-    return totals, facts
-
-
-def sampled_facts(lines: Iterable[str]) -> dict[str, Any]:
-    """The records of a run with FLEETPROF_CUPTI_ACTIVITY=sampled: did the sampled launches, and only they, get kernel
-    records? Launches by correlation id (nested ones too: the kernel may carry either id); `ok` within the goals."""
-    weight: dict[int, int] = {}
-    outer_sampled: set[int] = set()
-    launches = 0
-    kernels: dict[str, int] = {"sampled": 0, "skipped": 0, "unknown": 0}
-    timed: set[int] = set()
-    for line in lines:
-        if not line.strip():
-            continue
-        record = json.loads(line)
-        if record["type"] == "launch":
-            weight[record["correlation_id"]] = record["weight"]
-            if not record["nested"]:
-                launches += 1
-                if record["weight"]:
-                    outer_sampled.add(record["correlation_id"])
-        elif record["type"] == "kernel":
-            w = weight.get(record["correlation_id"])
-            kernels["unknown" if w is None else "sampled" if w else "skipped"] += 1
-            timed.add(record["correlation_id"])
-    missing = len(outer_sampled - timed)
-    extra = (sum(kernels.values()) / kernels["sampled"]) if kernels["sampled"] else None
-    return {"launches": launches, "sampled": len(outer_sampled), "sampled_without_kernel": missing,
-            "kernels": kernels, "records_per_sampled_record": extra,
-            "records_per_launch": sum(kernels.values()) / launches if launches else None,
-            "ok": bool(outer_sampled) and missing <= SAMPLED_MISSING * len(outer_sampled)
-            and extra is not None and extra <= SAMPLED_EXTRA}
-
-
-def read_chrome_trace(trace: dict[str, Any]) -> KernelTotals:
-    """torch.profiler's GPU kernels (category "kernel"; durations in µs with ns precision)."""
-    totals = KernelTotals.empty()
-    for event in trace.get("traceEvents", []):
-        if event.get("ph") == "X" and str(event.get("cat", "")).lower() == "kernel":
-            totals.add(event["name"], round(float(event["dur"]) * 1000))
-    return totals
-
-
-def demangle(names: Iterable[str]) -> dict[str, str]:
-    """Mangled name -> demangled (as torch.profiler shows them), through c++filt when there is one."""
-    names = sorted(set(names))
-    if not names or shutil.which("c++filt") is None:
-        return {n: n for n in names}
-    out = subprocess.run(["c++filt"], input="\n".join(names) + "\n", capture_output=True, text=True).stdout
-    plain = out.splitlines()
-    return dict(zip(names, plain, strict=True)) if len(plain) == len(names) else {n: n for n in names}
-
-
-def rename(totals: KernelTotals, names: dict[str, str]) -> KernelTotals:
-    out = KernelTotals.empty()
-    for name, count in totals.count.items():
-        key = names.get(name, name)
-        out.count[key] = out.count.get(key, 0) + count
-        out.ns[key] = out.ns.get(key, 0) + totals.ns[name]
-    return out
-
-
-def compare(shim: KernelTotals, torch: KernelTotals) -> dict[str, Any]:
-    """Per kernel both ways, largest first, with shim/torch ratios; `ok` when every significant kernel and the total
-    are within GOAL."""
-    total_torch = sum(torch.ns.values())
-    total_shim = sum(shim.ns.values())
-    rows = []
-    for name in sorted(set(shim.ns) | set(torch.ns), key=lambda n: -max(shim.ns.get(n, 0), torch.ns.get(n, 0))):
-        s, t = shim.ns.get(name, 0), torch.ns.get(name, 0)
-        share = t / total_torch if total_torch else 0.0
-        ratio = s / t if t else None
-        rows.append({"name": name, "shim_count": shim.count.get(name, 0), "torch_count": torch.count.get(name, 0),
-                     "shim_ns": s, "torch_ns": t, "ratio": ratio, "share": share,
-                     "within_goal": ratio is not None and abs(ratio - 1) <= GOAL})
-    total_ratio = total_shim / total_torch if total_torch else None
-    significant = [r for r in rows if r["share"] >= SIGNIFICANT]
-    within = sum(r["within_goal"] for r in significant)
-    ok = total_ratio is not None and abs(total_ratio - 1) <= GOAL and within == len(significant)
-    return {"rows": rows, "shim_total_ns": total_shim, "torch_total_ns": total_torch, "total_ratio": total_ratio,
-            "significant_within_goal": within, "significant": len(significant), "ok": ok}
-
-
-def format_table(result: dict[str, Any], limit: int = 25) -> str:
-    lines = [f"{'kernel':<70} {'n shim':>7} {'n torch':>7} {'ms shim':>9} {'ms torch':>9} {'ratio':>7}"]
-    for r in result["rows"][:limit]:
-        ratio = f"{r['ratio']:.4f}" if r["ratio"] is not None else "-"
-        lines.append(f"{r['name'][:70]:<70} {r['shim_count']:>7} {r['torch_count']:>7} {r['shim_ns'] / 1e6:>9.3f} "
-                     f"{r['torch_ns'] / 1e6:>9.3f} {ratio:>7}")
-    if len(result["rows"]) > limit:
-        lines.append(f"... {len(result['rows']) - limit} more kernels")
-    total = result["total_ratio"]
-    lines.append(f"{'TOTAL':<70} {'':>7} {'':>7} {result['shim_total_ns'] / 1e6:>9.3f} "
-                 f"{result['torch_total_ns'] / 1e6:>9.3f} {total if total is None else round(total, 4)!s:>7}")
-    return "\n".join(lines)
-
 
 # ---- NVML against nvidia-smi ----
 
@@ -410,12 +289,23 @@ def main(argv: list[str] | None = None) -> int:
                    "FLEETPROF_CUPTI_ACTIVITY": "sampled", "FLEETPROF_LAUNCH_RATE": "100"}
     runs["shim_sampled"] = train(args.python, work / "sampled.json", sampled_env, args.run_timeout, steps)
     sampled = sampled_facts(sampled_record.read_text().splitlines() if sampled_record.exists() else [])
+    nvtx_record = work / "records_nvtx.jsonl"
+    nvtx_record.unlink(missing_ok=True)
+    nvtx_env = {**base, "CUDA_INJECTION64_PATH": str(shim), "NVTX_INJECTION64_PATH": str(shim),
+                "FLEETPROF_CUPTI_RECORD": str(nvtx_record), "FLEETPROF_LAUNCH_RATE": "0"}
+    runs["shim_nvtx"] = train(args.python, work / "nvtx.json", nvtx_env, args.run_timeout,
+                              ["--steps", str(min(args.steps, 50)), "--nvtx"])
+    ranges = range_facts(nvtx_record.read_text().splitlines() if nvtx_record.exists() else [])
 
     window = runs["shim_record"]
     shim_totals, facts = read_records(record.read_text().splitlines(), window["start_ns"], window["end_ns"])
     shim_totals = rename(shim_totals, demangle(shim_totals.ns))
-    torch_totals = read_chrome_trace(json.loads(trace.read_text()))
+    chrome = json.loads(trace.read_text())
+    torch_totals = read_chrome_trace(chrome)
     result = compare(shim_totals, torch_totals)
+    lines = record.read_text().splitlines()
+    copies = compare(read_memory_records(lines, window["start_ns"], window["end_ns"]), read_chrome_memory(chrome))
+    graph_kernels = graph_kernel_count(lines)
     print(f"\nGPU: {window['device']}  torch {window['torch']}  CUDA {window['cuda']}  steps {args.steps}")
     print(f"clock: {facts.get('clock')} (measured offset {facts.get('clock_measured_offset_ns')} ns); "
           f"{facts['kernels_in_window']} kernels in the window, {facts['kernels_outside_window']} outside; "
@@ -424,6 +314,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"summary: {facts.get('summary')}")
     print("\nper-kernel GPU time, shim vs torch.profiler (separate runs of the same steps):")
     print(format_table(result))
+    print("\nper copy kind GPU time, shim vs torch.profiler:")
+    print(format_table(copies).replace("kernel ", "copy   ", 1))
+    print(f"graph kernels (graph id set) in the shim's records: {graph_kernels}")
+    print(f"\nNVTX (emit_nvtx, shim as injection): {ranges['ranged']} of {ranges['sampled']} sampled launches with a "
+          f"range path; counters {ranges['counters']}")
+    for path, count in ranges["top_paths"][:5]:
+        print(f"  {count:>7}  {path[:110]}")
     overhead = runs["shim_idle"]["seconds_per_step"] / runs["plain"]["seconds_per_step"]
     print(f"\nstep time with the shim idle / without it: {overhead:.4f}")
     sampled["step_time_vs_always"] = runs["shim_sampled"]["seconds_per_step"] / window["seconds_per_step"]
@@ -433,12 +330,16 @@ def main(argv: list[str] | None = None) -> int:
           f"against records on all the time (both recording to a file): {sampled['step_time_vs_always']:.4f}")
     print("\nNVML vs nvidia-smi during the recording run:")
     print(nvml.table())
-    ok = result["ok"] and sampled["ok"]
+    ok = result["ok"] and sampled["ok"] and copies["ok"] and ranges["ok"] and graph_kernels > 0
     verdict = "PASS" if ok else "FAIL"
     print(f"\n{verdict}: total ratio {result['total_ratio']}, {result['significant_within_goal']}/"
-          f"{result['significant']} kernels with >= {SIGNIFICANT:.0%} of GPU time within {GOAL:.0%}; sampled "
-          f"launches' kernel records {'as expected' if sampled['ok'] else 'NOT as expected'}")
+          f"{result['significant']} kernels with >= {SIGNIFICANT:.0%} of GPU time within {GOAL:.0%}; copies "
+          f"{copies['significant_within_goal']}/{copies['significant']} kinds within {GOAL:.0%} (total ratio "
+          f"{copies['total_ratio']}); {graph_kernels} graph kernels; NVTX paths "
+          f"{'as expected' if ranges['ok'] else 'NOT as expected'}; sampled launches' records "
+          f"{'as expected' if sampled['ok'] else 'NOT as expected'}")
     summary = {"verdict": verdict, "shim_build": how, "libcupti": cupti, "facts": facts, "comparison": result,
+               "copies": copies, "graph_kernels": graph_kernels, "nvtx": ranges,
                "sampled": sampled, "runs": runs, "idle_overhead_ratio": overhead,
                "nvml": {"note": nvml.note, "pairs": nvml.pairs}}
     if args.out is not None:

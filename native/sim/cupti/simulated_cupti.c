@@ -4,7 +4,12 @@
  * types, behaving as the documentation describes (one subscriber, per-callback enabling, activity buffers requested
  * and completed through the registered callbacks, dropped records counted when no buffer is given). A test drives it
  * with simcupti_launch, which plays one launch API call: the enter and exit callbacks on the calling thread and the
- * kernel records it produces. Kernels do not run; their times come from the clock CUPTI would use.
+ * kernel records it produces; simcupti_memory (a copy or set API call and its MEMCPY or MEMSET record) and
+ * simcupti_graph_launch (a graph launch whose kernel and copy nodes carry the graph id and node ids, CUDA 11's
+ * records) are in simulated_workloads.c. Kernels do not run; their times come from the clock CUPTI would use.
+ * Records of the three kinds follow each other in a buffer, each as long as its CUDA 12 type
+ * (CUpti_ActivityKernel9, CUpti_ActivityMemcpy6, CUpti_ActivityMemset4); simcupti_totals says what was generated,
+ * dropped and delivered, and the GPU time generated, for exact totals.
  *
  * Activity enabling applies to work submitted afterwards: a launch's kernels produce records only when their kind was
  * enabled at the moment the launch submitted them, which is between its enter and exit callbacks (for a graph
@@ -23,7 +28,8 @@
 #include <string.h>
 #include <time.h>
 
-#define SIM_API __attribute__((visibility("default")))
+#include "simulated_cupti.h"
+
 #define MAX_CBID 1024
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -33,22 +39,30 @@ static int subscribed;
 static unsigned char enabled[2][MAX_CBID]; /* [0] runtime, [1] driver */
 static CUpti_BuffersCallbackRequestFunc buffer_requested;
 static CUpti_BuffersCallbackCompleteFunc buffer_completed;
-/* atomics, not under mu: a launch reads the switch without waiting for another thread's records */
+/* atomics, not under mu: a launch reads the switches without waiting for another thread's records */
 static _Atomic int kernels_on;
+static _Atomic int memcpy_on;
+static _Atomic int memset_on;
 static _Atomic uint64_t enable_calls; /* cuptiActivityEnable/Disable of the kernel kind */
 static _Atomic uint64_t disable_calls;
-static uint64_t records_delivered; /* kernel records buffer_completed has returned from, under mu */
+static _Atomic uint64_t other_calls;  /* ... of the memcpy and memset kinds, enables and disables together */
+static uint64_t records_delivered; /* records buffer_completed has returned from, under mu */
+static uint64_t records_generated; /* records written into a buffer (not dropped), under mu */
+static uint64_t records_dropped_total; /* under mu */
+static uint64_t generated_ns;      /* sum of end - start of the records generated, under mu */
 static pthread_mutex_t flush_mu = PTHREAD_MUTEX_INITIALIZER; /* one flush at a time: one returns when all is read */
 static CUpti_TimestampCallbackFunc timestamp_fn;
 static uint8_t *buffer;
 static size_t buffer_size;
 static size_t buffer_used;
 static size_t dropped;
+static size_t buffer_records;
 #define MAX_PENDING 64
 static struct pending {
     uint8_t *data;
     size_t size;
     size_t used;
+    size_t records;
 } pending[MAX_PENDING];
 static int pending_count;
 static uint32_t next_correlation_id;
@@ -115,28 +129,53 @@ SIM_API CUptiResult cuptiActivityRegisterCallbacks(CUpti_BuffersCallbackRequestF
     return CUPTI_SUCCESS;
 }
 
+/* The switch of a kind this double produces (kernels, copies, sets); NULL for the others. */
+static _Atomic int *kind_switch(CUpti_ActivityKind kind)
+{
+    if (kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)
+        return &kernels_on;
+    if (kind == CUPTI_ACTIVITY_KIND_MEMCPY)
+        return &memcpy_on;
+    if (kind == CUPTI_ACTIVITY_KIND_MEMSET)
+        return &memset_on;
+    return NULL;
+}
+
 SIM_API CUptiResult cuptiActivityEnable(CUpti_ActivityKind kind)
 {
-    if (kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)
+    _Atomic int *on = kind_switch(kind);
+    if (on == NULL)
         return CUPTI_ERROR_NOT_SUPPORTED;
-    atomic_store(&kernels_on, 1);
-    atomic_fetch_add(&enable_calls, 1);
+    atomic_store(on, 1);
+    atomic_fetch_add(on == &kernels_on ? &enable_calls : &other_calls, 1);
     return CUPTI_SUCCESS;
 }
 
 SIM_API CUptiResult cuptiActivityDisable(CUpti_ActivityKind kind)
 {
-    if (kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)
+    _Atomic int *on = kind_switch(kind);
+    if (on == NULL)
         return CUPTI_SUCCESS;
-    atomic_store(&kernels_on, 0);
-    atomic_fetch_add(&disable_calls, 1);
+    atomic_store(on, 0);
+    atomic_fetch_add(on == &kernels_on ? &disable_calls : &other_calls, 1);
     return CUPTI_SUCCESS;
 }
 
+static size_t record_size(CUpti_ActivityKind kind)
+{
+    if (kind == CUPTI_ACTIVITY_KIND_MEMCPY)
+        return sizeof(CUpti_ActivityMemcpy6);
+    if (kind == CUPTI_ACTIVITY_KIND_MEMSET)
+        return sizeof(CUpti_ActivityMemset4);
+    return sizeof(CUpti_ActivityKernel9);
+}
+
+/* Records of different kinds follow each other in a buffer, each as long as its type, as CUPTI's do. */
 SIM_API CUptiResult cuptiActivityGetNextRecord(uint8_t *records, size_t valid_size, CUpti_Activity **record)
 {
-    uint8_t *next = *record == NULL ? records : (uint8_t *)*record + sizeof(CUpti_ActivityKernel9);
-    if (next + sizeof(CUpti_ActivityKernel9) > records + valid_size)
+    uint8_t *next = *record == NULL ? records : (uint8_t *)*record + record_size((*record)->kind);
+    if (next + sizeof(CUpti_Activity) > records + valid_size ||
+        next + record_size(((CUpti_Activity *)next)->kind) > records + valid_size)
         return CUPTI_ERROR_MAX_LIMIT_REACHED;
     *record = (CUpti_Activity *)next;
     return CUPTI_SUCCESS;
@@ -152,11 +191,11 @@ SIM_API CUptiResult cuptiActivityGetNumDroppedRecords(CUcontext context, uint32_
 }
 
 /* Hands a completed buffer to the tool (called without mu), and counts its records once the tool has read them. */
-static void deliver(uint8_t *data, size_t size, size_t used)
+static void deliver(uint8_t *data, size_t size, size_t used, size_t records)
 {
     buffer_completed(NULL, 0, data, size, used);
     pthread_mutex_lock(&mu);
-    records_delivered += used / sizeof(CUpti_ActivityKernel9);
+    records_delivered += records;
     pthread_mutex_unlock(&mu);
 }
 
@@ -167,13 +206,14 @@ static void retire(void)
         return;
     if (pending_count == MAX_PENDING) { /* cannot happen with the shim's pool sizes; keep the records anyway */
         pthread_mutex_unlock(&mu);
-        deliver(buffer, buffer_size, buffer_used);
+        deliver(buffer, buffer_size, buffer_used, buffer_records);
         pthread_mutex_lock(&mu);
     } else {
-        pending[pending_count++] = (struct pending){buffer, buffer_size, buffer_used};
+        pending[pending_count++] = (struct pending){buffer, buffer_size, buffer_used, buffer_records};
     }
     buffer = NULL;
     buffer_used = 0;
+    buffer_records = 0;
 }
 
 SIM_API CUptiResult cuptiActivityFlushAll(uint32_t flag)
@@ -192,7 +232,7 @@ SIM_API CUptiResult cuptiActivityFlushAll(uint32_t flag)
     int report_drops = count == 0 && dropped > 0;
     pthread_mutex_unlock(&mu);
     for (int i = 0; i < count; i++)
-        deliver(out[i].data, out[i].size, out[i].used);
+        deliver(out[i].data, out[i].size, out[i].used, out[i].records);
     if (report_drops)
         buffer_completed(NULL, 0, NULL, 0, 0);
     pthread_mutex_unlock(&flush_mu);
@@ -236,35 +276,82 @@ static int submit(void)
     return atomic_load(&kernels_on);
 }
 
-static void kernel_record(uint32_t correlation_id, const char *name, uint64_t start, uint64_t end, uint32_t stream)
+/* Room for one record of `size` bytes in the current buffer (a fresh one asked for when there is none), or NULL
+ * when the tool gave no buffer: the record is dropped and counted. Called with mu held. */
+static void *record_room(size_t size)
 {
-    pthread_mutex_lock(&mu);
     if (buffer == NULL) {
         /* asked with mu held: two launching threads must not each install a buffer (the tool's request callback
          * calls nothing of this library) */
         uint8_t *fresh = NULL;
-        size_t size = 0, max_records = 0;
-        buffer_requested(&fresh, &size, &max_records);
-        if (fresh == NULL || size < sizeof(CUpti_ActivityKernel9)) {
+        size_t fresh_size = 0, max_records = 0;
+        buffer_requested(&fresh, &fresh_size, &max_records);
+        if (fresh == NULL || fresh_size < sizeof(CUpti_ActivityKernel9)) {
             dropped++;
-            pthread_mutex_unlock(&mu);
-            return;
+            records_dropped_total++;
+            return NULL;
         }
         buffer = fresh;
-        buffer_size = size;
+        buffer_size = fresh_size;
     }
-    CUpti_ActivityKernel9 *k = (CUpti_ActivityKernel9 *)(buffer + buffer_used);
-    memset(k, 0, sizeof(*k));
-    k->kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
-    k->start = start;
-    k->end = end;
-    k->deviceId = 0;
-    k->streamId = stream;
-    k->correlationId = correlation_id;
-    k->name = keep_name(name);
-    buffer_used += sizeof(*k);
-    if (buffer_used + sizeof(*k) > buffer_size)
+    if (buffer_used + size > buffer_size) {
         retire();
+        return record_room(size);
+    }
+    void *room = buffer + buffer_used;
+    memset(room, 0, size);
+    buffer_used += size;
+    buffer_records++;
+    records_generated++;
+    return room;
+}
+
+/* A full buffer (no room for the largest record) goes to the pending list. Called with mu held. */
+static void maybe_retire(void)
+{
+    if (buffer != NULL && buffer_used + sizeof(CUpti_ActivityKernel9) > buffer_size)
+        retire();
+}
+
+static void write_record(const struct sim_record *r, uint32_t correlation_id, uint64_t start, uint64_t end,
+                         uint32_t stream)
+{
+    void *room = record_room(record_size(r->kind));
+    if (room == NULL)
+        return;
+    generated_ns += end - start;
+    if (r->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+        CUpti_ActivityMemcpy6 *m = room;
+        *m = (CUpti_ActivityMemcpy6){.kind = r->kind, .copyKind = r->copy_kind, .srcKind = r->src_kind,
+                                     .dstKind = r->dst_kind, .bytes = r->bytes, .start = start, .end = end,
+                                     .streamId = stream, .correlationId = correlation_id,
+                                     .graphNodeId = r->graph_node_id, .graphId = r->graph_id};
+    } else if (r->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
+        CUpti_ActivityMemset4 *m = room;
+        *m = (CUpti_ActivityMemset4){.kind = r->kind, .bytes = r->bytes, .start = start, .end = end,
+                                     .streamId = stream, .correlationId = correlation_id,
+                                     .memoryKind = r->dst_kind, .graphNodeId = r->graph_node_id,
+                                     .graphId = r->graph_id};
+    } else {
+        CUpti_ActivityKernel9 *k = room;
+        k->kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
+        k->start = start;
+        k->end = end;
+        k->deviceId = 0;
+        k->streamId = stream;
+        k->correlationId = correlation_id;
+        k->name = keep_name(r->name);
+        k->graphId = r->graph_id;
+        k->graphNodeId = r->graph_node_id;
+    }
+    maybe_retire();
+}
+
+static void kernel_record(uint32_t correlation_id, const char *name, uint64_t start, uint64_t end, uint32_t stream)
+{
+    struct sim_record r = {.kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, .name = name};
+    pthread_mutex_lock(&mu);
+    write_record(&r, correlation_id, start, end, stream);
     pthread_mutex_unlock(&mu);
 }
 
@@ -295,7 +382,7 @@ __attribute__((constructor)) static void read_api_ns(void)
 }
 
 /* Busy for `ns`, as CPU work is: a sleep would give the core to the other threads. */
-static void spin(uint64_t ns)
+void simcupti_spin(uint64_t ns)
 {
     if (ns == 0)
         return;
@@ -324,12 +411,12 @@ SIM_API uint32_t simcupti_launch(uint32_t driver, uint32_t cbid, const char *api
         int inner_result = result;
         callback(CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, CUPTI_API_ENTER, "cuLaunchKernel",
                  inner, &inner_result);
-        spin(api_ns);
+        simcupti_spin(api_ns);
         timed = submit();
         callback(CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, CUPTI_API_EXIT, "cuLaunchKernel",
                  inner, &inner_result);
     } else {
-        spin(api_ns);
+        simcupti_spin(api_ns);
         timed = submit();
     }
     callback(domain, cbid, CUPTI_API_EXIT, api, correlation_id, &result);
@@ -340,10 +427,60 @@ SIM_API uint32_t simcupti_launch(uint32_t driver, uint32_t cbid, const char *api
     return correlation_id;
 }
 
-/* 1 while the shim holds the subscriber, 2 while kernel records are on (both: 3). */
+uint32_t simcupti_next_correlation_id(void)
+{
+    return __atomic_add_fetch(&next_correlation_id, 1, __ATOMIC_SEQ_CST);
+}
+
+void simcupti_api_call(CUpti_CallbackDomain domain, uint32_t cbid, CUpti_ApiCallbackSite site, const char *api,
+                       uint32_t correlation_id, int *result)
+{
+    callback(domain, cbid, site, api, correlation_id, result);
+    if (site == CUPTI_API_ENTER)
+        simcupti_spin(api_ns);
+}
+
+int simcupti_kind_on(CUpti_ActivityKind kind)
+{
+    _Atomic int *on = kind_switch(kind);
+    return on != NULL && atomic_load(on);
+}
+
+uint64_t simcupti_now_ns(void)
+{
+    return now_ns();
+}
+
+/* `count` records of one call, back to back from *t, `duration_ns` each; *t ends after the last. */
+void simcupti_write_records(const struct sim_record *records, uint32_t count, uint32_t correlation_id, uint64_t *t,
+                            uint64_t duration_ns, uint32_t stream)
+{
+    pthread_mutex_lock(&mu);
+    for (uint32_t i = 0; i < count; i++, *t += duration_ns)
+        write_record(&records[i], correlation_id, *t, *t + duration_ns, stream);
+    pthread_mutex_unlock(&mu);
+}
+
+/* What this double produced so far: out[0] records written into buffers, out[1] records dropped (no buffer),
+ * out[2] records delivered to the tool, out[3] the sum of their durations (end - start) in ns, out[4]
+ * cuptiActivityEnable/Disable calls of the memcpy and memset kinds. */
+SIM_API void simcupti_totals(uint64_t *out)
+{
+    pthread_mutex_lock(&mu);
+    out[0] = records_generated;
+    out[1] = records_dropped_total;
+    out[2] = records_delivered;
+    out[3] = generated_ns;
+    pthread_mutex_unlock(&mu);
+    out[4] = atomic_load(&other_calls);
+}
+
+/* 1 while the shim holds the subscriber, 2 while kernel records are on (both: 3); 4 and 8 while memcpy and memset
+ * records are on. */
 SIM_API int simcupti_state(void)
 {
-    return (subscribed ? 1 : 0) | (atomic_load(&kernels_on) ? 2 : 0);
+    return (subscribed ? 1 : 0) | (atomic_load(&kernels_on) ? 2 : 0) | (atomic_load(&memcpy_on) ? 4 : 0) |
+           (atomic_load(&memset_on) ? 8 : 0);
 }
 
 /* Kernel records delivered to the tool in completed buffers since the library was loaded (dropped ones are not). */
@@ -361,39 +498,3 @@ SIM_API uint64_t simcupti_activity_calls(int disable)
     return atomic_load(disable ? &disable_calls : &enable_calls);
 }
 
-struct loop {
-    pthread_t thread;
-    int started;
-    uint32_t launches, kernels;
-    uint64_t gap_ns;
-};
-
-static void *launch_loop(void *arg)
-{
-    const struct loop *loop = arg;
-    for (uint32_t i = 0; i < loop->launches; i++) {
-        spin(loop->gap_ns);
-        simcupti_launch(0, CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000, "cudaLaunchKernel", "k_loop",
-                        loop->kernels, 0, 0, 0, 0);
-    }
-    return NULL;
-}
-
-/* A launch-bound workload: `threads` threads (at most 64), each making `launches` cudaLaunchKernel calls of
- * `kernels` zero-duration kernels, with `gap_ns` of CPU work before each (a framework's own per-operation work).
- * Returns the threads that ran. */
-SIM_API int simcupti_launch_loop(int threads, uint32_t launches, uint32_t kernels, uint64_t gap_ns)
-{
-    struct loop loops[64];
-    int count = threads < 64 ? threads : 64, started = 0;
-    for (int i = 0; i < count; i++) {
-        loops[i] = (struct loop){.launches = launches, .kernels = kernels, .gap_ns = gap_ns};
-        loops[i].started = pthread_create(&loops[i].thread, NULL, launch_loop, &loops[i]) == 0;
-    }
-    for (int i = 0; i < count; i++)
-        if (loops[i].started) {
-            pthread_join(loops[i].thread, NULL);
-            started++;
-        }
-    return started;
-}
