@@ -24,12 +24,14 @@ GPU_COPY_COLUMNS = ["ts", "node", "pid", "comm", "container_id", "device", "stre
                     "memory_kinds", "nvtx_range", "duration_ns", "bytes", "launches"]
 GPU_TIMELINE_COLUMNS = ["ts", "node", "pid", "comm", "device", "stream", "start_ns", "end_ns", "activity", "name",
                         "stack_id", "weight", "bytes", "nvtx_range", "graph_id", "graph_node_id", "correlation_id"]
-# The labels the agent gives copies and sets (plan of issue 16): their samples are also rows of gpu_copy_samples
-COPY_LABEL_PREFIXES = ("[memcpy ", "[memset")
+
 ALERT_COLUMNS = ["alert_id", "kind", "state", "node", "gpu_index", "gpu_uuid", "started", "time", "threshold",
                  "observed", "message", "evidence"]
 GPU_UNMATCHED_COLUMNS = ["ts", "node", "pid", "side", "reason", "events", "duration_ns", "launches"]
 PROFILE_WINDOW_COLUMNS = ["ts", "node", "kind", "simulated", "frequency_hz"]
+
+# The labels the agent gives copies and sets, their kernel_name (plan of issue 16): '[memcpy HtoD]', '[memset]'
+COPY_LABEL_PREFIXES = ("[memcpy ", "[memset")
 
 # Tables whose rows are keyed by content (ReplacingMergeTree): safe to write again, no dedup token needed.
 DEFINITION_TABLES = ("frames", "stacks")
