@@ -97,3 +97,55 @@ def test_v3_rows_insert_and_a_re_inserted_batch_counts_once(store):
     _, hourly = store.query_sql("SELECT nvtx_range, sum(duration_ns) FROM gpu_kernel_samples_1h "
                                 "GROUP BY ALL ORDER BY ALL", {})
     assert hourly == [("", 110), ("step > forward", 6800)]
+
+
+class Crash(BaseException):
+    """Stands for the sink's process dying at that exact point."""
+
+
+class StoreDyingBeforeAfter:
+    """The real store, except that the sink 'dies' once the timeline's rows went in, before AFTER is recorded."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+        self.timeline_inserts = 0
+
+    def insert(self, table, rows, column_names, dedup_token=None):
+        if table == "sink_state" and rows[0][4] == "AFTER" and self.timeline_inserts:
+            raise Crash()
+        self.store.insert(table, rows, column_names, dedup_token=dedup_token)
+        self.timeline_inserts += table == "gpu_timeline"
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+
+def test_a_sink_dying_after_its_insert_stores_v3_rows_once(kafka_bootstrap, store):
+    import threading
+    import uuid
+
+    from processors.store_writer import StoreRunner
+    from tests.pipeline_helpers import Running, encode, produce, sink, wait_for
+
+    run = uuid.uuid4().hex[:8]
+    node = f"eos-gpu-{run}"
+    records = [dict(v3_record(), node=node, window_start_ns=T + i * 10**10) for i in range(3)]
+    produce(kafka_bootstrap, [("gpu.samples", node, encode("GpuSamples", rec)) for rec in records])
+
+    def counts() -> tuple:
+        sql = ("SELECT (SELECT sum(duration_ns) FROM gpu_kernel_samples WHERE node = {n:String}), "
+               "(SELECT sum(bytes) FROM gpu_copy_samples WHERE node = {n:String}), "
+               "(SELECT count() FROM gpu_timeline WHERE node = {n:String})")
+        return tuple(int(v or 0) for v in store.query_sql(sql, {"n": node})[1][0])
+
+    stop = threading.Event()
+    dying = Running(StoreRunner(StoreDyingBeforeAfter(store), {"bootstrap.servers": kafka_bootstrap},
+                                group=f"sink-{run}", stop=stop, flush_interval=0.3), stop)
+    with dying:
+        wait_for(lambda: dying.error is not None, what="the sink to die")
+    assert isinstance(dying.error, Crash) and counts() != (0, 0, 0)  # the rows did go in before the 'crash'
+    want = (3 * 6910, 3 * 4608, 3 * 3)
+    with sink(store, kafka_bootstrap, f"sink-{run}") as snk:
+        wait_for(lambda: counts() == want, what="exact totals", running=[snk])
+        time.sleep(1.5)
+        assert counts() == want
