@@ -18,7 +18,7 @@ from fleetprof.gpu_filters import nvtx_frames, nvtx_range_matches
 from processors.messages import Message
 from processors.sink import rows_for
 from tests.test_query_cli import base_args, run_here, silent_address
-from tests.webui_helpers import cli_export, stacks_of
+from tests.webui_helpers import cli_export, pprof_stacks, stacks_of
 
 MS = 1_000_000
 # frame id -> (function, binary, kind); stack id -> frame ids, root first, the kernel or copy label last
@@ -147,6 +147,9 @@ def test_the_nvtx_level_puts_ranges_between_the_root_and_the_launching_stack(job
     assert folded(job, "--nvtx-level", "--node", "n1") == {f"train (pid 10);{k}": v for k, v in merged.items()}
     assert folded(job, "--merge-processes", "--nvtx-level", "--nvtx-range", "step > forward", "--what",
                   "kernels") == {f"[nvtx] step;[nvtx] forward;{LAUNCH};gemm": 6 * MS}
+    # pprof: the process in labels, the range frames in the stacks
+    pprof = cli_export(job, "pprof", job.t0, job.t1, "--kind", "gpu", "--node", "n1", "--nvtx-level")
+    assert pprof_stacks(pprof) == merged
     # without the level the ranges' time adds up per stack
     assert folded(job, "--merge-processes")[f"{LAUNCH};gemm"] == 11_750_000
     assert nvtx_frames("step > forward") == ["[nvtx] step", "[nvtx] forward"]
