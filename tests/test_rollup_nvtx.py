@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from fleetprof.gpu_filters import is_copy, nvtx_frames, nvtx_range_matches
+from fleetprof.webui.model import UNKNOWN_STACK, ch_hex
 from tests.test_gpu_copies_nvtx import FRAMES, STACKS, store_record
 
 S = timedelta(seconds=1)
@@ -18,7 +19,7 @@ ROWS = [(-10, 100, "gemm", "step > forward", 1000), (-10, 101, "[memcpy HtoD]", 
         (10, 100, "gemm", "step > backward", 200), (1800, 102, "[memset]", "step > backward", 7),
         (3590, 103, "[memcpy DtoH]", "", 50), (3610, 100, "gemm", "optimizer.step", 4000),
         (7190, 100, "gemm", "step > forward", 60_000), (7210, 101, "[memcpy HtoD]", "step > forward2", 500_000),
-        (7210, 100, "gemm", "", 9)]
+        (7210, 100, "gemm", "", 9), (7220, 999, "gemm", "step > forward", 3_000_000)]  # 999: no definition
 # (what, nvtx_range, nvtx_level): each choice of each, and filters together
 CASES = [("all", "", 0), ("all", "", 1), ("kernels", "step", 1), ("copies", "", 1), ("copies", "forward2", 0),
          ("all", "step > backward", 1), ("kernels", "forward", 0), ("all", "forward", 1), ("kernels", "", 0)]
@@ -50,17 +51,19 @@ def expected(h: datetime, since: datetime, until: datetime, what: str, wanted: s
             continue
         if what != "all" and is_copy(kernel) != (what == "copies"):
             continue
-        names = (*(nvtx_frames(path) if level else []), *(FRAMES[f][0] for f in STACKS[stack]))
+        frames = [FRAMES[f][0] for f in STACKS[stack]] if stack in STACKS else [UNKNOWN_STACK.format(ch_hex(stack))]
+        names = (*(nvtx_frames(path) if level else []), *frames)
         sums[names] = sums.get(names, 0) + ns
     return sums
 
 
 def by_ids(store, params: dict) -> dict[tuple, int]:
-    """flamegraph_ids_gpu's stacks named by flamegraph_names_gpu, as the UI names them."""
+    """flamegraph_ids_gpu's stacks named by flamegraph_names_gpu, as the UI names them (a stack without frames:
+    "[unknown stack 0x…]", as fleetprof/webui/model.py names it)."""
     names = {int(r[0]): r[1] for r in store.query_named("flamegraph_names_gpu", params)[1]}
     sums: dict[tuple, int] = {}
-    for _stack, frame_ids, value, *_ in store.query_named("flamegraph_ids_gpu", params)[1]:
-        key = tuple(names[int(f)] for f in frame_ids)
+    for stack, frame_ids, value, *_ in store.query_named("flamegraph_ids_gpu", params)[1]:
+        key = tuple(names[int(f)] for f in frame_ids) or (UNKNOWN_STACK.format(ch_hex(int(stack))),)
         sums[key] = sums.get(key, 0) + int(value)
     return sums
 
