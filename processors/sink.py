@@ -19,11 +19,19 @@ DEVICE_COLUMNS = ["ts", "node", "gpu_index", "uuid", "name", "parent_uuid", "gpu
 PROCESS_COLUMNS = ["ts", "node", "gpu_index", "pid", "comm", "container_id", "sm_util_pct", "mem_util_pct",
                    "used_memory_bytes", "simulated"]
 GPU_SAMPLE_COLUMNS = ["ts", "node", "pid", "comm", "container_id", "device", "stream", "stack_id", "kernel_name",
-                      "duration_ns", "launches"]
+                      "duration_ns", "launches", "nvtx_range"]
+GPU_COPY_COLUMNS = ["ts", "node", "pid", "comm", "container_id", "device", "stream", "stack_id", "kernel_name",
+                    "memory_kinds", "nvtx_range", "duration_ns", "bytes", "launches"]
+GPU_TIMELINE_COLUMNS = ["ts", "node", "pid", "comm", "device", "stream", "start_ns", "end_ns", "activity", "name",
+                        "stack_id", "weight", "bytes", "nvtx_range", "graph_id", "graph_node_id", "correlation_id"]
+
 ALERT_COLUMNS = ["alert_id", "kind", "state", "node", "gpu_index", "gpu_uuid", "started", "time", "threshold",
                  "observed", "message", "evidence"]
 GPU_UNMATCHED_COLUMNS = ["ts", "node", "pid", "side", "reason", "events", "duration_ns", "launches"]
 PROFILE_WINDOW_COLUMNS = ["ts", "node", "kind", "simulated", "frequency_hz"]
+
+# The labels the agent gives copies and sets, their kernel_name (plan of issue 16): '[memcpy HtoD]', '[memset]'
+COPY_LABEL_PREFIXES = ("[memcpy ", "[memset")
 
 # Tables whose rows are keyed by content (ReplacingMergeTree): safe to write again, no dedup token needed.
 DEFINITION_TABLES = ("frames", "stacks")
@@ -51,6 +59,10 @@ COLUMN_RANGES: dict[str, dict[str, tuple[int, int]]] = {
                             "used_memory_bytes": _U64},
     "gpu_kernel_samples": {"pid": _U32, "device": _U16, "stream": _U32, "stack_id": _U64, "duration_ns": _U64,
                            "launches": _U64},
+    "gpu_copy_samples": {"pid": _U32, "device": _U16, "stream": _U32, "stack_id": _U64, "duration_ns": _U64,
+                         "bytes": _U64, "launches": _U64},
+    "gpu_timeline": {"pid": _U32, "device": _U16, "stream": _U32, "start_ns": _U64, "end_ns": _U64, "stack_id": _U64,
+                     "weight": _U32, "bytes": _U64, "graph_id": _U32, "graph_node_id": _U64, "correlation_id": _U32},
     "gpu_unmatched": {"pid": _U32, "events": _U64, "duration_ns": _U64, "launches": _U64},
     "alerts": {"gpu_index": _U16},
     "profile_windows": {"frequency_hz": _U32},
@@ -129,18 +141,45 @@ def gpu_metrics_rows(rec: dict) -> dict[str, Rows]:
 
 
 def gpu_samples_rows(rec: dict) -> dict[str, Rows]:
+    """GpuSamples v1 to v3 (a field an older record lacks reads as its v3 default: no range, no bytes, no timeline).
+    Copies and sets are rows of gpu_kernel_samples like kernels (their GPU time), and of gpu_copy_samples with their
+    bytes too (migration 0014)."""
     ts = _ts(rec["window_start_ns"])
+    node = rec["node"]
+    samples = rec["samples"]
+    copies = [s for s in samples if s["kernel_name"].startswith(COPY_LABEL_PREFIXES)]
     return {
         **_definitions(rec, ts),
         "gpu_kernel_samples": Rows(GPU_SAMPLE_COLUMNS, [
-            [ts, rec["node"], s["pid"], s["comm"], s["container_id"], s["device"], s["stream"],
-             long_to_u64(s["stack_id"]), s["kernel_name"], s["duration_ns"], s["launches"]]
-            for s in rec["samples"]]),
+            [ts, node, s["pid"], s["comm"], s["container_id"], s["device"], s["stream"],
+             long_to_u64(s["stack_id"]), s["kernel_name"], s["duration_ns"], s["launches"], s.get("nvtx_range", "")]
+            for s in samples]),
+        "gpu_copy_samples": Rows(GPU_COPY_COLUMNS, [
+            [ts, node, s["pid"], s["comm"], s["container_id"], s["device"], s["stream"], long_to_u64(s["stack_id"]),
+             s["kernel_name"], s.get("memory_kinds", ""), s.get("nvtx_range", ""), s["duration_ns"],
+             s.get("bytes", 0), s["launches"]]
+            for s in copies]),
+        "gpu_timeline": _timeline(rec, node),
         "gpu_unmatched": Rows(GPU_UNMATCHED_COLUMNS, [
-            [ts, rec["node"], u["pid"], u["side"], u["reason"], u["events"], u["duration_ns"], u["launches"]]
+            [ts, node, u["pid"], u["side"], u["reason"], u["events"], u["duration_ns"], u["launches"]]
             for u in rec["unmatched"]]),
         "profile_windows": _profile_window(rec, ts, "gpu"),
     }
+
+
+def _timeline(rec: dict, node: str) -> Rows:
+    """One row per matched record, stamped (ts) with its own start second: the timeline reads a time range by it.
+    Timeline records carry no comm: a process's is the one its samples in the same record carry."""
+    comms: dict[int, str] = {}
+    for s in rec["samples"]:
+        if s["comm"]:
+            comms.setdefault(s["pid"], s["comm"])
+    return Rows(GPU_TIMELINE_COLUMNS, [
+        [_ts(t["start_ns"]), node, t["pid"], comms.get(t["pid"], ""), t["device"], t["stream"], t["start_ns"],
+         t["end_ns"], t["activity"], t["name"], long_to_u64(t["stack_id"]), t["weight"], t.get("bytes", 0),
+         t.get("nvtx_range", ""), t.get("graph_id", 0), long_to_u64(t.get("graph_node_id", 0)),
+         t.get("correlation_id", 0)]
+        for t in rec.get("timeline", [])])
 
 
 def alert_rows(rec: dict) -> dict[str, Rows]:

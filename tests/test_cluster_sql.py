@@ -106,7 +106,7 @@ def test_each_shard_holds_its_own_slice_of_every_sharded_table(layout):
 
 
 def test_a_stack_and_its_samples_share_a_shard(layout):
-    assert layout["colocation"] == {"cpu_samples": 0, "gpu_kernel_samples": 0}
+    assert layout["colocation"] == {"cpu_samples": 0, "gpu_kernel_samples": 0, "gpu_copy_samples": 0}
 
 
 def test_tables_and_views_match_the_single_node_schema(layout):
@@ -133,7 +133,11 @@ def test_every_named_query_answers_the_same_on_two_shards(layout):
 def test_known_totals_on_two_shards(layout):
     # the exact numbers, not only the agreement of both layouts: CPU samples and GPU ns per node
     assert layout["queries"]["totals_cpu"]["sharded"] == ["('n1', 12)", "('n2', 2)", "('n3', 4)"]
-    assert layout["queries"]["totals_gpu"]["sharded"] == ["('n1', 9000, 9)", "('n3', 7000, 7)"]
+    assert layout["queries"]["totals_gpu"]["sharded"] == ["('n1', 9500, 10)", "('n3', 7300, 8)"]
+    assert layout["queries"]["totals_gpu[what=copies]"]["sharded"] == ["('n1', 500, 1)", "('n3', 300, 1)"]
+    assert layout["queries"]["gpu_copy_bytes_by_stack"]["sharded"] == [
+        f"('main;launch', 13500, 13000, 500, 4096, 4096, 0, 0, 1, {4096 / (500 / 1e9)!r})",
+        f"('main;run;launch', 3300, 3000, 300, 1024, 1024, 0, 0, 1, {1024 / (300 / 1e9)!r})"]
 
 
 def test_queries_need_the_profiles_global_product_mode(layout):
@@ -199,19 +203,31 @@ def known_rows(base: datetime) -> dict[str, tuple[list[str], list[list]]]:
     """The same rows for both layouts: three nodes (n1 and n2 hash to shard 1, n3 to shard 2), stacks with even and
     odd ids (shards 1 and 2), a stack defined twice, a sampled stack without definition and a frame without one."""
     t = [base + timedelta(seconds=10 * i) for i in range(6)]
-    kinds = ["NATIVE"] * 6 + ["GPU_KERNEL", "GPU_KERNEL"]
-    names = ["main", "run", "compute", "io", "idle", "launch", "gemm", ALL_REDUCE]
+    kinds = ["NATIVE"] * 6 + ["GPU_KERNEL", "GPU_KERNEL", "GPU_KERNEL"]
+    names = ["main", "run", "compute", "io", "idle", "launch", "gemm", ALL_REDUCE, "[memcpy HtoD]"]
     frames = [[i + 1, name, "app" if i != 3 else "libc.so.6", kind, t[0], "" if i > 5 else f"{i:02x}" * 20]
               for i, (name, kind) in enumerate(zip(names, kinds, strict=True))]
     stacks = [[100, [1, 2, 3], t[0]], [101, [1, 2, 2, 4], t[0]], [102, [1, 5], t[0]], [103, [1, 6, 7], t[0]],
-              [104, [1, 2, 6, 8], t[0]], [105, [1, 99], t[0]], [105, [1, 2, 99], t[1]]]
+              [104, [1, 2, 6, 8], t[0]], [105, [1, 99], t[0]], [105, [1, 2, 99], t[1]], [107, [1, 6, 9], t[0]],
+              [108, [1, 2, 6, 9], t[0]]]
     cpu = [[t[0], "n1", 10, "train", "", 100, 5], [t[0], "n1", 10, "train", "", 100, 1],
            [t[1], "n1", 10, "train", "", 101, 3], [t[2], "n1", 10, "train", "", 105, 2],
            [t[3], "n1", 10, "train", "", 106, 1], [t[2], "n2", 20, "serve", "", 102, 2],
            [t[1], "n3", 30, "train", "", 102, 4]]
-    gpu = [[t[1], "n1", 10, "", "", 0, 7, 103, "gemm", 6000, 6],
-           [t[2], "n1", 10, "", "", 0, 7, 104, ALL_REDUCE_MANGLED, 3000, 3],
-           [t[1], "n3", 30, "", "", 0, 7, 103, "gemm", 7000, 7]]
+    # copies and sets are GPU time too (0014), each also a row of gpu_copy_samples with its bytes
+    gpu = [[t[1], "n1", 10, "", "", 0, 7, 103, "gemm", 6000, 6, "step > forward"],
+           [t[2], "n1", 10, "", "", 0, 7, 104, ALL_REDUCE_MANGLED, 3000, 3, "step > backward"],
+           [t[1], "n3", 30, "", "", 0, 7, 103, "gemm", 7000, 7, ""],
+           [t[1], "n1", 10, "", "", 0, 7, 107, "[memcpy HtoD]", 500, 1, "step > forward"],
+           [t[2], "n3", 30, "", "", 0, 7, 108, "[memcpy HtoD]", 300, 1, ""]]
+    copies = [[t[1], "n1", 10, "", "", 0, 7, 107, "[memcpy HtoD]", "pinned>device", "step > forward", 500, 4096, 1],
+              [t[2], "n3", 30, "", "", 0, 7, 108, "[memcpy HtoD]", "pageable>device", "", 300, 1024, 1]]
+    start = int(t[1].timestamp()) * 10**9
+    timeline = [[t[1], "n1", 10, "", 0, 7, start + 5, start + 505, "MEMCPY", "[memcpy HtoD]", 107, 1, 4096,
+                 "step > forward", 0, 0, 41],
+                [t[1], "n1", 10, "", 0, 7, start + 1000, start + 2000, "KERNEL", "gemm", 103, 6, 0, "step > forward",
+                 3, 17, 42],
+                [t[1], "n3", 30, "", 0, 7, start + 10, start + 1010, "KERNEL", "gemm", 103, 7, 0, "", 0, 0, 43]]
     device = []
     for i, when in enumerate(t):
         for node, util in (("n1", [90, 80, 5, 3, 85, 90][i]), ("n3", [50, 4, 2, 60, 70, 80][i])):
@@ -236,7 +252,12 @@ def known_rows(base: datetime) -> dict[str, tuple[list[str], list[list]]]:
         "stacks": (["stack_id", "frame_ids", "last_seen"], stacks),
         "cpu_samples": (["ts", "node", "pid", "comm", "container_id", "stack_id", "count"], cpu),
         "gpu_kernel_samples": (["ts", "node", "pid", "comm", "container_id", "device", "stream", "stack_id",
-                                "kernel_name", "duration_ns", "launches"], gpu),
+                                "kernel_name", "duration_ns", "launches", "nvtx_range"], gpu),
+        "gpu_copy_samples": (["ts", "node", "pid", "comm", "container_id", "device", "stream", "stack_id",
+                              "kernel_name", "memory_kinds", "nvtx_range", "duration_ns", "bytes", "launches"], copies),
+        "gpu_timeline": (["ts", "node", "pid", "comm", "device", "stream", "start_ns", "end_ns", "activity", "name",
+                          "stack_id", "weight", "bytes", "nvtx_range", "graph_id", "graph_node_id", "correlation_id"],
+                         timeline),
         "gpu_device_metrics": (["ts", "node", "gpu_index", "uuid", "name", "parent_uuid", "gpu_util_pct",
                                 "mem_util_pct", "mem_used_bytes", "mem_total_bytes", "sm_clock_mhz", "mem_clock_mhz",
                                 "power_mw", "power_limit_mw", "temperature_c", "pcie_tx_kbps", "pcie_rx_kbps",
@@ -269,6 +290,15 @@ def query_cases(base: datetime) -> dict[str, tuple[str, dict]]:
     for name in ("top_kernels_gpu", "flamegraph_ids_gpu", "totals_gpu"):
         for collectives in ("hide", "only"):
             cases[f"{name}[collectives={collectives}]"] = (name, {**cases[name][1], "collectives": collectives})
+    # copies, kernels and NVTX ranges (0014): the filters and the flame graphs' range level, rollup and windows
+    for name in ("top_kernels_gpu", "totals_gpu", "flamegraph_gpu", "flamegraph_ids_gpu"):
+        for what in ("kernels", "copies"):
+            cases[f"{name}[what={what}]"] = (name, {**cases[name][1], "what": what})
+        cases[f"{name}[nvtx_range=forward]"] = (name, {**cases[name][1], "nvtx_range": "forward"})
+    for name in ("flamegraph_gpu", "flamegraph_ids_gpu", "flamegraph_names_gpu", "flamegraph_processes_gpu"):
+        cases[f"{name}[nvtx_level=1]"] = (name, {**cases[name][1], "nvtx_level": 1})
+    for name in ("gpu_copy_bytes_by_stack", "gpu_time_by_nvtx_range", "gpu_time_by_nvtx_element"):
+        cases[f"{name}[nvtx_range=step]"] = (name, {**cases[name][1], "nvtx_range": "step"})
     cases["alerts[node=n1]"] = ("alerts", {**cases["alerts"][1], "node": "n1"})
     # ranges holding whole hours: the flame graphs read those from the hourly rollups (0010), the edges from windows
     hours = {"since": base - timedelta(minutes=150), "until": base + timedelta(minutes=95)}
@@ -277,6 +307,9 @@ def query_cases(base: datetime) -> dict[str, tuple[str, dict]]:
         cases[f"{name}[hours]"] = (name, {**cases[name][1], **hours})
     cases["flamegraph_gpu[hours,comm=train]"] = ("flamegraph_gpu", {**cases["flamegraph_gpu"][1], **hours,
                                                                     "comm": "train"})
+    for name in ("flamegraph_ids_gpu", "flamegraph_names_gpu", "flamegraph_processes_gpu"):
+        cases[f"{name}[hours,nvtx_level=1,nvtx_range=step]"] = (name, {**cases[name][1], **hours, "nvtx_level": 1,
+                                                                      "nvtx_range": "step"})
     cases["gpu_metrics[node=n3,gpu=0]"] = ("gpu_metrics", {**cases["gpu_metrics"][1], "node": "n3", "gpu": 0})
     return cases
 
@@ -397,7 +430,7 @@ def placement(single, sharded) -> tuple[dict, dict]:
         counts.update({str(s): n for s, n in per_shard})
         out[table] = {"per_shard": counts, "single": total[0][0]}
     apart = {}
-    for table in ("cpu_samples", "gpu_kernel_samples"):
+    for table in ("cpu_samples", "gpu_kernel_samples", "gpu_copy_samples"):
         _, rows = sharded.query_sql(
             f"SELECT count() FROM (SELECT stack_id, _shard_num AS shard FROM {table}) AS s "
             f"INNER JOIN (SELECT stack_id, _shard_num AS shard FROM stacks) AS d ON d.stack_id = s.stack_id "

@@ -254,6 +254,9 @@ def test_named_queries_declare_their_defaults():
     assert q.defaults == {"until": "now", "node": "", "pid": "0", "comm": "", "limit": "20"}
 
 
+GPU_DEFAULTS = {"collectives": "all", "what": "all", "nvtx_range": "", "nvtx_level": "0"}
+
+
 def test_the_flame_graphs_include_the_samples_per_stack_written_once():
     # the merged flame graphs per stack; the UI's (ids) and the exports' (processes) per process and stack
     for name in ("flamegraph_cpu", "flamegraph_ids_cpu", "flamegraph_names_cpu", "flamegraph_processes_cpu",
@@ -261,17 +264,20 @@ def test_the_flame_graphs_include_the_samples_per_stack_written_once():
         per = "process_stack" if "_ids_" in name or "_processes_" in name else "stack"
         shared = f"cpu_samples_by_{per}" if name.endswith("cpu") else f"gpu_kernel_samples_by_{per}"
         text = (QUERIES_DIR / f"{name}.sql").read_text()
-        assert f"        -- @include {shared}\n" in text and "UNION" not in text, name
+        # flamegraph_names_gpu adds the names of the frames it makes up (NVTX ranges), not samples
+        made_up = 2 if name == "flamegraph_names_gpu" else 0
+        assert f"        -- @include {shared}\n" in text and text.count("UNION") == made_up, name
         # the included query's statement, without its comment header, where the line was; the file's own defaults
         statement = named_query(shared).sql.split("\nWITH\n", 1)[1]
         query = named_query(name)
         assert "@include" not in query.sql and textwrap.indent(f"WITH\n{statement}", " " * 8) in query.sql, name
-        # the GPU ones also hide or isolate NCCL collectives
-        gpu = {"collectives": "String"} if name.endswith("gpu") else {}
+        # the GPU ones also hide or isolate NCCL collectives, pick kernels or copies, and NVTX ranges (0014)
+        gpu = {"collectives": "String", "what": "String", "nvtx_range": "String", "nvtx_level": "UInt8"} \
+            if name.endswith("gpu") else {}
         assert query.params == {"since": "DateTime", "until": "DateTime", "node": "String", "pid": "UInt32",
                                 "comm": "String", **gpu}, name
         assert query.defaults == named_query(shared).defaults == {"until": "now", "node": "", "pid": "0", "comm": "",
-                                                                  **({"collectives": "all"} if gpu else {})}
+                                                                  **(GPU_DEFAULTS if gpu else {})}
         assert query_file(QUERIES_DIR / f"{name}.sql").sql == query.sql  # `fleetprof sql --file` reads it alike
 
 

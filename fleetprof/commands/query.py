@@ -15,6 +15,7 @@ from fleetprof.commands.query_notes import simulated_note, why_empty
 from fleetprof.commands.sql import emit
 from fleetprof.commands.time_range import time_range
 from fleetprof.flamegraph_formats import BINARY_FORMATS, FORMATS
+from fleetprof.gpu_filters import WHAT_CHOICES
 from fleetprof.profile_kinds import KINDS, export_profile
 from fleetprof.query_client import QueryError, QueryTarget, query_target
 from fleetprof.settings import Settings
@@ -22,20 +23,33 @@ from fleetprof.table_format import duration_ns, print_table, say_no_rows
 from processors.correlate_samples import GPU_BINARY
 
 COLLECTIVES_WHAT = {"hide": "GPU kernel time outside NCCL collectives", "only": "GPU kernel time in NCCL collectives"}
+GPU_WHAT = {"kernels": "GPU kernel time", "copies": "GPU time in memory copies and sets"}
 
 
-def _filters(node: str | None, pid: int | None, comm: str | None, kind: str = "cpu",
-             collectives: str = "all") -> dict[str, Any]:
-    # '' and 0 mean "no filter" to the named queries; only the GPU ones know collectives
-    if kind != "gpu" and collectives != "all":
-        raise click.UsageError("--collectives picks NCCL kernels: it goes with --kind gpu")
+def _filters(node: str | None, pid: int | None, comm: str | None, kind: str = "cpu", collectives: str = "all",
+             what: str = "all", nvtx_range: str | None = None) -> dict[str, Any]:
+    # '' and 0 mean "no filter" to the named queries; only the GPU ones know collectives, copies and NVTX ranges
+    if kind != "gpu":
+        for given, option in ((collectives != "all", "--collectives picks NCCL kernels"),
+                              (what != "all", "--what picks kernels or copies"),
+                              (nvtx_range is not None, "--nvtx-range picks GPU time by NVTX range")):
+            if given:
+                raise click.UsageError(f"{option}: it goes with --kind gpu")
     found: dict[str, Any] = {"node": node or "", "pid": pid or 0, "comm": comm or ""}
-    return {**found, "collectives": collectives} if kind == "gpu" else found
+    if kind != "gpu":
+        return found
+    return {**found, "collectives": collectives, "what": what, "nvtx_range": nvtx_range or ""}
 
 
-def _what(kind: str, collectives: str) -> str | None:
-    """What an empty answer found none of, where --collectives narrowed it (why_empty's `what`)."""
-    return COLLECTIVES_WHAT.get(collectives) if kind == "gpu" else None
+def _what(kind: str, filters: dict[str, Any]) -> str | None:
+    """What an empty answer found none of, where --collectives, --what or --nvtx-range narrowed it (why_empty's
+    `what`)."""
+    if kind != "gpu":
+        return None
+    what = COLLECTIVES_WHAT.get(filters["collectives"]) or GPU_WHAT.get(filters["what"])
+    if filters["nvtx_range"]:
+        return f"{what or 'GPU time'} under NVTX range {filters['nvtx_range']!r}"
+    return what
 
 
 def _run(settings: Settings, work: Any) -> Any:
@@ -61,6 +75,13 @@ def range_options(func: Any) -> Any:
         click.option("--collectives", type=click.Choice(COLLECTIVE_CHOICES), default="all", show_default=True,
                      help="gpu: NCCL collective kernels (ncclDevKernel_*, ncclKernel_*) shown as the others (all), "
                           "left out (hide), or alone (only); shares are of what is shown."),
+        click.option("--what", type=click.Choice(WHAT_CHOICES), default="all", show_default=True,
+                     help="gpu: kernels, memory copies and sets ('[memcpy HtoD]', '[memset]' leaves: copies), or "
+                          "both (all); shares are of what is shown."),
+        click.option("--nvtx-range", default=None, metavar="RANGE",
+                     help="gpu: only the GPU time launched under a matching NVTX range: RANGE without ' > ' matches "
+                          "a range path holding that range ('forward' matches 'step > forward > attn'); with ' > ', "
+                          "a path starting with those ranges ('step > forward'). Whole names, exactly."),
     ]):
         func = option(func)
     return func
@@ -80,7 +101,7 @@ query.add_command(metrics)
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
 @click.pass_obj
 def top(settings: Settings, kind: str, since: str, until: str, node: str | None, pid: int | None,
-        comm: str | None, collectives: str, limit: int, fmt: str) -> None:
+        comm: str | None, collectives: str, what: str, nvtx_range: str | None, limit: int, fmt: str) -> None:
     """Top functions by self samples (gpu: kernels and launching functions by self GPU time), with total
     (inclusive) samples or time and the share of all in the range.
 
@@ -90,7 +111,7 @@ def top(settings: Settings, kind: str, since: str, until: str, node: str | None,
     ('' for a launching function). A line on stderr says when the rows come from a simulated source, and why an
     empty result is empty."""
     start, end = time_range(since, until)
-    filters = _filters(node, pid, comm, kind, collectives)
+    filters = _filters(node, pid, comm, kind, collectives, what, nvtx_range)
     params = {"since": start, "until": end, **filters}
     queries = KINDS[kind]
 
@@ -98,7 +119,7 @@ def top(settings: Settings, kind: str, since: str, until: str, node: str | None,
         columns, rows = target.named(queries.top, {**params, "limit": limit})
         _, totals = target.named(queries.totals, params)
         if not rows:
-            return columns, rows, totals, why_empty(target, kind, start, end, filters, _what(kind, collectives)), None
+            return columns, rows, totals, why_empty(target, kind, start, end, filters, _what(kind, filters)), None
         return columns, rows, totals, None, simulated_note(target, kind, start, end, node)
 
     columns, rows, totals, empty, simulated = _run(settings, work)
@@ -150,11 +171,15 @@ def say_if_empty(settings: Settings, kind: str, start: datetime, end: datetime, 
 @click.option("--merge-processes", is_flag=True,
               help="Add all processes' stacks together: no per-process root frames (pprof: no node, pid and comm "
                    "labels).")
+@click.option("--nvtx-level", is_flag=True,
+              help="gpu: the launches' NVTX range path as frames ('[nvtx] step', '[nvtx] forward') between the "
+                   "process (or, with --merge-processes, the root) and the launching stack: time per range.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True, path_type=Path), default=None,
               help="Write to this file instead of stdout.")
 @click.pass_obj
 def flamegraph(settings: Settings, kind: str, since: str, until: str, node: str | None, pid: int | None,
-               comm: str | None, collectives: str, fmt: str, merge_processes: bool, output: Path | None) -> None:
+               comm: str | None, collectives: str, what: str, nvtx_range: str | None, fmt: str,
+               merge_processes: bool, nvtx_level: bool, output: Path | None) -> None:
     """Stacks over the range, root first, with their CPU sample counts (gpu: the launching CPU stack with the
     kernel as the leaf, and its GPU time in ns), in a flame graph format.
 
@@ -172,13 +197,16 @@ def flamegraph(settings: Settings, kind: str, since: str, until: str, node: str 
     if output is None and fmt in BINARY_FORMATS and out.isatty():
         raise click.ClickException(f"{fmt} output is binary: write it to a file with -o FILE (or redirect stdout)")
     start, end = time_range(since, until)
-    filters = _filters(node, pid, comm, kind, collectives)
+    filters = _filters(node, pid, comm, kind, collectives, what, nvtx_range)
+    if nvtx_level and kind != "gpu":
+        raise click.UsageError("--nvtx-level shows NVTX ranges of GPU time: it goes with --kind gpu")
+    flame_filters = {**filters, "nvtx_level": int(nvtx_level)} if kind == "gpu" else filters
     export = _run(settings, lambda target: export_profile(lambda name, params: target.named(name, params)[1], kind,
-                                                          fmt, start, end, filters, merge_processes))
+                                                          fmt, start, end, flame_filters, merge_processes))
     if output is None:
         out.write(export.data)
         out.flush()
     else:
         output.write_bytes(export.data)
         click.echo(f"wrote {export.stacks} stacks to {output}", err=True)
-    say_if_empty(settings, kind, start, end, filters, export.stacks, _what(kind, collectives))
+    say_if_empty(settings, kind, start, end, filters, export.stacks, _what(kind, filters))

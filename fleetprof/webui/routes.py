@@ -11,7 +11,10 @@
                                 `fleetprof query flamegraph --format F` with the same options
 Parameters: since, until (5m, 2h, epoch seconds or ISO-8601; a relative since counts back from until), kind=cpu|gpu,
 node, pid, comm ('' and 0 mean "all"); for kind=gpu, collectives=all|hide|only: NCCL's collective kernels shown,
-left out or alone (the flame graphs and the export; NCCL kernels read as fleetprof/collectives.py labels them).
+left out or alone (the flame graphs and the export; NCCL kernels read as fleetprof/collectives.py labels them);
+what=all|kernels|copies (memory copies and sets, '[memcpy HtoD]' and '[memset]' leaves), nvtx_range=RANGE (only GPU
+time under a matching NVTX range, fleetprof/gpu_filters.py) and nvtx_level=0|1 (the range path as '[nvtx] <range>'
+frames between the process and the launching stack).
 The charts and each flame graph say which of their data came from a simulated source
 (sql/queries/simulated_sources.sql: NVML readings for the charts, the kind's samples for a flame graph), per node,
 in `simulated` (nodes) and `simulated_line` (what the page shows). Errors are {"error": "<one line>"}: 400 for
@@ -36,6 +39,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from fleetprof.collectives import COLLECTIVE_CHOICES, nccl_label
+from fleetprof.gpu_filters import WHAT_CHOICES
 from fleetprof.profile_kinds import KINDS, export_profile
 from fleetprof.query_client import QueryError, QueryTarget, StoreTarget
 from fleetprof.simulated_sources import simulated_line, simulated_sources
@@ -114,7 +118,22 @@ def _filters(request: Request, comm: bool = True, kind: str | None = None) -> di
         filters["collectives"] = collectives
     elif collectives != "all":
         raise BadRequest("collectives picks NCCL kernels: it goes with kind=gpu")
-    return filters
+    return {**filters, **_gpu_filters(request, kind)}
+
+
+def _gpu_filters(request: Request, kind: str) -> dict[str, Any]:
+    """what, nvtx_range and nvtx_level (fleetprof/gpu_filters.py): for kind=gpu; refused with another kind."""
+    q = request.query_params
+    what, nvtx_range, level = q.get("what") or "all", q.get("nvtx_range", ""), q.get("nvtx_level") or "0"
+    if what not in WHAT_CHOICES:
+        raise BadRequest(f"what must be one of {', '.join(WHAT_CHOICES)}, not {what!r}")
+    if level not in ("0", "1"):
+        raise BadRequest(f"nvtx_level must be 0 or 1, not {level!r}")
+    if kind == "gpu":
+        return {"what": what, "nvtx_range": nvtx_range, "nvtx_level": int(level)}
+    if what != "all" or nvtx_range or level != "0":
+        raise BadRequest("what, nvtx_range and nvtx_level pick GPU time: they go with kind=gpu")
+    return {}
 
 
 def _ms(t: datetime) -> int:

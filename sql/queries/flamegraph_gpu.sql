@@ -7,11 +7,18 @@
 -- Names come from the stack_names view (migration 0009) with the same deduplication and "[unknown 0x…]" /
 -- "[unknown stack 0x…]" naming as flamegraph_cpu.
 -- collectives: 'all' (the default), 'hide' or 'only' NCCL's kernels, as in gpu_kernel_samples_by_stack.
+-- what, nvtx_range: copies and sets, kernels or both, and the NVTX range filter, as in gpu_kernel_samples_by_stack.
+-- nvtx_level: 1 puts the launches' NVTX range path between the root and the launching stack, one frame per range
+-- ('[nvtx] step', '[nvtx] forward', binary '[nvtx]'), so the graph shows the time per forward / backward / step;
+-- time launched outside any range has no such frame. 0 (the default): no range frames.
 -- @default until = now
 -- @default node =
 -- @default pid = 0
 -- @default comm =
 -- @default collectives = all
+-- @default what = all
+-- @default nvtx_range =
+-- @default nvtx_level = 0
 WITH
     samples AS
     (
@@ -22,7 +29,11 @@ WITH
         -- IN on the view reaches the stacks table's sorting key: only the sampled stacks' granules are read
         SELECT stack_id, functions FROM stack_names WHERE stack_id IN (SELECT stack_id FROM samples)
     )
-SELECT if(empty(n.functions), [concat('[unknown stack 0x', lower(hex(s.stack_id)), ']')], n.functions) AS functions,
+-- the NVTX range frames (nvtx_level = 1), then the launching stack
+SELECT arrayConcat(arrayMap(range -> concat('[nvtx] ', range),
+                            if(s.nvtx_range = '', [], splitByString(' > ', s.nvtx_range))),
+                   if(empty(n.functions), [concat('[unknown stack 0x', lower(hex(s.stack_id)), ']')], n.functions))
+           AS functions,
        sum(s.duration_ns) AS count
 FROM samples AS s
 LEFT JOIN named AS n ON n.stack_id = s.stack_id

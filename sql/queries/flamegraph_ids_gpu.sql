@@ -9,11 +9,19 @@
 -- The UI names the frames with flamegraph_names_gpu and merges stacks itself (fleetprof/webui/model.py), as
 -- flamegraph_ids_cpu explains. Exports use flamegraph_processes_gpu.
 -- collectives: 'all' (the default), 'hide' or 'only' NCCL's kernels, as in gpu_kernel_samples_by_stack.
+-- what, nvtx_range: copies and sets, kernels or both, and the NVTX range filter, as in gpu_kernel_samples_by_stack.
+-- nvtx_level: 1 puts the launches' NVTX range path between the process and the launching stack, one frame per range,
+-- as flamegraph_processes_gpu does: frame ids made up here, cityHash64('[nvtx]', range), which
+-- flamegraph_names_gpu names '[nvtx] <range>' (binary '[nvtx]', language 'nvtx'); a stack without a definition then
+-- ends in the made-up id cityHash64('[unknown stack]', stack id), which it names "[unknown stack 0x…]".
 -- @default until = now
 -- @default node =
 -- @default pid = 0
 -- @default comm =
 -- @default collectives = all
+-- @default what = all
+-- @default nvtx_range =
+-- @default nvtx_level = 0
 WITH
     samples AS
     (
@@ -39,8 +47,16 @@ WITH
         GROUP BY node, pid
     )
 -- a LEFT JOIN fills a stack without a definition with [] (join_use_nulls is off), a process never sampled with ''
-SELECT s.stack_id AS stack_id, d.frame_ids AS frame_ids, s.duration_ns AS value,
+SELECT s.stack_id AS stack_id,
+       arrayConcat(s.ranges, if(empty(d.frame_ids) AND notEmpty(s.ranges), [cityHash64('[unknown stack]', s.stack_id)],
+                                d.frame_ids)) AS frame_ids,
+       s.duration_ns AS value,
        toString(s.node) AS node, s.pid AS pid, if(s.comm = '', c.comm, toString(s.comm)) AS comm
-FROM samples AS s
+FROM
+(
+    SELECT *, arrayMap(range -> cityHash64('[nvtx]', range),
+                       if(nvtx_range = '', [], splitByString(' > ', nvtx_range))) AS ranges
+    FROM samples
+) AS s
 LEFT JOIN defined AS d ON d.stack_id = s.stack_id
 LEFT JOIN commands AS c ON c.node = s.node AND c.pid = s.pid

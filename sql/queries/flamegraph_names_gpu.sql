@@ -5,11 +5,17 @@
 -- no definition: the UI names it "[unknown 0x<frame id>]" with binary ''. Frame ids come from every stored definition
 -- of the sampled stacks, as flamegraph_names_cpu explains.
 -- collectives: 'all' (the default), 'hide' or 'only' NCCL's kernels, as in gpu_kernel_samples_by_stack.
+-- what, nvtx_range, nvtx_level: as in flamegraph_ids_gpu, whose made-up frame ids (NVTX ranges, stacks without a
+-- definition under a range) are named here too: '[nvtx] <range>' (binary '[nvtx]', language 'nvtx') and
+-- "[unknown stack 0x…]" (binary '', language 'unknown').
 -- @default until = now
 -- @default node =
 -- @default pid = 0
 -- @default comm =
 -- @default collectives = all
+-- @default what = all
+-- @default nvtx_range =
+-- @default nvtx_level = 0
 WITH
     samples AS
     (
@@ -18,3 +24,13 @@ WITH
 SELECT frame_id, function, toString(binary) AS binary, toString(language) AS language
 FROM frame_names
 WHERE frame_id IN (SELECT arrayJoin(frame_ids) FROM stacks WHERE stack_id IN (SELECT stack_id FROM samples))
+UNION ALL
+SELECT DISTINCT cityHash64('[nvtx]', range) AS frame_id, concat('[nvtx] ', range) AS function, '[nvtx]' AS binary,
+       'nvtx' AS language
+FROM samples
+ARRAY JOIN if(nvtx_range = '', [], splitByString(' > ', nvtx_range)) AS range
+UNION ALL
+SELECT DISTINCT cityHash64('[unknown stack]', stack_id) AS frame_id,
+       concat('[unknown stack 0x', lower(hex(stack_id)), ']') AS function, '' AS binary, 'unknown' AS language
+FROM samples
+WHERE nvtx_range != ''

@@ -6,11 +6,18 @@
 -- GPU rows carry no comm yet: a process without one is named by the command the CPU sampler saw it run most in the
 -- hours the range touches (the hourly rollup, whole hours; '' when it was never sampled on CPU).
 -- collectives: 'all' (the default), 'hide' or 'only' NCCL's kernels, as in gpu_kernel_samples_by_stack.
+-- what, nvtx_range: copies and sets, kernels or both, and the NVTX range filter, as in gpu_kernel_samples_by_stack.
+-- nvtx_level: 1 puts the launches' NVTX range path between the root and the launching stack, one frame per range
+-- ('[nvtx] step', '[nvtx] forward', binary '[nvtx]'), so the graph shows the time per forward / backward / step;
+-- time launched outside any range has no such frame. 0 (the default): no range frames.
 -- @default until = now
 -- @default node =
 -- @default pid = 0
 -- @default comm =
 -- @default collectives = all
+-- @default what = all
+-- @default nvtx_range =
+-- @default nvtx_level = 0
 WITH
     samples AS
     (
@@ -36,10 +43,17 @@ WITH
         GROUP BY node, pid
     )
 SELECT toString(s.node) AS node, s.pid AS pid, if(s.comm = '', c.comm, toString(s.comm)) AS comm,
-       if(empty(n.functions), [concat('[unknown stack 0x', lower(hex(s.stack_id)), ']')], n.functions) AS functions,
-       if(empty(n.functions), [''], n.binaries) AS binaries,
+       arrayConcat(s.ranges, if(empty(n.functions), [concat('[unknown stack 0x', lower(hex(s.stack_id)), ']')],
+                                n.functions)) AS functions,
+       arrayConcat(arrayMap(range -> '[nvtx]', s.ranges), if(empty(n.functions), [''], n.binaries)) AS binaries,
        sum(s.duration_ns) AS count
-FROM samples AS s
+FROM
+(
+    -- the NVTX range frames (nvtx_level = 1), put before the launching stack
+    SELECT *, arrayMap(range -> concat('[nvtx] ', range),
+                       if(nvtx_range = '', [], splitByString(' > ', nvtx_range))) AS ranges
+    FROM samples
+) AS s
 LEFT JOIN named AS n ON n.stack_id = s.stack_id
 LEFT JOIN commands AS c ON c.node = s.node AND c.pid = s.pid
 GROUP BY node, pid, comm, functions, binaries

@@ -5,11 +5,23 @@
 -- also takes the processes the CPU sampler saw under that comm in the range). The per-process GPU flame graph and
 -- the pprof export include it (`-- @include gpu_kernel_samples_by_process_stack`).
 -- collectives: 'all' (the default), 'hide' or 'only' NCCL's kernels, as in gpu_kernel_samples_by_stack.
+-- what: 'all' (the default), 'kernels' (no copies or sets) or 'copies' (only the memory copies and sets, whose
+-- kernel_name is their label '[memcpy HtoD]', '[memset]'; migration 0014).
+-- nvtx_range: '' (the default: all GPU time) or only the time launched under an NVTX range path that matches it: a
+-- text without ' > ' matches a path with an element equal to it ('forward' matches 'step 3 > forward' and
+-- 'forward > attention'), a text with ' > ' matches a path starting with those whole elements ('step 3 > forward'
+-- matches 'step 3 > forward' and 'step 3 > forward > attention', not 'step 3 > forward2'). Elements are compared
+-- whole and exactly (case, spaces, and 'domain:name' for a range of a non-default domain, as the shim writes them).
+-- nvtx_level: 0 (the default) sums each stack's time over its NVTX ranges (nvtx_range ''); 1 keeps the range path of
+-- its launches apart (nvtx_range), for the flame graphs that show ranges as frames.
 -- @default until = now
 -- @default node =
 -- @default pid = 0
 -- @default comm =
 -- @default collectives = all
+-- @default what = all
+-- @default nvtx_range =
+-- @default nvtx_level = 0
 WITH
     -- [first_hour, end_hour): the whole UTC hours inside the range; empty (first_hour >= end_hour) for a short one
     toStartOfHour({since:DateTime} + INTERVAL 3599 SECOND, 'UTC') AS first_hour,
@@ -22,10 +34,10 @@ WITH
         WHERE ts >= {since:DateTime} AND ts < {until:DateTime} AND (ts < first_hour OR ts >= end_hour)
           AND comm = {comm:String}
     )
-SELECT node, pid, comm, stack_id, sum(duration_ns) AS duration_ns
+SELECT node, pid, comm, stack_id, nvtx_path AS nvtx_range, sum(duration_ns) AS duration_ns
 FROM
 (
-    SELECT node, pid, comm, stack_id, duration_ns
+    SELECT node, pid, comm, stack_id, if({nvtx_level:UInt8} = 1, toString(nvtx_range), '') AS nvtx_path, duration_ns
     FROM gpu_kernel_samples_1h
     WHERE hour >= first_hour AND hour < end_hour
       AND ({node:String} = '' OR node = {node:String})
@@ -34,8 +46,13 @@ FROM
       AND ({collectives:String} = 'all' OR match(kernel_name, (
               -- @include nccl_kernel_pattern
           )) = ({collectives:String} = 'only'))
+      AND ({what:String} = 'all' OR (startsWith(kernel_name, '[memcpy ') OR startsWith(kernel_name, '[memset'))
+              = ({what:String} = 'copies'))
+      AND ({nvtx_range:String} = '' OR if(position({nvtx_range:String}, ' > ') = 0,
+              has(splitByString(' > ', toString(nvtx_range)), {nvtx_range:String}),
+              nvtx_range = {nvtx_range:String} OR startsWith(nvtx_range, concat({nvtx_range:String}, ' > '))))
     UNION ALL
-    SELECT node, pid, comm, stack_id, duration_ns
+    SELECT node, pid, comm, stack_id, if({nvtx_level:UInt8} = 1, toString(nvtx_range), '') AS nvtx_path, duration_ns
     FROM gpu_kernel_samples
     WHERE ts >= {since:DateTime} AND ts < {until:DateTime} AND (ts < first_hour OR ts >= end_hour)
       AND ({node:String} = '' OR node = {node:String})
@@ -44,5 +61,10 @@ FROM
       AND ({collectives:String} = 'all' OR match(kernel_name, (
               -- @include nccl_kernel_pattern
           )) = ({collectives:String} = 'only'))
+      AND ({what:String} = 'all' OR (startsWith(kernel_name, '[memcpy ') OR startsWith(kernel_name, '[memset'))
+              = ({what:String} = 'copies'))
+      AND ({nvtx_range:String} = '' OR if(position({nvtx_range:String}, ' > ') = 0,
+              has(splitByString(' > ', toString(nvtx_range)), {nvtx_range:String}),
+              nvtx_range = {nvtx_range:String} OR startsWith(nvtx_range, concat({nvtx_range:String}, ' > '))))
 )
-GROUP BY node, pid, comm, stack_id
+GROUP BY node, pid, comm, stack_id, nvtx_path

@@ -5,11 +5,23 @@
 -- The GPU flame-graph queries include it (`-- @include gpu_kernel_samples_by_stack`), so they read GPU time one way.
 -- collectives: 'all' (the default), 'hide' (every kernel but NCCL's) or 'only' (NCCL's kernels alone), as
 -- nccl_kernel_pattern recognizes them; the UI and `fleetprof query --collectives` hide or isolate collectives so.
+-- what: 'all' (the default), 'kernels' (no copies or sets) or 'copies' (only the memory copies and sets, whose
+-- kernel_name is their label '[memcpy HtoD]', '[memset]'; migration 0014).
+-- nvtx_range: '' (the default: all GPU time) or only the time launched under an NVTX range path that matches it: a
+-- text without ' > ' matches a path with an element equal to it ('forward' matches 'step 3 > forward' and
+-- 'forward > attention'), a text with ' > ' matches a path starting with those whole elements ('step 3 > forward'
+-- matches 'step 3 > forward' and 'step 3 > forward > attention', not 'step 3 > forward2'). Elements are compared
+-- whole and exactly (case, spaces, and 'domain:name' for a range of a non-default domain, as the shim writes them).
+-- nvtx_level: 0 (the default) sums each stack's time over its NVTX ranges (nvtx_range ''); 1 keeps the range path of
+-- its launches apart (nvtx_range), for the flame graphs that show ranges as frames.
 -- @default until = now
 -- @default node =
 -- @default pid = 0
 -- @default comm =
 -- @default collectives = all
+-- @default what = all
+-- @default nvtx_range =
+-- @default nvtx_level = 0
 WITH
     -- [first_hour, end_hour): the whole UTC hours inside the range; empty (first_hour >= end_hour) for a short one
     toStartOfHour({since:DateTime} + INTERVAL 3599 SECOND, 'UTC') AS first_hour,
@@ -24,10 +36,10 @@ WITH
         WHERE ts >= {since:DateTime} AND ts < {until:DateTime} AND (ts < first_hour OR ts >= end_hour)
           AND comm = {comm:String}
     )
-SELECT stack_id, sum(duration_ns) AS duration_ns
+SELECT stack_id, nvtx_path AS nvtx_range, sum(duration_ns) AS duration_ns
 FROM
 (
-    SELECT stack_id, duration_ns
+    SELECT stack_id, if({nvtx_level:UInt8} = 1, toString(nvtx_range), '') AS nvtx_path, duration_ns
     FROM gpu_kernel_samples_1h
     WHERE hour >= first_hour AND hour < end_hour
       AND ({node:String} = '' OR node = {node:String})
@@ -36,8 +48,13 @@ FROM
       AND ({collectives:String} = 'all' OR match(kernel_name, (
               -- @include nccl_kernel_pattern
           )) = ({collectives:String} = 'only'))
+      AND ({what:String} = 'all' OR (startsWith(kernel_name, '[memcpy ') OR startsWith(kernel_name, '[memset'))
+              = ({what:String} = 'copies'))
+      AND ({nvtx_range:String} = '' OR if(position({nvtx_range:String}, ' > ') = 0,
+              has(splitByString(' > ', toString(nvtx_range)), {nvtx_range:String}),
+              nvtx_range = {nvtx_range:String} OR startsWith(nvtx_range, concat({nvtx_range:String}, ' > '))))
     UNION ALL
-    SELECT stack_id, duration_ns
+    SELECT stack_id, if({nvtx_level:UInt8} = 1, toString(nvtx_range), '') AS nvtx_path, duration_ns
     FROM gpu_kernel_samples
     WHERE ts >= {since:DateTime} AND ts < {until:DateTime} AND (ts < first_hour OR ts >= end_hour)
       AND ({node:String} = '' OR node = {node:String})
@@ -46,5 +63,10 @@ FROM
       AND ({collectives:String} = 'all' OR match(kernel_name, (
               -- @include nccl_kernel_pattern
           )) = ({collectives:String} = 'only'))
+      AND ({what:String} = 'all' OR (startsWith(kernel_name, '[memcpy ') OR startsWith(kernel_name, '[memset'))
+              = ({what:String} = 'copies'))
+      AND ({nvtx_range:String} = '' OR if(position({nvtx_range:String}, ' > ') = 0,
+              has(splitByString(' > ', toString(nvtx_range)), {nvtx_range:String}),
+              nvtx_range = {nvtx_range:String} OR startsWith(nvtx_range, concat({nvtx_range:String}, ' > '))))
 )
-GROUP BY stack_id
+GROUP BY stack_id, nvtx_path

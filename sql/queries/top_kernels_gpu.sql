@@ -9,11 +9,14 @@
 -- rather than vanishing from the totals.
 -- collectives: 'all' (the default), 'hide' (every kernel but NCCL's) or 'only' (NCCL's kernels alone), as
 -- nccl_kernel_pattern recognizes them; the UI and `fleetprof query --collectives` hide or isolate collectives so.
+-- what, nvtx_range: copies and sets, kernels or both, and the NVTX range filter, as in gpu_kernel_samples_by_stack.
 -- @default until = now
 -- @default node =
 -- @default pid = 0
 -- @default comm =
 -- @default collectives = all
+-- @default what = all
+-- @default nvtx_range =
 -- @default limit = 20
 WITH
     samples AS
@@ -30,6 +33,11 @@ WITH
           AND ({collectives:String} = 'all' OR match(kernel_name, (
                   -- @include nccl_kernel_pattern
               )) = ({collectives:String} = 'only'))
+          AND ({what:String} = 'all' OR (startsWith(kernel_name, '[memcpy ') OR startsWith(kernel_name, '[memset'))
+                  = ({what:String} = 'copies'))
+          AND ({nvtx_range:String} = '' OR if(position({nvtx_range:String}, ' > ') = 0,
+                  has(splitByString(' > ', toString(nvtx_range)), {nvtx_range:String}),
+                  nvtx_range = {nvtx_range:String} OR startsWith(nvtx_range, concat({nvtx_range:String}, ' > '))))
         GROUP BY stack_id
     ),
     per_stack AS

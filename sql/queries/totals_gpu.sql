@@ -1,11 +1,14 @@
 -- GPU time (ns) and launches per node in [since, until), with the same optional filters as top_kernels_gpu ('' and 0
 -- mean "all"): the denominator for a function's share. Summed because SummingMergeTree rows may not be merged yet.
 -- collectives: 'all' (the default), 'hide' or 'only' NCCL's kernels, as in gpu_kernel_samples_by_stack.
+-- what, nvtx_range: copies and sets, kernels or both, and the NVTX range filter, as in gpu_kernel_samples_by_stack.
 -- @default until = now
 -- @default node =
 -- @default pid = 0
 -- @default comm =
 -- @default collectives = all
+-- @default what = all
+-- @default nvtx_range =
 SELECT node, sum(duration_ns) AS duration_ns, sum(launches) AS launches
 FROM gpu_kernel_samples
 WHERE ts >= {since:DateTime} AND ts < {until:DateTime}
@@ -18,5 +21,10 @@ WHERE ts >= {since:DateTime} AND ts < {until:DateTime}
   AND ({collectives:String} = 'all' OR match(kernel_name, (
           -- @include nccl_kernel_pattern
       )) = ({collectives:String} = 'only'))
+  AND ({what:String} = 'all' OR (startsWith(kernel_name, '[memcpy ') OR startsWith(kernel_name, '[memset'))
+          = ({what:String} = 'copies'))
+  AND ({nvtx_range:String} = '' OR if(position({nvtx_range:String}, ' > ') = 0,
+          has(splitByString(' > ', toString(nvtx_range)), {nvtx_range:String}),
+          nvtx_range = {nvtx_range:String} OR startsWith(nvtx_range, concat({nvtx_range:String}, ' > '))))
 GROUP BY node
 ORDER BY node

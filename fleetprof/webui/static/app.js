@@ -5,6 +5,7 @@
 import { Charts } from "./charts.js";
 import { FlameGraph } from "./flamegraph.js";
 import { formatTime, formatValue, percent } from "./format.js";
+import { gpuDefaults, gpuParams, gpuTitleParts, readGpuURL, syncGpuControls, wireGpuControls } from "./gpu_filters.js";
 import { renderLegend } from "./legend.js";
 import { ProcessPicker } from "./processes.js";
 
@@ -25,6 +26,7 @@ const state = {
   colorBy: "binary", // the flame graph's colors: "binary" or "language"
   merge: false, // the flame graph's processes merged (no root frame per process)
   collectives: "all", // GPU flame graph: NCCL collective kernels shown ("all"), left out ("hide") or alone ("only")
+  ...gpuDefaults(), // GPU flame graph: what (kernels, copies), nvtxRange, nvtxLevel (gpu_filters.js)
 };
 
 // simulated: per source ("charts", "flame") the line the banner shows for it, "" when its data is real
@@ -91,7 +93,7 @@ function filters() {
 // The flame graph's filters: the collectives choice is the GPU flame graph's alone
 function flameFilters() {
   const collectives = state.kind === "gpu" && state.collectives !== "all" ? state.collectives : "";
-  return { ...filters(), collectives };
+  return { ...filters(), collectives, ...gpuParams(state) };
 }
 
 // --- the URL ---
@@ -106,6 +108,7 @@ function readURL() {
   state.search = q.get("search") || "";
   state.merge = q.get("merge") === "1";
   state.collectives = ["hide", "only"].includes(q.get("collectives")) ? q.get("collectives") : "all";
+  readGpuURL(q, state);
   const pair = (text) => {
     const parts = (text || "").split(",").map(Number);
     return parts.length === 2 && parts.every(Number.isFinite) && parts[0] < parts[1] ? parts : null;
@@ -119,7 +122,8 @@ function writeURL() {
   const q = query({ since: state.sinceText, until: state.untilText, kind: state.kind === "cpu" ? "" : state.kind,
     node: state.node, pid: state.pid, sel: state.selection ? state.selection.join(",") : "",
     base: state.baseline ? state.baseline.join(",") : "", diff: state.diff ? "1" : "", search: state.search,
-    merge: state.merge ? "1" : "", collectives: state.collectives === "all" ? "" : state.collectives });
+    merge: state.merge ? "1" : "", collectives: state.collectives === "all" ? "" : state.collectives,
+    ...gpuParams({ ...state, kind: "gpu" }) });
   history.replaceState(null, "", `${location.pathname}?${q}`);
 }
 
@@ -213,6 +217,7 @@ function updateLabels() {
   $("merge-processes").checked = state.merge;
   $("collectives-control").hidden = state.kind !== "gpu";
   $("collectives").value = state.collectives;
+  syncGpuControls(state);
 }
 
 function renderFlameInfo() {
@@ -224,6 +229,7 @@ function renderFlameInfo() {
   if (data.filters.pid) parts.push(`pid ${data.filters.pid}`);
   if (data.filters.collectives === "hide") parts.push("NCCL collectives hidden");
   if (data.filters.collectives === "only") parts.push("NCCL collectives only");
+  parts.push(...gpuTitleParts(data.filters));
   if (state.diff && data.base_counts) {
     parts.push(`diff vs baseline (${formatValue(data.base_total, data.unit)}): red grew, blue shrank, in share of its range`);
   }
@@ -291,6 +297,7 @@ function wire() {
     state.collectives = e.target.value;
     loadFlame();
   });
+  wireGpuControls(state, loadFlame);
   $("clear-selection").addEventListener("click", () => {
     state.selection = null;
     app.charts.showSelection(null);

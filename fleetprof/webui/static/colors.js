@@ -6,6 +6,7 @@
 export const CATEGORIES = {
   process: { label: "process", rgb: [96, 125, 139], note: "each process's stacks start at a frame of its own: command (pid)" },
   gpu: { label: "GPU kernels", rgb: [39, 174, 96], note: "GPU kernels, the leaves of their launching CPU stacks" },
+  nvtx: { label: "NVTX ranges", rgb: [142, 68, 173], note: "NVTX range paths of the launches: [nvtx] forward" },
   kernel: { label: "kernel ([kernel.kallsyms])", rgb: [192, 57, 43], note: "Linux kernel code" },
   python: { label: "python", rgb: [55, 118, 171], note: "Python functions (the frames' language)" },
   jit: { label: "[jit]", rgb: [212, 172, 13], note: "code a JIT compiler generated (named by a perf map)" },
@@ -37,6 +38,7 @@ export function frameCategory(name, binary, language, by = "binary") {
   if (name.startsWith("[stack lost")) return "lost";
   if (name.startsWith("[unknown")) return "unknown";
   if (language === "gpu" || binary === "[gpu]") return "gpu";
+  if (language === "nvtx" || binary === "[nvtx]") return "nvtx";
   if (language === "kernel" || binary === "[kernel.kallsyms]") return "kernel";
   if (language === "python") return "python";
   if (binary === "[jit]") return "jit";
