@@ -229,6 +229,11 @@ def known_rows(base: datetime) -> dict[str, tuple[list[str], list[list]]]:
     unmatched = [[t[0], "n1", 10, "LAUNCH", "EXPIRED", 2, 0, 2], [t[0], "n3", 30, "KERNEL", "LATE", 1, 500, 0]]
     windows = [[t[0], "n1", "cpu", False, 19], [t[1], "n1", "cpu", False, 19], [t[2], "n2", "cpu", True, 99],
                [t[1], "n3", "cpu", False, 19], [t[1], "n1", "gpu", False, 0], [t[1], "n3", "gpu", True, 0]]
+    ns = [int(when.timestamp()) * 1_000_000_000 for when in t]
+    timeline = [[t[1], "n1", 10, "", 0, 7, ns[1] + 1000, ns[1] + 7000, "KERNEL", "gemm", 103, 6, 0, "step", 0, 0, 1],
+                [t[2], "n1", 10, "", 0, 7, ns[2], ns[2] + 3000, "KERNEL", ALL_REDUCE_MANGLED, 104, 3, 0, "", 5, 9, 2],
+                [t[1], "n3", 30, "", 0, 7, ns[1] + 500, ns[1] + 7500, "MEMCPY", "[memcpy HtoD]", 105, 7, 4096, "", 0, 0,
+                 3]]
     state = [["gpu.samples", 0, 0, 9, "BEFORE", t[0]], ["gpu.samples", 0, 0, 9, "AFTER", t[0] + timedelta(seconds=1)],
              ["gpu.samples", 1, 10, 19, "BEFORE", t[1]]]
     return {
@@ -237,6 +242,9 @@ def known_rows(base: datetime) -> dict[str, tuple[list[str], list[list]]]:
         "cpu_samples": (["ts", "node", "pid", "comm", "container_id", "stack_id", "count"], cpu),
         "gpu_kernel_samples": (["ts", "node", "pid", "comm", "container_id", "device", "stream", "stack_id",
                                 "kernel_name", "duration_ns", "launches"], gpu),
+        "gpu_timeline": (["ts", "node", "pid", "comm", "device", "stream", "start_ns", "end_ns", "activity", "name",
+                          "stack_id", "weight", "bytes", "nvtx_range", "graph_id", "graph_node_id", "correlation_id"],
+                         timeline),
         "gpu_device_metrics": (["ts", "node", "gpu_index", "uuid", "name", "parent_uuid", "gpu_util_pct",
                                 "mem_util_pct", "mem_used_bytes", "mem_total_bytes", "sm_clock_mhz", "mem_clock_mhz",
                                 "power_mw", "power_limit_mw", "temperature_c", "pcie_tx_kbps", "pcie_rx_kbps",

@@ -316,7 +316,7 @@ def ui_routes(target: QueryTarget) -> list[BaseRoute]:
             raise BadRequest(f"the timeline shows at most {timeline.MAX_RANGE_S // 60} minutes: select a shorter "
                              f"range (this one is {(until - since).total_seconds():.0f} s)")
         since_ns, until_ns = _ns(since), _ns(until)
-        params = {"since": since, "until": until, "since_ns": since_ns, "until_ns": until_ns, **filters}
+        params = {"since": since, "until": until, **filters}
         columns, rows = _named(target, "timeline_bars", {**params, "limit": timeline.BAR_LIMIT + 1})
         payload = timeline.timeline(columns, rows, _stack_rows(target, "timeline_stacks", params),
                                     _stack_rows(target, "timeline_frames", params), since_ns, until_ns,

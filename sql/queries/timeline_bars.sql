@@ -22,7 +22,7 @@ WITH
         (
             SELECT node, pid, toString(comm) AS comm, sum(count) AS samples
             FROM cpu_samples_1h
-            WHERE hour >= toStartOfHour({since:DateTime}, 'UTC') AND hour < {until:DateTime}
+            WHERE hour >= toStartOfHour({since:DateTime64(6)}, 'UTC') AND hour < {until:DateTime64(6)}
               AND (node, pid) IN (SELECT node, pid FROM records WHERE comm = '')
             GROUP BY node, pid, comm
         )
