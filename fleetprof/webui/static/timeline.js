@@ -178,24 +178,39 @@ export class Timeline {
     const [a, b] = this.view;
     const scale = (width - GUTTER) / (b - a);
     const hl = this.highlighted;
+    const acc = new Float64Array(kinds.length);
     for (let lane = 0; lane < this.laneBars.length; lane++) {
       const y = this.rowY[this.laneRow[lane]] + (LANE - BAR) / 2;
       const bars = this.laneBars[lane];
-      const lastPx = new Float64Array(kinds.length).fill(-1);
+      // bars under a pixel wide: one pixel column per column they fall in, of the kind with the most time there,
+      // so that 100k bars cost a few thousand rectangles and the colors say what dominates
+      let column = -1;
+      const flush = () => {
+        if (column >= 0) paths[acc.indexOf(Math.max(...acc))].rect(column, y, 1, BAR);
+        acc.fill(0);
+      };
       for (let k = 0; k < bars.length; k++) {
         const i = bars[k];
         if (this.end[i] < a || this.start[i] > b) continue;
         const x0 = Math.max(GUTTER, GUTTER + (this.start[i] - a) * scale);
         const x1 = Math.min(width, GUTTER + (this.end[i] - a) * scale);
-        const w = Math.max(1, x1 - x0);
         const kind = this.kind[i];
-        // a bar under a pixel wide on the pixel its kind's last one filled adds nothing: skip it (100k bars)
-        if (w <= 1 && Math.floor(x0) === lastPx[kind] && !(hl && hl[i])) continue;
-        lastPx[kind] = Math.floor(x0);
+        if (x1 - x0 < 1 && !(hl && hl[i])) {
+          const c = Math.floor(x0);
+          if (c !== column) {
+            flush();
+            column = c;
+          }
+          acc[kind] += this.end[i] - this.start[i] || 1;
+          continue;
+        }
+        const w = Math.max(1, x1 - x0);
         paths[kind].rect(x0, y, w, BAR);
         if (hl && hl[i]) marked.rect(x0, y, w, BAR);
         if (w >= LABEL_MIN_PX) labels.push(i, x0, y, w);
       }
+      flush();
+      column = -1;
     }
     ctx.globalAlpha = hl ? 0.3 : 1;
     kinds.forEach((name, k) => {
