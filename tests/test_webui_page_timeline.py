@@ -6,6 +6,7 @@ selection, and the refusal of a long range. Screenshots under test-artifacts/web
 from __future__ import annotations
 
 import json
+import math
 from datetime import UTC, datetime
 
 from tests.test_webui_page import ARTIFACTS, Page, browser  # noqa: F401  (the module's browser fixture)
@@ -82,6 +83,42 @@ def test_timeline_draws_bars_in_their_lanes(browser, served):  # noqa: F811
     page.shot("timeline")
     # the whole range again: 120 s, where the ms-long bars are a pixel wide each
     page.page.click("[data-timeline=reset]")
+    assert page.js("window.fleetprof.timeline.view.view") == [0, 120 * NS]
+    assert page.errors == []
+
+
+def test_timeline_zooms_with_the_wheel_and_pans_with_a_drag(browser, served):  # noqa: F811
+    add_timeline(served)
+    page = open_timeline(browser, served)
+    canvas = page.page.locator("#timeline")
+    canvas.scroll_into_view_if_needed()
+    box = canvas.bounding_box()
+    gutter, width = 130, page.js("window.fleetprof.timeline.view.width")
+    x, y = box["x"] + gutter + (width - gutter) * 0.25, box["y"] + 40
+
+    def time_at(view: list[float]) -> float:  # the time under the pointer
+        return view[0] + (x - box["x"] - gutter) / (width - gutter) * (view[1] - view[0])
+
+    page.page.mouse.move(x, y)
+    before = page.js("window.fleetprof.timeline.view.view")
+    page.page.mouse.wheel(0, -300)  # zoom in by e around the pointer
+    page.page.wait_for_function("window.fleetprof.timeline.view.view[0] > 0")
+    after = page.js("window.fleetprof.timeline.view.view")
+    assert abs((after[1] - after[0]) / (before[1] - before[0]) - math.exp(-1)) < 1e-9
+    # the time under the pointer stays there, to the pixel (events give whole pixels)
+    assert abs(time_at(after) - time_at(before)) < (before[1] - before[0]) / (width - gutter)
+    # a drag of 100 px to the right shows what was 100 px to the left, and selects nothing
+    page.page.mouse.down()
+    page.page.mouse.move(x + 50, y, steps=5)
+    page.page.mouse.move(x + 100, y, steps=5)
+    page.page.mouse.up()
+    panned = page.js("window.fleetprof.timeline.view.view")
+    shift = 100 / (width - gutter) * (after[1] - after[0])
+    pixel_ns = (after[1] - after[0]) / (width - gutter)
+    assert abs(panned[0] - (after[0] - shift)) <= pixel_ns and abs(panned[1] - (after[1] - shift)) <= pixel_ns
+    assert page.js("window.fleetprof.flame.focus") == 0
+    # a double click shows the whole range again
+    page.page.mouse.dblclick(x, y)
     assert page.js("window.fleetprof.timeline.view.view") == [0, 120 * NS]
     assert page.errors == []
 
