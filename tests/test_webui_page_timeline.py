@@ -185,7 +185,7 @@ def test_timeline_and_flame_graph_select_each_other(browser, served):  # noqa: F
     assert merged.errors == []
 
 
-def test_timeline_refuses_a_long_range_and_hides_for_cpu(browser, served):  # noqa: F811
+def test_timeline_follows_the_flame_graph_kind_collectives_and_range(browser, served):  # noqa: F811
     add_timeline(served)
     page = open_timeline(browser, served, "&node=n1")
     assert not page.page.is_visible("#timeline-panel")  # the CPU flame graph has no timeline
@@ -193,6 +193,11 @@ def test_timeline_refuses_a_long_range_and_hides_for_cpu(browser, served):  # no
     page.changing(lambda: page.page.check("input[name=kind][value=gpu]"))
     settle_timeline(page, version)
     assert page.page.locator("#timeline").get_attribute("data-bars") == "6"
+    # the flame graph's NCCL choice holds for the timeline too
+    version = page.js("window.fleetprof.timeline.version")
+    page.changing(lambda: page.page.select_option("#collectives", "only"))
+    settle_timeline(page, version)
+    assert page.page.locator("#timeline").get_attribute("data-bars") == "1"
     page.page.goto(f"{served.url}/?since={served.t0 - 3600}&until={served.t1}&node=n1&kind=gpu")
     page.settle(0)
     settle_timeline(page, 0)

@@ -86,12 +86,20 @@ def test_timeline_endpoint_filters_and_all_nodes(served):
         # a bar that overlaps the range's start is in it, at a negative start
         late = http.get("/api/timeline", params={"node": "n1", "from": ui.t0 + 1.002, "to": ui.t0 + 1.6}).json()
         none = http.get("/api/timeline", params={"node": "n1", "pid": 99, "from": ui.t0, "to": ui.t0 + 10}).json()
+        window = {"node": "n1", "from": ui.t0, "to": ui.t0 + 10}
+        only = http.get("/api/timeline", params={**window, "collectives": "only"}).json()
+        hidden = http.get("/api/timeline", params={**window, "collectives": "hide"}).json()
+        bad = http.get("/api/timeline", params={**window, "collectives": "some"})
     assert both["lanes"] == [{"node": "n1", "device": 0, "stream": 7}, {"node": "n1", "device": 1, "stream": 0},
                              {"node": "n2", "device": 0, "stream": 7}]
     assert both["processes"] == ["train (pid 10 on n1)", "serve (pid 20 on n2)"]
     assert both["bars"]["lane"] == [0, 2, 1] and both["bars"]["process"] == [0, 1, 0]
     assert late["bars"]["start"] == [-2_000_000, 498_000_000] and late["bars"]["lane"] == [0, 1]
     assert none["count"] == 0 and none["lanes"] == [] and none["stacks"] == [] and none["bars"]["start"] == []
+    # NCCL's collectives alone or hidden, as the GPU flame graph shows them (copies and sets are not collectives)
+    assert only["names"] == [ALL_REDUCE] and only["bars"]["kind"] == [3] and only["filters"]["collectives"] == "only"
+    assert hidden["names"] == ["gemm_kernel", "[memcpy HtoD]", "[memset]"] and hidden["bars"]["kind"] == [0, 1, 0, 2]
+    assert bad.status_code == 400 and bad.json() == {"error": "collectives must be one of all, hide, only, not 'some'"}
 
 
 def test_timeline_endpoint_refuses_long_ranges_and_caps_bars(served, monkeypatch):

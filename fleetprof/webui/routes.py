@@ -8,7 +8,7 @@
                                 rooted at a frame of its own (see model.py)
   GET /api/flamegraph/diff      the range against base_since / base_until
   GET /api/timeline             the sampled GPU kernels, copies and sets of from..to (at most timeline.MAX_RANGE_S),
-                                one bar each, per node, device and stream (see timeline.py); node, pid filter
+                                one bar each, per node, device and stream (see timeline.py); node, pid, collectives
   GET /api/export               the range as pprof, folded, speedscope, json or html: the same bytes as
                                 `fleetprof query flamegraph --format F` with the same options
 Parameters: since, until (5m, 2h, epoch seconds or ISO-8601; a relative since counts back from until), kind=cpu|gpu,
@@ -311,7 +311,7 @@ def ui_routes(target: QueryTarget) -> list[BaseRoute]:
 
     def timeline_bars(request: Request) -> Response:
         since, until = _window(request, "from", "to", default_since=None)
-        filters = _filters(request, comm=False)
+        filters = _filters(request, comm=False, kind="gpu")  # node, pid and collectives, as the GPU flame graph
         if (until - since).total_seconds() > timeline.MAX_RANGE_S:
             raise BadRequest(f"the timeline shows at most {timeline.MAX_RANGE_S // 60} minutes: select a shorter "
                              f"range (this one is {(until - since).total_seconds():.0f} s)")

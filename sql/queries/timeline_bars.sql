@@ -8,6 +8,7 @@
 -- is the flame graph's.
 -- @default node =
 -- @default pid = 0
+-- @default collectives = all
 -- @default limit = 100001
 WITH
     records AS

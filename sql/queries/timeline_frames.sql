@@ -3,6 +3,7 @@
 -- for the flame graph. A frame id without a row is named "[unknown 0x<frame id>]", as the flame graph names it.
 -- @default node =
 -- @default pid = 0
+-- @default collectives = all
 WITH
     records AS
     (

@@ -4,6 +4,7 @@
 -- "[unknown stack 0x…]" as the flame graph does. Every stack of the range, also of records past the bars' limit.
 -- @default node =
 -- @default pid = 0
+-- @default collectives = all
 WITH
     records AS
     (

@@ -166,7 +166,7 @@ async function loadFlame() {
   updateLabels();
   // the GPU flame graph's range and filters, drawn bar by bar (the server refuses ranges over a few minutes)
   const [from, to] = flameRange();
-  app.timeline.load({ since: from, until: to, node: state.node, pid: state.pid, shown: state.kind === "gpu" });
+  app.timeline.load({ since: from, until: to, ...flameFilters(), shown: state.kind === "gpu" });
   await track("flame", async (current) => {
     const [since, until] = flameRange();
     let data;

@@ -19,8 +19,9 @@ export class TimelinePanel {
     this.data = null;
   }
 
-  /** Show the timeline of [since, until) (epoch seconds) for node and pid ('' and 0: all), or hide the panel. */
-  async load({ since, until, node, pid, shown }) {
+  /** Show the timeline of [since, until) (epoch seconds) for node and pid ('' and 0: all) with NCCL's collectives
+   * shown, hidden or alone (collectives '' or "all", "hide", "only"), or hide the panel. */
+  async load({ since, until, node, pid, collectives, shown }) {
     this.root.hidden = !shown;
     const ticket = ++this.ticket;
     if (!shown) { // nothing to load: done at once
@@ -33,6 +34,7 @@ export class TimelinePanel {
     const q = new URLSearchParams({ from: since, to: until });
     if (node) q.set("node", node);
     if (pid) q.set("pid", pid);
+    if (collectives && collectives !== "all") q.set("collectives", collectives);
     try {
       const response = await fetch(`api/timeline?${q}`);
       let body;
