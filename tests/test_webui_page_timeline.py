@@ -164,10 +164,13 @@ def test_timeline_and_flame_graph_select_each_other(browser, served):  # noqa: F
     assert canvas.get_attribute("data-highlighted") == "3"
     click_frame(page, N1, "main", "launch")
     assert canvas.get_attribute("data-highlighted") == "5"  # all but the set, whose stack is unknown
+    assert page.page.locator("[data-timeline=selection]").inner_text() == (
+        "5 bars launched through the flame graph's selected frame (outlined): launch")
     zoom_to(page, GEMM)
     page.shot("timeline-highlight")
     page.page.click("#reset-zoom")
     assert canvas.get_attribute("data-highlighted") == "0"
+    assert not page.page.is_visible("[data-timeline=selection]")
     # a click on a bar selects its stack in the flame graph
     zoom_to(page, ALL_REDUCE_BAR)
     click_bar(page, ALL_REDUCE_BAR)

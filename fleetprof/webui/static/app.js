@@ -245,7 +245,7 @@ function renderMatch(flame) {
     + `(${formatValue(flame.matched, flame.unit)})` : "";
   $("reset-zoom").disabled = flame.focus === 0;
   $("zoom-label").textContent = flame.focus ? `zoomed: ${flame.path(flame.focus).join(" › ")}` : "";
-  app.timeline.view.setHighlight(flame.focus ? flame.path(flame.focus) : null, state.merge);
+  app.timeline.highlight(flame.focus ? flame.path(flame.focus) : null, state.merge);
 }
 
 // --- events ---

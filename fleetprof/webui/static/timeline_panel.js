@@ -54,6 +54,7 @@ export class TimelinePanel {
         this.el("wrap").hidden = false;
         this.view.setData(body);
         this._describe(body);
+        this.highlight(this.view.highlightPath, this.view.merged);
       }
     } catch (err) {
       if (ticket === this.ticket) this._message(err.message);
@@ -63,6 +64,16 @@ export class TimelinePanel {
         this.version += 1;
       }
     }
+  }
+
+  /** The flame graph's selected frame (its path; null or empty: none): its bars highlighted, and said how many. */
+  highlight(path, merged) {
+    this.view.setHighlight(path, merged);
+    const el = this.el("selection");
+    const shown = Boolean(this.view.highlighted);
+    el.hidden = !shown;
+    el.textContent = shown ? `${this.view.highlightCount.toLocaleString("en-US")} bars launched through the flame `
+      + `graph's selected frame (outlined): ${path[path.length - 1]}` : "";
   }
 
   _message(text) {
