@@ -159,6 +159,16 @@ def flamegraph_of_ids(stacks: StackIds, names: Iterable[Sequence[Any]], one_node
     return {**merged.compact(frames.language), "counts": counts, "total": sum(counts)}
 
 
+def stack_frames(stacks: StackIds, names: Iterable[Sequence[Any]]) -> tuple[list[str], list[np.ndarray]]:
+    """The flame graph's names for stacks (the GPU timeline's hover): the distinct frame names, and per stack its
+    frames as indices into them, root first, named as flamegraph_of_ids names them (an undefined frame
+    "[unknown 0x…]", a stack without frames "[unknown stack 0x…]"); no process frames."""
+    frames = _FrameNames(names)
+    tokens = frames.tokens(StackIds(stacks.stack_id, stacks.value, stacks.offsets, stacks.frame_id))
+    bounds = tokens.offsets.tolist()
+    return [function for function, _ in frames.pairs], [tokens.pair[a:b] for a, b in pairwise(bounds)]
+
+
 def flamegraph_diff_of_ids(stacks: StackIds, base: StackIds, names: Iterable[Sequence[Any]],
                            one_node: bool = False) -> dict[str, Any]:
     """Two ranges' flame graphs over one frame table, stacks as in flamegraph_of_ids: every stack of either, with

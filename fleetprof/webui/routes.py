@@ -7,6 +7,8 @@
   GET /api/flamegraph           one range's CPU or GPU-time flame graph, frames interned, each process's stacks
                                 rooted at a frame of its own (see model.py)
   GET /api/flamegraph/diff      the range against base_since / base_until
+  GET /api/timeline             the sampled GPU kernels, copies and sets of from..to (at most timeline.MAX_RANGE_S),
+                                one bar each, per node, device and stream (see timeline.py); node, pid, collectives
   GET /api/export               the range as pprof, folded, speedscope, json or html: the same bytes as
                                 `fleetprof query flamegraph --format F` with the same options
 Parameters: since, until (5m, 2h, epoch seconds or ISO-8601; a relative since counts back from until), kind=cpu|gpu,
@@ -27,7 +29,7 @@ from __future__ import annotations
 import gzip
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -44,7 +46,7 @@ from fleetprof.profile_kinds import KINDS, export_profile
 from fleetprof.query_client import QueryError, QueryTarget, StoreTarget
 from fleetprof.simulated_sources import simulated_line, simulated_sources
 from fleetprof.store import Store, StoreError, one_line, parse_time
-from fleetprof.webui import STATIC_DIR, model
+from fleetprof.webui import STATIC_DIR, model, timeline
 from processors.correlate_samples import GPU_BINARY
 
 try:
@@ -138,6 +140,19 @@ def _gpu_filters(request: Request, kind: str) -> dict[str, Any]:
 
 def _ms(t: datetime) -> int:
     return round(t.timestamp() * 1000)
+
+
+def _ns(t: datetime) -> int:
+    """Unix ns of an aware datetime, exactly (a float of seconds holds only about a quarter of a microsecond)."""
+    return (t - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1) * 1000
+
+
+def _named(target: QueryTarget, name: str, params: dict[str, Any]) -> tuple[list[str], list[Sequence[Any]]]:
+    """A named query's columns and rows, straight from the store when this process has it open (as _stack_rows)."""
+    if not isinstance(target, StoreTarget):
+        return target.named(name, params)
+    with _store_errors():
+        return target.store.query_named(name, params)
 
 
 def _stack_rows(target: QueryTarget, name: str, params: dict[str, Any]) -> list[Sequence[Any]]:
@@ -313,6 +328,20 @@ def ui_routes(target: QueryTarget) -> list[BaseRoute]:
         return Response(data, media_type=media_type,
                         headers={"Content-Disposition": f'attachment; filename="{name}"', "Cache-Control": "no-store"})
 
+    def timeline_bars(request: Request) -> Response:
+        since, until = _window(request, "from", "to", default_since=None)
+        filters = _filters(request, comm=False, kind="gpu")  # node, pid and collectives, as the GPU flame graph
+        if (until - since).total_seconds() > timeline.MAX_RANGE_S:
+            raise BadRequest(f"the timeline shows at most {timeline.MAX_RANGE_S // 60} minutes: select a shorter "
+                             f"range (this one is {(until - since).total_seconds():.0f} s)")
+        since_ns, until_ns = _ns(since), _ns(until)
+        params = {"since": since, "until": until, **filters}
+        columns, rows = _named(target, "timeline_bars", {**params, "limit": timeline.BAR_LIMIT + 1})
+        payload = timeline.timeline(columns, rows, _stack_rows(target, "timeline_stacks", params),
+                                    _stack_rows(target, "timeline_frames", params), since_ns, until_ns,
+                                    timeline.BAR_LIMIT, one_node=bool(filters["node"]))
+        return _json(request, {**payload, "filters": filters, **simulated("gpu", since, until, filters["node"])})
+
     return [
         Route("/", index, methods=["GET"]),
         Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"),
@@ -322,6 +351,7 @@ def ui_routes(target: QueryTarget) -> list[BaseRoute]:
         Route("/api/flamegraph", _answering(flamegraph), methods=["GET"]),
         Route("/api/flamegraph/diff", _answering(flamegraph_diff), methods=["GET"]),
         Route("/api/export", _answering(export), methods=["GET"]),
+        Route("/api/timeline", _answering(timeline_bars), methods=["GET"]),
     ]
 
 

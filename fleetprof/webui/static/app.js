@@ -8,6 +8,7 @@ import { formatTime, formatValue, percent } from "./format.js";
 import { gpuDefaults, gpuParams, gpuTitleParts, readGpuURL, syncGpuControls, wireGpuControls } from "./gpu_filters.js";
 import { renderLegend } from "./legend.js";
 import { ProcessPicker } from "./processes.js";
+import { TimelinePanel } from "./timeline_panel.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -167,6 +168,9 @@ async function loadFilters() {
 async function loadFlame() {
   writeURL();
   updateLabels();
+  // the GPU flame graph's range and filters, drawn bar by bar (the server refuses ranges over a few minutes)
+  const [from, to] = flameRange();
+  app.timeline.load({ since: from, until: to, ...flameFilters(), shown: state.kind === "gpu" });
   await track("flame", async (current) => {
     const [since, until] = flameRange();
     let data;
@@ -247,6 +251,7 @@ function renderMatch(flame) {
     + `(${formatValue(flame.matched, flame.unit)})` : "";
   $("reset-zoom").disabled = flame.focus === 0;
   $("zoom-label").textContent = flame.focus ? `zoomed: ${flame.path(flame.focus).join(" › ")}` : "";
+  app.timeline.highlight(flame.focus ? flame.path(flame.focus) : null, state.merge);
 }
 
 // --- events ---
@@ -340,6 +345,11 @@ function start() {
   app.charts = new Charts($("charts"), onChartSelect);
   app.flame = new FlameGraph($("flame"), $("tooltip"), renderMatch);
   app.flame.mergeProcesses = state.merge;
+  // a timeline bar selects its stack in the flame graph (zoomed to it), whose selection highlights bars again
+  app.timeline = new TimelinePanel($("timeline-panel"), (path) => {
+    const node = app.flame.find(...(state.merge ? path.slice(1) : path));
+    if (node >= 0) app.flame.zoom(node);
+  });
   app.processes = new ProcessPicker($("process"), $("process-list"), (picked) => {
     if (picked) {
       state.node = picked.node;
