@@ -51,6 +51,10 @@ DISTRIBUTED_TABLE = """CREATE TABLE IF NOT EXISTS {name}{on_cluster}
 ENGINE = Distributed('{{cluster}}', currentDatabase(), {local}, {key})"""
 DISTRIBUTED_VIEW = """CREATE TABLE IF NOT EXISTS {name}{on_cluster} AS {local}
 ENGINE = Distributed('{{cluster}}', currentDatabase(), {local}, {key})"""
+# an ALTER of a sharded table runs on its local tables, and its new columns reach the Distributed table in front
+ALTER_LOCAL = "ALTER TABLE {name}_local{on_cluster}"
+ALTER_DISTRIBUTED = "ALTER TABLE {name}{on_cluster}\n    {added}"
+DROP_VIEW = "DROP VIEW IF EXISTS {name}{on_cluster}"
 RECORD = "INSERT INTO schema_migrations (version, name, applied_at) VALUES ({version}, '{name}', now())"
 
 _DIRECTIVE_RE = re.compile(r"^--\s*@cluster\b\s*(.*?)\s*$")
@@ -139,7 +143,7 @@ def _cluster_statements(code: str, placement: str | None, layout: Layout, where:
                                   "generated")
         drop = _DROP_VIEW_RE.match(first)
         if drop:
-            return [f"DROP VIEW IF EXISTS {drop.group(1)}{ON_CLUSTER}"]
+            return [DROP_VIEW.format(name=drop.group(1), on_cluster=ON_CLUSTER)]
         if not alter and not first.startswith("INSERT INTO "):
             raise ClusterSqlError(f"{where}: no cluster form for this statement in {COMMAND}")
         return [code]
@@ -176,10 +180,10 @@ def _sharded_alter(alter: re.Match, code: str, where: str) -> list[str]:
     added = [_CODEC_RE.sub("", c) for c in clauses if c.startswith("ADD COLUMN ")]
     if not all(c.startswith(("ADD COLUMN ", "MODIFY ORDER BY ")) for c in clauses):
         raise ClusterSqlError(f"{where}: an ALTER of a sharded table may only ADD COLUMN and MODIFY ORDER BY")
-    local = f"ALTER TABLE {name}_local{ON_CLUSTER}" + code[alter.end():]
+    local = ALTER_LOCAL.format(name=name, on_cluster=ON_CLUSTER) + code[alter.end():]
     if not added:
         return [local]
-    return [local, f"ALTER TABLE {name}{ON_CLUSTER}\n    " + ",\n    ".join(added)]
+    return [local, ALTER_DISTRIBUTED.format(name=name, on_cluster=ON_CLUSTER, added=",\n    ".join(added))]
 
 
 def _on_cluster(create: re.Match, name: str) -> str:

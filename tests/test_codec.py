@@ -11,11 +11,14 @@ from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from schemas import single_object, topics, wire
 
-V2_DIR = Path(__file__).parent / "schemas"
+NEXT_DIR = Path(__file__).parent / "schemas"
 
 KERNEL = {"node": "n1", "pid": 42, "process_start_ns": 5_000_000, "correlation_id": 7, "start_ns": 100,
           "end_ns": 250, "device_id": 0,
           "stream_id": 13, "kernel_name": "_Z6kernelPf", "simulated": True}
+# what a GpuKernel v2 reader fills in for a v1 record: a kernel, outside any graph
+V2_DEFAULTS = {"activity": "KERNEL", "bytes": 0, "copy_kind": "", "memory_kinds": "", "graph_id": 0,
+               "graph_node_id": 0}
 
 
 def test_every_topic_names_a_known_schema():
@@ -26,11 +29,11 @@ def test_every_topic_names_a_known_schema():
 
 def test_single_object_header_is_marker_and_little_endian_crc64():
     data = single_object.encode("GpuKernel", KERNEL)
-    schema = json.loads((single_object.SCHEMA_DIR / "gpu_kernel.v1.avsc").read_text())
+    schema = json.loads((single_object.SCHEMA_DIR / "gpu_kernel.v2.avsc").read_text())
     fp = int(fingerprint(to_parsing_canonical_form(schema), "CRC-64-AVRO"), 16)
     assert data[:2] == b"\xc3\x01"
     assert data[2:10] == struct.pack("<Q", fp)
-    assert single_object.decode(data) == ("fleetprof.GpuKernel", KERNEL)
+    assert single_object.decode(data) == ("fleetprof.GpuKernel", {**KERNEL, **V2_DEFAULTS})
 
 
 def test_known_crc64_avro_vector():
@@ -45,22 +48,23 @@ def test_registry_finds_every_latest_schema_by_its_fingerprint():
         assert reg.by_fingerprint(sv.fingerprint) is sv
 
 
-def _v2_registry() -> single_object.SchemaRegistry:
+def _next_registry() -> single_object.SchemaRegistry:
     reg = single_object.SchemaRegistry().load_dir()
-    for path in sorted(V2_DIR.glob("*.avsc")):
+    for path in sorted(NEXT_DIR.glob("*.avsc")):
         reg.register_file(path)
     return reg
 
 
-def test_written_with_v1_read_with_v2_fills_new_fields_with_defaults():
-    v1_bytes = single_object.encode("GpuKernel", KERNEL)  # the production registry only knows v1
-    name, rec = single_object.decode(v1_bytes, registry=_v2_registry())
+def test_written_with_v1_read_with_a_later_version_fills_new_fields_with_defaults():
+    v1_bytes = single_object.encode("GpuKernel", KERNEL, version=1)  # what an agent of before copies and graphs sends
+    assert single_object.decode(v1_bytes) == ("fleetprof.GpuKernel", {**KERNEL, **V2_DEFAULTS})
+    name, rec = single_object.decode(v1_bytes, registry=_next_registry())
     assert name == "fleetprof.GpuKernel"
-    assert rec == {**KERNEL, "grid": [], "graph_id": None}
+    assert rec == {**KERNEL, **V2_DEFAULTS, "grid": []}
 
 
-def test_written_with_v2_read_by_a_v2_reader_and_unknown_to_a_v1_only_reader():
-    reg = _v2_registry()
+def test_written_with_the_next_version_read_by_its_reader_and_unknown_to_a_current_reader():
+    reg = _next_registry()
     data = single_object.encode("GpuKernel", {**KERNEL, "grid": [64, 1, 1], "graph_id": 9}, registry=reg)
     assert single_object.decode(data, registry=reg)[1]["grid"] == [64, 1, 1]
     with pytest.raises(single_object.DecodeError, match="unknown schema fingerprint"):
@@ -72,7 +76,7 @@ def test_dropped_field_is_ignored_and_added_field_defaulted():
              "simulated": True, "processes": [{"pid": 1, "comm": "c", "exe": "", "cgroup": "", "container_id": "",
                                                "mappings": [], "stacks": [{"tid": 1, "user_addrs": [-1, 5],
                                                                            "kernel_addrs": [], "count": 3}]}]}
-    _, rec = single_object.decode(single_object.encode("CpuStackBatch", batch), registry=_v2_registry())
+    _, rec = single_object.decode(single_object.encode("CpuStackBatch", batch), registry=_next_registry())
     assert "simulated" not in rec
     assert rec["agent_version"] == "unknown"
     assert rec["processes"][0]["stacks"][0]["user_addrs"] == [-1, 5]
@@ -112,8 +116,8 @@ def test_unsigned_addresses_keep_their_bits():
 
 
 def test_an_older_version_can_still_be_written_on_purpose():
-    reg = _v2_registry()
+    reg = _next_registry()
     v1 = single_object.encode("GpuKernel", KERNEL, registry=reg, version=1)
-    assert v1 == single_object.encode("GpuKernel", KERNEL)
+    assert v1 == single_object.encode("GpuKernel", KERNEL, version=1) != single_object.encode("GpuKernel", KERNEL)
     with pytest.raises(KeyError, match="no version 7"):
         single_object.encode("GpuKernel", KERNEL, registry=reg, version=7)

@@ -250,7 +250,10 @@ def test_other_writers_and_records_go_through_fastavro():
     kernel = {"node": "n1", "pid": 42, "process_start_ns": 9, "correlation_id": 7, "start_ns": 100,
               "end_ns": 250, "device_id": 0,
               "stream_id": 13, "kernel_name": "k", "simulated": False}
-    assert decode_columnar(single_object.encode("GpuKernel", kernel)) == ("fleetprof.GpuKernel", kernel)
+    outside_graphs = {"activity": "KERNEL", "bytes": 0, "copy_kind": "", "memory_kinds": "", "graph_id": 0,
+                      "graph_node_id": 0}
+    assert decode_columnar(single_object.encode("GpuKernel", kernel)) == ("fleetprof.GpuKernel",
+                                                                          {**kernel, **outside_graphs})
     with pytest.raises(single_object.DecodeError, match="not a CpuStackBatch v2"):
         decode_cpu_batch_columnar(single_object.encode("GpuKernel", kernel))
     reg = single_object.SchemaRegistry().load_dir()

@@ -426,11 +426,19 @@ def _fleetprof(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subp
 
 
 def test_run_injects_the_shim_and_passes_the_exit_status(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "CUDA_INJECTION64_PATH"} | {"PYTHONPATH": str(ROOT)}
-    script = 'printf "%s\\n%s\\n" "$CUDA_INJECTION64_PATH" "$FLEETPROF_CUPTI_RECORD"; exit 7'
+    injected = ("CUDA_INJECTION64_PATH", "NVTX_INJECTION64_PATH")
+    env = {k: v for k, v in os.environ.items() if k not in injected} | {"PYTHONPATH": str(ROOT)}
+    script = ('printf "%s\\n%s\\n%s\\n" "$CUDA_INJECTION64_PATH" "$NVTX_INJECTION64_PATH" "$FLEETPROF_CUPTI_RECORD";'
+              ' exit 7')
     out = subprocess.run([sys.executable, "-m", "fleetprof", "run", "--record", "rel.jsonl", "--", "sh", "-c", script],
                          capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
-    assert (out.returncode, out.stdout.splitlines()) == (7, [str(shim_library()), str(tmp_path / "rel.jsonl")])
+    shim = str(shim_library())
+    assert (out.returncode, out.stdout.splitlines()) == (7, [shim, shim, str(tmp_path / "rel.jsonl")])
+    # another NVTX tool keeps its place: NVTX runs without one, unlike CUDA's single injection
+    other_tool = env | {"NVTX_INJECTION64_PATH": "/t/libnvtx_tool.so"}
+    out = subprocess.run([sys.executable, "-m", "fleetprof", "run", "--", "sh", "-c", script], capture_output=True,
+                         text=True, timeout=120, cwd=tmp_path, env=other_tool)
+    assert out.stdout.splitlines()[:2] == [shim, "/t/libnvtx_tool.so"]
 
 
 def test_run_says_in_one_line_why_it_cannot(tmp_path: Path) -> None:

@@ -30,7 +30,8 @@ class Raw:
 
 
 KERNEL = {"node": "n1", "pid": 42, "process_start_ns": 3, "correlation_id": 7, "start_ns": 100, "end_ns": 250,
-          "device_id": 0, "stream_id": 13, "kernel_name": "k", "simulated": False}
+          "device_id": 0, "stream_id": 13, "kernel_name": "k", "activity": "KERNEL", "bytes": 0, "copy_kind": "",
+          "memory_kinds": "", "graph_id": 0, "graph_node_id": 0, "simulated": False}
 EXPECT = {"gpu.kernels": "GpuKernel"}
 
 

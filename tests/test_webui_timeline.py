@@ -90,6 +90,10 @@ def test_timeline_endpoint_filters_and_all_nodes(served):
         only = http.get("/api/timeline", params={**window, "collectives": "only"}).json()
         hidden = http.get("/api/timeline", params={**window, "collectives": "hide"}).json()
         bad = http.get("/api/timeline", params={**window, "collectives": "some"})
+        copies = http.get("/api/timeline", params={**window, "what": "copies"}).json()
+        kernels = http.get("/api/timeline", params={**window, "what": "kernels"}).json()
+        backward = http.get("/api/timeline", params={**window, "nvtx_range": "backward"}).json()
+        under_step = http.get("/api/timeline", params={**window, "nvtx_range": "train_step > forward"}).json()
     assert both["lanes"] == [{"node": "n1", "device": 0, "stream": 7}, {"node": "n1", "device": 1, "stream": 0},
                              {"node": "n2", "device": 0, "stream": 7}]
     assert both["processes"] == ["train (pid 10 on n1)", "serve (pid 20 on n2)"]
@@ -100,6 +104,11 @@ def test_timeline_endpoint_filters_and_all_nodes(served):
     assert only["names"] == [ALL_REDUCE] and only["bars"]["kind"] == [3] and only["filters"]["collectives"] == "only"
     assert hidden["names"] == ["gemm_kernel", "[memcpy HtoD]", "[memset]"] and hidden["bars"]["kind"] == [0, 1, 0, 2]
     assert bad.status_code == 400 and bad.json() == {"error": "collectives must be one of all, hide, only, not 'some'"}
+    # kernels or copies and sets, and the NVTX range rule of the GPU flame graph (an element, or a path's prefix)
+    assert copies["names"] == ["[memcpy HtoD]", "[memset]"] and copies["filters"]["what"] == "copies"
+    assert kernels["names"] == ["gemm_kernel", ALL_REDUCE] and kernels["bars"]["kind"] == [0, 0, 3]
+    assert backward["bars"]["start"] == [2 * NS, 3 * NS] and backward["ranges"] == ["train_step > backward"]
+    assert under_step["bars"]["start"] == [1 * NS] and "nvtx_level" not in under_step["filters"]
 
 
 def test_timeline_endpoint_refuses_long_ranges_and_caps_bars(served, monkeypatch):

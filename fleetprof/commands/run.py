@@ -1,6 +1,7 @@
 """`fleetprof run [--record FILE] -- CMD ARGS...`: run a CUDA program with the CUPTI shim injected.
 
-The shim (native/cupti_shim, built here on first use) is loaded by the CUDA driver through CUDA_INJECTION64_PATH.
+The shim (native/cupti_shim, built here on first use) is loaded by the CUDA driver through CUDA_INJECTION64_PATH and
+by NVTX through NVTX_INJECTION64_PATH (for the ranges; left alone when another NVTX tool is set).
 It stays idle until a fleetprof agent attaches to its probes; with --record it also writes every launch and kernel
 record to FILE as JSON lines (self-check mode, no agent needed). CMD replaces this process (exec), so its signals
 and exit status are the command's own.
@@ -17,6 +18,7 @@ from producers.cupti_shim import build_shim
 from producers.native_build import NativeBuildError
 
 INJECTION_ENV = "CUDA_INJECTION64_PATH"
+NVTX_INJECTION_ENV = "NVTX_INJECTION64_PATH"
 RECORD_ENV = "FLEETPROF_CUPTI_RECORD"
 COMMAND_NOT_FOUND = 127  # what a shell returns for a command it cannot run
 
@@ -33,6 +35,8 @@ def injection_env(base: dict[str, str], shim: Path, record: Path | None) -> dict
                                    "unset it to run under fleetprof")
     env = dict(base)
     env[INJECTION_ENV] = str(shim)
+    # NVTX, unlike CUDA, does not fail without its tool: another one set (a tracer of the user's) keeps its place
+    env.setdefault(NVTX_INJECTION_ENV, str(shim))
     if record is not None:
         env[RECORD_ENV] = str(record.resolve())
     return env

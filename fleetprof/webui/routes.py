@@ -330,7 +330,9 @@ def ui_routes(target: QueryTarget) -> list[BaseRoute]:
 
     def timeline_bars(request: Request) -> Response:
         since, until = _window(request, "from", "to", default_since=None)
-        filters = _filters(request, comm=False, kind="gpu")  # node, pid and collectives, as the GPU flame graph
+        # node, pid, collectives, what and nvtx_range, as the GPU flame graph; its NVTX level draws no bars
+        filters = _filters(request, comm=False, kind="gpu")
+        filters.pop("nvtx_level")
         if (until - since).total_seconds() > timeline.MAX_RANGE_S:
             raise BadRequest(f"the timeline shows at most {timeline.MAX_RANGE_S // 60} minutes: select a shorter "
                              f"range (this one is {(until - since).total_seconds():.0f} s)")

@@ -4,10 +4,13 @@
 -- prunes the daily partitions, with 10 minutes to spare either side, since ts is the record's sample window, not its
 -- start; the sorting key (node, device, stream, start_ns) narrows a node's read to the range's granules.
 -- collectives: 'all' (the default), 'hide' or 'only' NCCL's kernels, as in gpu_kernel_samples_by_stack (copies and
--- sets are never NCCL's), so the timeline shows what the GPU flame graph shows.
+-- sets are never NCCL's), so the timeline shows what the GPU flame graph shows; so do what ('all', 'kernels' or
+-- 'copies': the MEMCPY and MEMSET records) and nvtx_range (the rule of gpu_kernel_samples_by_stack).
 -- @default node =
 -- @default pid = 0
 -- @default collectives = all
+-- @default what = all
+-- @default nvtx_range =
 SELECT *
 FROM gpu_timeline
 WHERE ts >= {since:DateTime64(6)} - INTERVAL 10 MINUTE AND ts < {until:DateTime64(6)} + INTERVAL 10 MINUTE
@@ -18,3 +21,7 @@ WHERE ts >= {since:DateTime64(6)} - INTERVAL 10 MINUTE AND ts < {until:DateTime6
   AND ({collectives:String} = 'all' OR match(name, (
           -- @include nccl_kernel_pattern
       )) = ({collectives:String} = 'only'))
+  AND ({what:String} = 'all' OR (activity != 'KERNEL') = ({what:String} = 'copies'))
+  AND ({nvtx_range:String} = '' OR if(position({nvtx_range:String}, ' > ') = 0,
+          has(splitByString(' > ', toString(nvtx_range)), {nvtx_range:String}),
+          nvtx_range = {nvtx_range:String} OR startsWith(nvtx_range, concat({nvtx_range:String}, ' > '))))

@@ -20,8 +20,9 @@ export class TimelinePanel {
   }
 
   /** Show the timeline of [since, until) (epoch seconds) for node and pid ('' and 0: all) with NCCL's collectives
-   * shown, hidden or alone (collectives '' or "all", "hide", "only"), or hide the panel. */
-  async load({ since, until, node, pid, collectives, shown }) {
+   * shown, hidden or alone (collectives '' or "all", "hide", "only"), kernels and/or copies (what) and under an NVTX
+   * range (nvtx_range), as the GPU flame graph shows them, or hide the panel. */
+  async load({ since, until, node, pid, collectives, what, nvtx_range: nvtxRange, shown }) {
     this.root.hidden = !shown;
     const ticket = ++this.ticket;
     if (!shown) { // nothing to load: done at once
@@ -35,6 +36,8 @@ export class TimelinePanel {
     if (node) q.set("node", node);
     if (pid) q.set("pid", pid);
     if (collectives && collectives !== "all") q.set("collectives", collectives);
+    if (what && what !== "all") q.set("what", what);
+    if (nvtxRange) q.set("nvtx_range", nvtxRange);
     try {
       const response = await fetch(`api/timeline?${q}`);
       let body;
