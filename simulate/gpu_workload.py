@@ -15,7 +15,9 @@ The `depth` scenario (DepthWorkload) is a training step in NVTX ranges (`train_s
 `optimizer.step`; the collective in the `nccl` domain) with host<->device copies (HtoD from pinned memory, DtoH to
 pageable), a memset, a CUDA graph (kernels and a copy) replayed every step, and NCCL-named kernels. Its report adds
 what the agent should see, from the simulator's own execution log: every sampled launch (correlation id, API, weight,
-range path) and the records fired for them, grouped. Everything is simulated.
+range path) and the records fired for them, grouped, and what a store should hold for them: per name (kernel, or copy
+or set label) and range path, the launches they stand for and the GPU time and bytes x weight. Everything is
+simulated.
 """
 
 from __future__ import annotations
@@ -197,7 +199,8 @@ class DepthWorkload:
         self.sim.synchronize()
 
 
-def _depth_log(sim: GpuSim, sampled: dict[int, list], fired: dict[tuple, int], totals: dict[str, int]) -> None:
+def _depth_log(sim: GpuSim, sampled: dict[int, list], fired: dict[tuple, int], totals: dict[str, int],
+               stored: dict[tuple, list[int]]) -> None:
     for k in sim.drain():
         totals[k.activity] = totals.get(k.activity, 0) + 1
         totals["bytes"] = totals.get("bytes", 0) + k.bytes
@@ -209,6 +212,11 @@ def _depth_log(sim: GpuSim, sampled: dict[int, list], fired: dict[tuple, int], t
             totals["sampled_records_not_listed"] = totals.get("sampled_records_not_listed", 0) + 1
         key = (k.activity, k.name, k.bytes, k.graph_id, k.graph_node_id, k.range or "")
         fired[key] = fired.get(key, 0) + 1
+        # the correlator's sums: a record stands for its launch's weight (a graph's nodes, the graph launch's)
+        row = stored.setdefault((k.name, k.range or ""), [0, 0, 0])
+        row[0] += k.weight
+        row[1] += k.weight * (k.end_ns - k.start_ns)
+        row[2] += k.weight * k.bytes
 
 
 def run_depth(seconds: float, launches_per_s: float, sim: GpuSim | None = None) -> dict[str, Any]:
@@ -221,14 +229,15 @@ def run_depth(seconds: float, launches_per_s: float, sim: GpuSim | None = None) 
     sampled: dict[int, list] = {}
     fired: dict[tuple, int] = {}
     totals: dict[str, int] = {}
+    stored: dict[tuple, list[int]] = {}
     start = time.monotonic()
     for i in range(steps):
         _pace(start + i * period)
         work.train_step()
         if i % DRAIN_EVERY_STEPS == DRAIN_EVERY_STEPS - 1:
-            _depth_log(sim, sampled, fired, totals)
+            _depth_log(sim, sampled, fired, totals, stored)
     sim.synchronize()
-    _depth_log(sim, sampled, fired, totals)
+    _depth_log(sim, sampled, fired, totals, stored)
     return {
         "simulated": True,
         "scenario": "depth",
@@ -241,6 +250,7 @@ def run_depth(seconds: float, launches_per_s: float, sim: GpuSim | None = None) 
         "executed": totals,
         "sampled": [[corr, *rest] for corr, rest in sorted(sampled.items())],
         "fired": [[*key, n] for key, n in sorted(fired.items())],
+        "stored": [[*key, *sums] for key, sums in sorted(stored.items())],
         "simulator": sim.stats(),
     }
 

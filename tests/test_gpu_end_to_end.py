@@ -6,23 +6,17 @@ skipped with the reason without them, a failure on CI)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import threading
 import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-from processors.correlate_stage import build_correlate
 from processors.demangle import demangle
-from processors.runner import TopicRunner
 from simulate.gpu_demo import PERF_PYTHON
-from simulate.nvml import Segment, SimDevice, SimProcess, sim_env, write_scenario
+from simulate.nvml import Segment, SimDevice, SimProcess, write_scenario
 from tests.elf_helpers import unavailable
-from tests.pipeline_helpers import Running, agent_started, sink, symbolizer, wait_for
+from tests.gpu_job import correlator, run_job, simulator_env
+from tests.pipeline_helpers import sink, symbolizer, wait_for
 
 WORKLOAD_S = 4
 BUSY = {"gpu_util": 87, "mem_util": 55, "mem_used": 40 * 1024**3, "sm_clock": 1755, "mem_clock": 2619,
@@ -36,58 +30,24 @@ NATIVE_PATHS = {"_Z11native_gemmPKfS0_Pfi": ["gpusim_native_train_step", "native
                 "_Z15native_gemm_bwdPKfS0_Pfi": ["gpusim_native_train_step", "native_backward", "native_gemm_bwd"]}
 
 
-def _correlator(bootstrap: str, group: str) -> Running:
-    kafka = {"bootstrap.servers": bootstrap}
-    stop = threading.Event()
-    return Running(TopicRunner(build_correlate(kafka, group=group), kafka, group=group, poll_timeout=0.2), stop)
-
-
 def test_simulated_gpu_node_end_to_end(bpf_ok, kafka_bootstrap, store, tmp_path: Path) -> None:
     if not PERF_PYTHON.exists():
         unavailable(f"no CPython with -X perf at {PERF_PYTHON} (bash infra/setup.sh builds it): Python launch paths "
                     "cannot show")
     node = f"gpu-e2e-{uuid.uuid4().hex[:8]}"
-    # A simulator build of this test's own, so attaching to it turns on no probes in other tests' processes.
-    env = dict(os.environ, FLEETPROF_NATIVE_BUILD=str(tmp_path / "native"), FLEETPROF_KAFKA=kafka_bootstrap)
-    built = subprocess.run([sys.executable, "-c", "from simulate.gpu import build_gpusim; "
-                            "print(build_gpusim())"], env=env, capture_output=True, text=True, check=True)
-    lib = built.stdout.strip()
+    env, lib = simulator_env(tmp_path, kafka_bootstrap)
     scenario = write_scenario(tmp_path / "nvml.txt", [SimDevice("g0", "GPU-e2e00000-0000-4000-8000-000000000000")],
                               [Segment(0.0, "g0", BUSY, processes=[SimProcess(4242, 80, 50, 30 * 1024**3)])])
-    # A process holding the library, so the agent attaches to it (by path) before the workload starts: then every
-    # launch the workload makes is seen, and the stored totals can be compared exactly.
-    holder = subprocess.Popen([sys.executable, "-c", f"import ctypes, sys; ctypes.CDLL({lib!r}); "
-                               "print('ready', flush=True); sys.stdin.read()"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    agent = work = None
-    try:
-        assert holder.stdout.readline().strip() == "ready"
-        agent = subprocess.Popen([sys.executable, "-m", "fleetprof", "agent", "--once", "--window", "14s", "--node",
-                                  node, "--comm", PERF_PYTHON.name, "--frequency", "99", "--format", "json"],
-                                 env=sim_env(scenario, env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True)
-        lines = agent_started(agent)
-        assert any(line.startswith("collecting CPU at 99 Hz, CUDA kernels, NVML") for line in lines), "".join(lines)
-        work = subprocess.Popen([str(PERF_PYTHON), "-X", "perf", "-m", "simulate.gpu_workload",
-                                 "--seconds", str(WORKLOAD_S)], env=env, stdout=subprocess.PIPE, text=True,
-                                cwd=Path(__file__).resolve().parent.parent)
-        report = json.loads(work.communicate(timeout=60)[0])
-        out, err = agent.communicate(timeout=90)
-    finally:
-        holder.stdin.close()
-        holder.wait(10)
-        for p in (agent, work):
-            if p is not None and p.poll() is None:
-                p.kill()
-                p.wait()
-    assert agent.returncode == 0, err
-    summary = json.loads(out.splitlines()[-1])
+    summary, report = run_job(env, lib, scenario,
+                              ["--window", "14s", "--node", node, "--comm", PERF_PYTHON.name, "--frequency", "99"],
+                              [str(PERF_PYTHON), "-X", "perf", "-m", "simulate.gpu_workload", "--seconds",
+                               str(WORKLOAD_S)], started="collecting CPU at 99 Hz, CUDA kernels, NVML")
     sim = report["simulator"]
     assert sim["launches_decided"] == sim["launches"] > 0  # the probes were on for every launch
     assert summary["gpu_launches"] == sim["launches_sampled"] and summary["gpu_kernels"] == sim["kernels_fired"]
 
     run = uuid.uuid4().hex[:8]
-    with symbolizer(kafka_bootstrap, f"sym-{run}") as sym, _correlator(kafka_bootstrap, f"cor-{run}") as cor, \
+    with symbolizer(kafka_bootstrap, f"sym-{run}") as sym, correlator(kafka_bootstrap, f"cor-{run}") as cor, \
             sink(store, kafka_bootstrap, f"sink-{run}") as snk:
         def stored_launches() -> int:
             _, rows = store.query_sql("SELECT sum(launches) FROM gpu_kernel_samples WHERE node = {n:String}",
