@@ -72,6 +72,7 @@ EMITTER_C = r"""
 static fleetprof_ratelimit_t rl;
 static uint32_t rate, next_corr = 1;
 static int launch_only;  /* kernel_executed left to another thread, as CUPTI's activity buffers are */
+static int in_range;     /* each launch inside an NVTX range: launch_range fires before kernel_launch, as the shim */
 static unsigned long sampled, weights;
 
 static uint64_t clock_ns(clockid_t clock) {
@@ -91,6 +92,7 @@ __attribute__((noinline)) void bench_launch(void) {
             sampled++;
             weights += w;
             if (w > 1) FLEETPROF_LAUNCH_WEIGHT(corr, w);
+            if (in_range) FLEETPROF_LAUNCH_RANGE(corr, "train_step > forward > attention");
             FLEETPROF_KERNEL_LAUNCH(corr, 211, "benchLaunchKernel");
             if (!launch_only) {
                 uint64_t t = mono_ns();
@@ -115,6 +117,7 @@ int main(int argc, char **argv) {
     alarm(1800);
     rate = argc > 1 ? (uint32_t)atoi(argv[1]) : 0;
     launch_only = argc > 2;
+    in_range = argc > 2 && argv[2][0] == 'r';  /* "range": launch_only, and in a range */
     depth = argc > 3 ? atoi(argv[3]) : 0;
     char line[64];
     unsigned long n;
@@ -205,6 +208,7 @@ def build(tmp: Path, rate: int) -> list[Launcher]:
     launchers = [Launcher("emitter, no probes compiled in (floor)", [str(tmp / "emitter_none")]),
                  Launcher("emitter, every launch: kernel_launch only", [str(tmp / "emitter"), "0", "launch"]),
                  Launcher("emitter, kernel_launch only, 60 frames deeper", [str(tmp / "emitter"), "0", "launch", "60"]),
+                 Launcher("emitter, kernel_launch in an NVTX range", [str(tmp / "emitter"), "0", "range"]),
                  Launcher("emitter, every launch: launch + executed", [str(tmp / "emitter"), "0"]),
                  Launcher(f"emitter, rate limit {rate}/s", [str(tmp / "emitter"), str(rate)])]
     # a build of the simulator of the bench's own (FLEETPROF_NATIVE_BUILD): attaching to it turns on no probes in
