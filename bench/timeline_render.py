@@ -42,7 +42,7 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.webui import CHROMIUM_ARGS, serve  # noqa: E402
+from bench.render_page import CHROMIUM_ARGS, measure, npm_pack, page_html, serve  # noqa: E402
 from fleetprof.webui import STATIC_DIR, timeline  # noqa: E402
 
 PEER_PACKAGE = "vis-timeline@8.5.4"
@@ -51,45 +51,25 @@ SPAN_NS = 60 * NS
 GPUS, STREAMS = 8, 4
 BASE_NS = 1_796_000_000 * NS  # a fixed Unix time: the answers are the same every run
 
-PAGE = """<!doctype html><html><head><meta charset="utf-8"><link rel="icon" href="data:,">
-<link rel="stylesheet" href="peer/styles/vis-timeline-graph2d.min.css">
+HEAD = """<link rel="stylesheet" href="peer/styles/vis-timeline-graph2d.min.css">
 <style>body { margin: 0; } #wrap { position: relative; width: %(width)dpx; }
 .vis-item.kernel { background: rgb(39, 174, 96); } .vis-item.copy { background: rgb(41, 128, 185); }
 .vis-item.set { background: rgb(230, 126, 34); } .vis-item.collective { background: rgb(142, 68, 173); }</style>
-<script src="peer/standalone/umd/vis-timeline-graph2d.min.js"></script>
-</head><body><div id="wrap"><canvas id="timeline"></canvas><pre id="tip" hidden></pre></div>
-<div id="peer" style="width: %(width)dpx"></div>
-<script type="module">
-import { Timeline } from "./fleetprof/timeline.js";
-const painted = () => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)));
+<script src="peer/standalone/umd/vis-timeline-graph2d.min.js"></script>"""
+SCRIPT = """import { Timeline } from "./fleetprof/timeline.js";
 window.bench = {
-  async fleetprof(name) {
-    const text = await (await fetch(`data/${name}`)).text();
-    const started = performance.now();
-    const data = JSON.parse(text);
-    const parsed = performance.now();
+  fleetprof: (name) => timed(name, (data) => {
     const view = new Timeline(document.getElementById("timeline"), document.getElementById("tip"));
     view.setData(data);
-    await painted();
-    return { ms: performance.now() - started, parseMs: parsed - started, setDataMs: view.lastRenderMs,
-             drawn: view.n };
-  },
-  async peer(name) {
-    const text = await (await fetch(`data/${name}`)).text();
-    const started = performance.now();
-    const data = JSON.parse(text);
-    const parsed = performance.now();
-    const chart = new vis.Timeline(document.getElementById("peer"), new vis.DataSet(data.items),
-      new vis.DataSet(data.groups), { stack: false, start: data.start, end: data.end, showTooltips: false,
-      selectable: false, showCurrentTime: false, width: "%(width)dpx" });
-    await painted();
-    return { ms: performance.now() - started, parseMs: parsed - started,
-             drawn: document.querySelectorAll("#peer .vis-item").length };
-  },
-};
-window.benchReady = true;
-</script></body></html>
-"""
+    return () => ({ setDataMs: view.lastRenderMs, drawn: view.n });
+  }),
+  peer: (name) => timed(name, (data) => {
+    new vis.Timeline(document.getElementById("peer"), new vis.DataSet(data.items), new vis.DataSet(data.groups),
+      { stack: false, start: data.start, end: data.end, showTooltips: false, selectable: false,
+        showCurrentTime: false, width: "%(width)dpx" });
+    return () => ({ drawn: document.querySelectorAll("#peer .vis-item").length });
+  }),
+};"""
 
 
 def synthetic_rows(count: int, seed: int = 11) -> tuple[list[tuple], list[tuple], list[tuple]]:
@@ -145,21 +125,9 @@ def peer_input(payload: dict) -> dict:
 
 def fetch_peer(into: Path) -> None:
     """vis-timeline from the npm registry, unpacked under into/peer/."""
-    if shutil.which("npm") is None:
-        raise SystemExit("bench/timeline_render.py needs npm to fetch the peer (vis-timeline): apt-get install npm")
-    packs = into / "packs"
-    packs.mkdir()
-    subprocess.run(["npm", "pack", "--silent", "--pack-destination", str(packs), PEER_PACKAGE], check=True,
-                   capture_output=True, timeout=300)
-    with tarfile.open(next(packs.glob("*.tgz"))) as tar:
+    with tarfile.open(npm_pack([PEER_PACKAGE], into, "bench/timeline_render.py")[0]) as tar:
         tar.extractall(into / "unpacked", filter="data")
     (into / "unpacked" / "package").rename(into / "peer")
-
-
-def measure(page: object, url: str, who: str, name: str) -> dict:
-    page.goto(f"{url}/index.html")
-    page.wait_for_function("window.benchReady === true")
-    return page.evaluate(f"window.bench['{who}']('{name}')")
 
 
 def measure_apart(url: str, who: str, name: str, args: argparse.Namespace) -> dict | None:
@@ -218,7 +186,8 @@ def main() -> None:
         fetch_peer(root)
         shutil.copytree(STATIC_DIR, root / "fleetprof")
         (root / "data").mkdir()
-        (root / "index.html").write_text(PAGE % {"width": args.width})
+        width = {"width": args.width}
+        (root / "index.html").write_text(page_html(args.width, HEAD % width, "timeline", SCRIPT % width))
         for size in sizes:
             rows, stacks, names = synthetic_rows(size)
             encode_runs = []

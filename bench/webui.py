@@ -32,14 +32,10 @@ import platform
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tarfile
 import tempfile
-import threading
 import time
-from functools import partial
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import orjson
@@ -47,6 +43,7 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.render_page import CHROMIUM_ARGS, measure, npm_pack, page_html, serve  # noqa: E402
 from fleetprof.webui import STATIC_DIR, model  # noqa: E402
 
 try:
@@ -55,49 +52,27 @@ except ImportError:
     from backports import zstd
 
 PEER_PACKAGES = ["d3-flame-graph@5.0.0", "d3@7.9.0"]
-CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-dev-shm-usage"]
 FANOUT = 8  # callees per (function, depth); the first are taken far more often than the last
 CUMULATIVE = list(itertools.accumulate(1 / (j + 1) ** 1.3 for j in range(FANOUT)))
 BROWSER_ACCEPT_ENCODING = "gzip, deflate, br, zstd"  # what Chromium sends
 UNPACK = {"identity": bytes, "gzip": gzip.decompress, "zstd": zstd.decompress}
 
-PAGE = """<!doctype html><html><head><meta charset="utf-8"><link rel="icon" href="data:,">
-<style>body { margin: 0; } #wrap { position: relative; width: %(width)dpx; }</style>
+HEAD = """<style>body { margin: 0; } #wrap { position: relative; width: %(width)dpx; }</style>
 <script src="peer/d3/dist/d3.min.js"></script>
-<script src="peer/d3-flame-graph/dist/d3-flamegraph.umd.min.js"></script>
-</head><body><div id="wrap"><canvas id="flame"></canvas><pre id="tip" hidden></pre></div>
-<div id="peer" style="width: %(width)dpx"></div>
-<script type="module">
-import { FlameGraph } from "./fleetprof/flamegraph.js";
-const painted = () => new Promise((done) => requestAnimationFrame(() => requestAnimationFrame(done)));
+<script src="peer/d3-flame-graph/dist/d3-flamegraph.umd.min.js"></script>"""
+SCRIPT = """import { FlameGraph } from "./fleetprof/flamegraph.js";
 window.bench = {
-  async fleetprof(name) {
-    const text = await (await fetch(`data/${name}`)).text();
-    const started = performance.now();
-    const data = JSON.parse(text);
-    const parsed = performance.now();
+  fleetprof: (name) => timed(name, (data) => {
     const graph = new FlameGraph(document.getElementById("flame"), document.getElementById("tip"));
     graph.setData(data);
-    await painted();
-    return { ms: performance.now() - started, parseMs: parsed - started, setDataMs: graph.lastRenderMs,
-             nodes: graph.model.count, drawn: graph.drawn.node.length };
-  },
-  async peer(name) {
-    const text = await (await fetch(`data/${name}`)).text();
-    const started = performance.now();
-    const tree = JSON.parse(text);
-    const parsed = performance.now();
+    return () => ({ setDataMs: graph.lastRenderMs, nodes: graph.model.count, drawn: graph.drawn.node.length });
+  }),
+  peer: (name) => timed(name, (tree) => {
     const chart = flamegraph.default().width(%(width)d).minFrameSize(0.5).transitionDuration(0);
     d3.select("#peer").datum(tree).call(chart);
-    await painted();
-    return { ms: performance.now() - started, parseMs: parsed - started,
-             drawn: document.querySelectorAll("#peer svg g").length };
-  },
-};
-window.benchReady = true;
-</script></body></html>
-"""
+    return () => ({ drawn: document.querySelectorAll("#peer svg g").length });
+  }),
+};"""
 
 
 def synthetic_stacks(count: int, seed: int = 7) -> list[tuple[list[str], list[str], int]]:
@@ -150,13 +125,7 @@ def nested_tree(stacks: list[tuple[list[str], list[str], int]]) -> dict:
 
 def fetch_peer(into: Path) -> None:
     """d3-flame-graph and d3 from the npm registry, unpacked under into/peer/<package>/."""
-    if shutil.which("npm") is None:
-        raise SystemExit("bench/webui.py needs npm to fetch the peer (d3-flame-graph): apt-get install npm")
-    packs = into / "packs"
-    packs.mkdir()
-    subprocess.run(["npm", "pack", "--silent", "--pack-destination", str(packs), *PEER_PACKAGES], check=True,
-                   capture_output=True, timeout=300)
-    for tgz in packs.glob("*.tgz"):
+    for tgz in npm_pack(PEER_PACKAGES, into, "bench/webui.py"):
         name = "d3-flame-graph" if tgz.name.startswith("d3-flame-graph") else "d3"
         with tarfile.open(tgz) as tar:
             tar.extractall(into / "peer" / name, filter="data")
@@ -224,16 +193,6 @@ def time_server(stacks: list[tuple[list[str], list[str], int]], runs: int, where
         store.close()
 
 
-def serve(directory: Path) -> tuple[ThreadingHTTPServer, str]:
-    class Quiet(SimpleHTTPRequestHandler):
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(Quiet, directory=str(directory)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, f"http://127.0.0.1:{server.server_address[1]}"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10000,100000")
@@ -255,7 +214,8 @@ def main() -> None:
         fetch_peer(root)
         shutil.copytree(STATIC_DIR, root / "fleetprof")
         (root / "data").mkdir()
-        (root / "index.html").write_text(PAGE % {"width": args.width})
+        width = {"width": args.width}
+        (root / "index.html").write_text(page_html(args.width, HEAD % width, "flame", SCRIPT % width))
         for size in sizes:
             stacks = synthetic_stacks(size)
             names, rows = stored_form(stacks)
@@ -289,9 +249,7 @@ def main() -> None:
                         for _ in range(args.runs):
                             page = browser.new_page(viewport={"width": args.width + 100, "height": 900})
                             page.set_default_timeout(600_000)
-                            page.goto(f"{url}/index.html")
-                            page.wait_for_function("window.benchReady === true")
-                            runs.append(page.evaluate(f"window.bench['{who}']('{who}-{size}.json')"))
+                            runs.append(measure(page, url, who, f"{who}-{size}.json"))
                             page.close()
                         median = statistics.median(r["ms"] for r in runs)
                         results["sizes"][size][who] = {"median_ms": median, "runs": runs}

@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = SQL_DIR / "migrations"
 QUERIES_DIR = SQL_DIR / "queries"
+PARTS_DIR = SQL_DIR / "parts"
 STORE_SQL_DIR = SQL_DIR / "store"
 
 CHDB_PREFIX = "chdb://"
@@ -103,16 +104,15 @@ def named_query(name: str) -> NamedQuery:
     # The name comes from URLs and command lines: never let it walk out of sql/queries/
     if not _NAME_RE.match(name) or not path.is_file():
         raise UnknownQuery(f"no named query {name!r} (known: {', '.join(named_queries())})")
-    # keyed by the newest query file's time, so that an edit to a query this one includes shows at once
-    return _load_named(path, max(p.stat().st_mtime_ns for p in QUERIES_DIR.glob("*.sql")))
+    return _load_named(path, _newest_sql())
 
 
 def parse_query(name: str, sql: str) -> NamedQuery:
     """Any statement read the way named queries are: each `-- @include <name>` line replaced by that named query's
-    statement (without its comment header, indented like the line), then its `{name:Type}` placeholders, its own and
-    the included ones, and its own `-- @default` lines."""
+    statement or by sql/parts/<name>.sql (without its comment header, indented like the line), then its `{name:Type}`
+    placeholders, its own and the included ones, and its own `-- @default` lines."""
     expanded = _INCLUDE_RE.sub(
-        lambda line: textwrap.indent(_HEADER_RE.sub("", named_query(line.group(2)).sql).rstrip(), line.group(1)), sql)
+        lambda line: textwrap.indent(_HEADER_RE.sub("", _included(line.group(2))).rstrip(), line.group(1)), sql)
     params: dict[str, str] = {}
     for pname, ptype in _PLACEHOLDER_RE.findall(expanded):
         params.setdefault(pname, ptype.strip())
@@ -127,6 +127,15 @@ def query_file(path: Path) -> NamedQuery:
 @cache
 def _load_named(path: Path, _mtime: int) -> NamedQuery:
     return parse_query(path.stem, path.read_text())
+
+
+def _included(name: str) -> str:  # sql/parts/<name>.sql (a filter, a join: no statement of its own) or a named query
+    part = PARTS_DIR / f"{name}.sql"
+    return (_load_named(part, _newest_sql()) if _NAME_RE.match(name) and part.is_file() else named_query(name)).sql
+
+
+def _newest_sql() -> int:  # the cache key: an edit to a query or a part that a query includes shows at once
+    return max(p.stat().st_mtime_ns for d in (QUERIES_DIR, PARTS_DIR) for p in d.glob("*.sql"))
 
 
 def store_sql(name: str) -> str:

@@ -1,11 +1,16 @@
 """Small C programs that fire the fleetprof USDT probes (native/include/fleetprof_probes.h), built here with gcc (a
 shared library called from a PIE executable, and an -O0 non-PIE executable whose probe arguments live in memory),
-the processes that run them, and what the GPU probe tests expect of their records."""
+the processes that run them, a GPU simulator of a test's own with a collector attached to it, and what the GPU probe
+tests expect of their records."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from processors.symbol_tables import table_from_chunks
@@ -18,6 +23,8 @@ from producers.native_build import PROBES_INCLUDE
 from producers.probe_finder import ProbeFinder
 from producers.process_info import ProcessCache
 from tests.elf_helpers import need, unavailable
+
+ROOT = Path(__file__).resolve().parent.parent
 
 # The probes, and the semaphores the kernel counts, live in the library; a call gives emit_launch a frame of its
 # own, so the frame-pointer unwinder sees its caller.
@@ -211,6 +218,36 @@ def _collector(procs: Procs, node: str = "n1", **kw: object) -> GpuProbeCollecto
     c = GpuProbeCollector(node, ProcessCache(), finder=ProbeFinder(proc=str(procs.view)), **kw)
     c.start()
     return c
+
+
+def own_gpusim(build: Path) -> Path:
+    """A build of the GPU simulator of the test's own (FLEETPROF_NATIVE_BUILD=build): another file than the one other
+    tests load, so attaching to it turns on no probes in their processes. Skips the test where it does not build."""
+    done = subprocess.run([sys.executable, "-c", "from simulate.gpu import build_gpusim; print(build_gpusim())"],
+                          env=dict(os.environ, FLEETPROF_NATIVE_BUILD=str(build)), capture_output=True, text=True,
+                          cwd=ROOT)
+    if done.returncode != 0:
+        unavailable(f"the GPU simulator does not build: {done.stderr.strip().splitlines()[-1:]}")
+    return Path(done.stdout.strip())
+
+
+@contextmanager
+def attached_to(procs: Procs, lib: Path, node: str = "sim") -> Iterator[GpuProbeCollector]:
+    """A collector attached to the simulator `lib` before any of the test's processes maps it (a process that holds
+    the library is there for the block's time), so every launch they make is decided with all the probes on."""
+    c = _collector(procs, node)
+    holder = subprocess.Popen([sys.executable, "-c", f"import ctypes, sys; ctypes.CDLL({str(lib)!r}); "
+                               "print('ready', flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        procs.add(holder.pid)
+        assert c.rescan() == [str(lib)]
+        yield c
+    finally:
+        holder.stdin.close()
+        holder.wait(10)
+        c.close()
 
 
 def _launches(n: int, base: int) -> list[tuple]:

@@ -11,9 +11,8 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from fleetprof.api import serve_api
 from tests.test_query_cli import base_args, run_here, silent_address
-from tests.webui_helpers import cli_export, stacks_of
+from tests.webui_helpers import cli_export, serving_window, stacks_of
 
 GEMM = "ampere_sgemm_128x64_nn"
 ALL_REDUCE = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
@@ -45,12 +44,8 @@ def job(module_store) -> Iterator[SimpleNamespace]:
     module_store.insert("stacks", stacks, ["stack_id", "frame_ids", "last_seen"])
     module_store.insert("gpu_kernel_samples", gpu, ["ts", "node", "pid", "comm", "container_id", "device", "stream",
                                                     "stack_id", "kernel_name", "duration_ns", "launches"])
-    server = serve_api(module_store, "127.0.0.1", 0)
-    try:
-        yield SimpleNamespace(store=module_store, since=since, until=since + timedelta(seconds=10), url=server.url,
-                              t0=int(since.timestamp()), t1=int(since.timestamp()) + 10)
-    finally:
-        server.stop()
+    with serving_window(module_store, since) as served:
+        yield served
 
 
 def top(job, *extra: str) -> list[dict]:

@@ -18,13 +18,17 @@ from producers.cupti_shim import build_shim
 from simulate.cupti import build_simulated_cupti
 from tests.usdt_probes import built
 
-DRIVER = r"""
+# The drivers' start (this file's and test_cupti_shim_probes'): the simulated libcupti, its launch calls' arguments
+SIMULATED_CUPTI = r"""
 import ctypes, json, os, sys
 cupti = ctypes.CDLL(os.environ["FLEETPROF_CUPTI_LIBRARY"], mode=ctypes.RTLD_GLOBAL)
 u32, u64, s = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_char_p
 cupti.simcupti_launch.argtypes = [u32, u32, s, s, u32, u64, u32, ctypes.c_int, ctypes.c_int]
 cupti.simcupti_memory.argtypes = [u32, u32, s, ctypes.c_int, u32, u32, u32, u64, u64, u32, ctypes.c_int]
 cupti.simcupti_graph_launch.argtypes = [u32, u32, s, s, u32, u32, u32, u64, u64, u32]
+"""
+
+DRIVER = SIMULATED_CUPTI + r"""
 for f in (cupti.simcupti_launch, cupti.simcupti_memory, cupti.simcupti_graph_launch):
     f.restype = u32
 shim = ctypes.CDLL(sys.argv[1])

@@ -17,7 +17,7 @@ from producers.cupti_shim import build_shim, nvtx_include_dir
 from producers.native_build import NativeBuildError
 from simulate.cupti import build_simulated_cupti
 from tests.elf_helpers import gcc_build, unavailable
-from tests.test_cupti_shim_memory import DEVICE, DTOD, HTOD, PAGEABLE, PINNED, memory_kind
+from tests.test_cupti_shim_memory import DEVICE, DTOD, HTOD, PAGEABLE, PINNED, SIMULATED_CUPTI, memory_kind
 from tests.usdt_probes import built, load_bcc, private_copy
 
 NVTX_HELPER = r"""
@@ -26,13 +26,7 @@ int push(const char *message) { return nvtxRangePushA(message); }
 int pop(void) { return nvtxRangePop(); }
 """
 
-DRIVER = r"""
-import ctypes, json, os, sys
-cupti = ctypes.CDLL(os.environ["FLEETPROF_CUPTI_LIBRARY"], mode=ctypes.RTLD_GLOBAL)
-u32, u64, s = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_char_p
-cupti.simcupti_launch.argtypes = [u32, u32, s, s, u32, u64, u32, ctypes.c_int, ctypes.c_int]
-cupti.simcupti_memory.argtypes = [u32, u32, s, ctypes.c_int, u32, u32, u32, u64, u64, u32, ctypes.c_int]
-cupti.simcupti_graph_launch.argtypes = [u32, u32, s, s, u32, u32, u32, u64, u64, u32]
+DRIVER = SIMULATED_CUPTI + r"""
 shim = ctypes.CDLL(sys.argv[1])
 nvtx = ctypes.CDLL(sys.argv[2])
 nvtx.push.argtypes = [s]

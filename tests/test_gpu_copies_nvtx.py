@@ -13,12 +13,11 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from fleetprof.api import serve_api
 from fleetprof.gpu_filters import nvtx_frames, nvtx_range_matches
 from processors.messages import Message
 from processors.sink import rows_for
 from tests.test_query_cli import base_args, run_here, silent_address
-from tests.webui_helpers import cli_export, pprof_stacks, stacks_of
+from tests.webui_helpers import cli_export, pprof_stacks, serving_window, stacks_of
 
 MS = 1_000_000
 # frame id -> (function, binary, kind); stack id -> frame ids, root first, the kernel or copy label last
@@ -60,12 +59,8 @@ def job(module_store) -> Iterator[SimpleNamespace]:
     now = datetime.now(tz=UTC).replace(microsecond=0)
     since = now - timedelta(hours=1, seconds=now.second % 10)
     store_record(module_store, record("n1", 10, int(since.timestamp()) * 10**9), 0)
-    server = serve_api(module_store, "127.0.0.1", 0)
-    try:
-        yield SimpleNamespace(store=module_store, since=since, until=since + timedelta(seconds=10), url=server.url,
-                              t0=int(since.timestamp()), t1=int(since.timestamp()) + 10)
-    finally:
-        server.stop()
+    with serving_window(module_store, since) as served:
+        yield served
 
 
 def cli(job, *args: str) -> str:

@@ -34,7 +34,6 @@ from producers.outbox import Outbox
 from producers.outbox_encoder import OutboxEncoder
 from producers.publisher import Publisher
 from schemas.single_object import decode
-from tests.elf_helpers import unavailable
 from tests.pipeline_helpers import read_topic
 from tests.probe_emitters import (
     Procs,
@@ -46,6 +45,8 @@ from tests.probe_emitters import (
     _kernels,
     _launches,
     _tables,
+    attached_to,
+    own_gpusim,
 )
 
 
@@ -345,23 +346,11 @@ def test_simulated_workload_every_sampled_launch_and_fired_kernel_once(procs: Pr
     """The GPU simulator and its workload (simulate/gpu_workload.py): the records match the simulator's
     own counts exactly, weights add up to the launches they stand for, and native launches symbolize to the C path
     the simulator names."""
-    # A build of the simulator of this test's own (FLEETPROF_NATIVE_BUILD): another file than the one other tests
-    # load, so attaching here turns on no probes in their processes.
+    # the workload loads the simulator of this test's own (FLEETPROF_NATIVE_BUILD)
     env = dict(os.environ, FLEETPROF_NATIVE_BUILD=str(tmp_path / "native"), FLEETPROF_LAUNCH_RATE="40")
-    built_lib = subprocess.run([sys.executable, "-c", "from simulate.gpu import build_gpusim; "
-                                "print(build_gpusim())"], env=env, capture_output=True, text=True)
-    if built_lib.returncode != 0:
-        unavailable(f"the GPU simulator does not build: {built_lib.stderr.strip().splitlines()[-1:]}")
-    lib = Path(built_lib.stdout.strip())
-    c = _collector(procs, "sim")
-    holder = subprocess.Popen([sys.executable, "-c", f"import ctypes, sys; ctypes.CDLL({str(lib)!r}); "
-                               "print('ready', flush=True); sys.stdin.read()"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "ready"
-        procs.add(holder.pid)
-        # attached before the workload starts: every launch it makes is decided with all three probes on
-        assert c.rescan() == [str(lib)]
+    lib = own_gpusim(tmp_path / "native")
+    # attached before the workload starts: every launch it makes is decided with all three probes on
+    with attached_to(procs, lib) as c:
         work = subprocess.Popen([sys.executable, "-m", "simulate.gpu_workload", "--seconds", "3",
                                  "--launches-per-s", "400"], stdout=subprocess.PIPE, text=True, env=env)
         launches, kernels = [], []
@@ -374,10 +363,6 @@ def test_simulated_workload_every_sampled_launch_and_fired_kernel_once(procs: Pr
         launches += launches2
         kernels += kernels2
         counts = c.counters()
-    finally:
-        holder.stdin.close()
-        holder.wait(10)
-        c.close()
     stats = report["simulator"]
     assert stats["launches_decided"] == stats["launches"]  # nothing was launched before the probes were on
     assert len(launches) == stats["launches_sampled"] > 0

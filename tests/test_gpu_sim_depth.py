@@ -21,8 +21,7 @@ from producers.kernel_records import memory_fields
 from simulate.gpu import GpuSim, GraphNode, build_gpusim, memory_kind
 from simulate.gpu_demo import workload_command as demo_command
 from simulate.gpu_workload import STEP_RANGES
-from tests.elf_helpers import unavailable
-from tests.probe_emitters import Procs, _collector, _drain
+from tests.probe_emitters import Procs, _drain, attached_to, own_gpusim
 from tests.usdt_probes import built
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,28 +145,11 @@ sys.stdin.readline()
 @pytest.fixture(scope="module")
 def attached(tmp_path_factory: pytest.TempPathFactory, bpf_ok: None) -> Iterator[tuple[GpuProbeCollector, Path]]:
     d = tmp_path_factory.mktemp("gpusim_depth")
-    env = dict(os.environ, FLEETPROF_NATIVE_BUILD=str(d / "native"))
-    done = subprocess.run([sys.executable, "-c", "from simulate.gpu import build_gpusim; print(build_gpusim())"],
-                          env=env, capture_output=True, text=True, cwd=ROOT)
-    if done.returncode != 0:
-        unavailable(f"the GPU simulator does not build: {done.stderr.strip().splitlines()[-1:]}")
-    lib = Path(done.stdout.strip())
+    lib = own_gpusim(d / "native")
     view = d / "proc"
     view.mkdir()
-    procs = Procs(view)
-    c = _collector(procs, "sim")
-    holder = subprocess.Popen([sys.executable, "-c", f"import ctypes, sys; ctypes.CDLL({str(lib)!r}); "
-                               "print('ready', flush=True); sys.stdin.read()"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "ready"
-        procs.add(holder.pid)
-        assert c.rescan() == [str(lib)]  # attached before any test's process maps it: every launch is decided
+    with attached_to(Procs(view), lib) as c:  # before any test's process maps it: every launch is decided
         yield c, lib
-    finally:
-        holder.stdin.close()
-        holder.wait(10)
-        c.close()
 
 
 def _child(lib: Path, script: str, *args: str, **env: str) -> subprocess.Popen:

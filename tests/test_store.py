@@ -14,12 +14,14 @@ import pytest
 
 from fleetprof.settings import REPO_ROOT
 from fleetprof.store import (
+    PARTS_DIR,
     QUERIES_DIR,
     ParamError,
     StoreError,
     UnknownQuery,
     coerce_param,
     migration_files,
+    named_queries,
     named_query,
     open_store,
     parse_query,
@@ -290,6 +292,20 @@ def test_an_include_names_a_named_query_and_brings_no_defaults():
     for name in ("no_such_query", "../migrations/0001_schema_migrations"):
         with pytest.raises(UnknownQuery, match="no named query"):
             parse_query("q", f"SELECT * FROM (\n-- @include {name}\n)")
+
+
+def test_an_include_takes_a_part_of_queries_that_is_no_named_query():
+    # sql/parts/ holds filters and joins that several queries share: not statements, so not named queries
+    parts = sorted(p.stem for p in PARTS_DIR.glob("*.sql"))
+    assert parts and not set(parts) & set(named_queries())
+    query = parse_query("q", "SELECT count() FROM gpu_timeline\nWHERE 1\n  -- @include nvtx_range_filter\n")
+    assert query.sql.startswith("SELECT count() FROM gpu_timeline\nWHERE 1\n  AND ({nvtx_range:String} = '' OR if(")
+    assert "@include" not in query.sql and list(query.params) == ["nvtx_range"] and query.defaults == {}
+    # a part may include another part or a named query
+    filters = parse_query("q", "-- @include gpu_kernel_filters")
+    assert "@include" not in filters.sql and list(filters.params) == ["collectives", "what", "nvtx_range"]
+    with pytest.raises(UnknownQuery, match="no named query"):
+        named_query("nvtx_range_filter")
 
 
 def test_parse_time_and_coercion():

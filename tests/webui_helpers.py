@@ -1,15 +1,19 @@
-"""What the web UI tests share: the known rows of the `ui_store` fixture and what they add up to, and ways to read
-a flame graph answer, the CLI's export of the same range, and a pprof profile."""
+"""What the web UI tests share: the known rows of the `ui_store` fixture and what they add up to, the API over a
+module's window of rows, and ways to read a flame graph answer, the CLI's export of the same range, and a pprof
+profile."""
 
 from __future__ import annotations
 
 import gzip
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
 from click.testing import CliRunner
 
+from fleetprof.api import serve_api
 from fleetprof.cli import _register, cli
 from fleetprof.pprof import Profile
 from tests.test_query_cli import silent_address
@@ -72,6 +76,18 @@ def known_rows(store) -> SimpleNamespace:
 # The frames that root each process's stacks (fleetprof.profile_kinds.process_frame), with the node in an answer
 # for all nodes, without it for one node's
 TRAIN, SERVE = "train (pid 10 on n1)", "serve (pid 20 on n2)"
+
+
+@contextmanager
+def serving_window(store, since: datetime) -> Iterator[SimpleNamespace]:
+    """The API serving `store`, whose rows fill the 10 s window from `since`: .store, .since, .until (datetimes), .t0,
+    .t1 (epoch seconds) and .url, until the block ends."""
+    server = serve_api(store, "127.0.0.1", 0)
+    try:
+        yield SimpleNamespace(store=store, since=since, until=since + timedelta(seconds=10), url=server.url,
+                              t0=int(since.timestamp()), t1=int(since.timestamp()) + 10)
+    finally:
+        server.stop()
 
 
 def rooted(stacks: dict[str, int], process: str) -> dict[str, int]:

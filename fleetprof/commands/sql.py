@@ -1,9 +1,9 @@
 """`fleetprof sql`: one read-only statement against the store, printed as a table, CSV or JSON.
 
 A statement (inline or from --file) is read the way named queries are: `-- @include <query>` lines take in a named
-query's statement as a subquery, its `{name:Type}` placeholders take --param text typed by the placeholder
-(`since=1h` is a time, `pid=12` an integer) and `-- @default name = text` lines fill in what is not given, so
-`fleetprof sql --file sql/queries/<name>.sql` needs only the meaningful parameters.
+query's statement as a subquery (or a piece of one from sql/parts/: a filter, a join), its `{name:Type}` placeholders
+take --param text typed by the placeholder (`since=1h` is a time, `pid=12` an integer) and `-- @default name = text`
+lines fill in what is not given, so `fleetprof sql --file sql/queries/<name>.sql` needs only the meaningful parameters.
 """
 
 from __future__ import annotations

@@ -21,17 +21,7 @@ WITH
     ),
     folded AS
     (
-        SELECT s.stack_id AS stack_id,
-               arrayStringConcat(arrayMap(fn -> replaceAll(replaceAll(fn, ';', ':'), '\n', ' '),
-                   if(empty(n.functions), [concat('[unknown stack 0x', lower(hex(s.stack_id)), ']')],
-                      arrayFilter((fn, kind) -> kind != 'GPU_KERNEL', n.functions, n.kinds))),
-                   ';') AS stack
-        FROM (SELECT DISTINCT stack_id FROM samples) AS s
-        LEFT JOIN
-        (
-            -- IN on the view reaches the stacks table's sorting key: only the sampled stacks' granules are read
-            SELECT stack_id, functions, kinds FROM stack_names WHERE stack_id IN (SELECT stack_id FROM samples)
-        ) AS n ON n.stack_id = s.stack_id
+        -- @include folded_launching_stacks
     )
 SELECT f.stack AS stack, sum(s.ns) AS gpu_ns, sum(s.n) AS launches, uniqExact(s.kernel_name) AS kernels
 FROM samples AS s

@@ -31,17 +31,7 @@ WITH
     ),
     commands AS
     (
-        -- the busiest command wins, the greater name on a tie
-        SELECT node, pid, argMax(comm, (count, comm)) AS comm
-        FROM
-        (
-            SELECT node, pid, toString(comm) AS comm, sum(count) AS count
-            FROM cpu_samples
-            WHERE ts >= {since:DateTime} AND ts < {until:DateTime}
-              AND (node, pid) IN (SELECT node, pid FROM samples WHERE comm = '')
-            GROUP BY node, pid, comm
-        )
-        GROUP BY node, pid
+        -- @include busiest_commands
     )
 SELECT toString(s.node) AS node, s.pid AS pid, if(s.comm = '', c.comm, toString(s.comm)) AS comm,
        toString(s.container_id) AS container_id, k.collective AS collective, k.dtype AS dtype,

@@ -27,9 +27,7 @@ WITH
         WHERE ts >= {since:DateTime} AND ts < {until:DateTime}
           AND ({node:String} = '' OR node = {node:String})
           AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
-          AND ({nvtx_range:String} = '' OR if(position({nvtx_range:String}, ' > ') = 0,
-                  has(splitByString(' > ', toString(nvtx_range)), {nvtx_range:String}),
-                  nvtx_range = {nvtx_range:String} OR startsWith(nvtx_range, concat({nvtx_range:String}, ' > '))))
+          -- @include nvtx_range_filter
         GROUP BY stack_id
     ),
     bytes_by_stack AS
@@ -41,9 +39,7 @@ WITH
         WHERE ts >= {since:DateTime} AND ts < {until:DateTime}
           AND ({node:String} = '' OR node = {node:String})
           AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
-          AND ({nvtx_range:String} = '' OR if(position({nvtx_range:String}, ' > ') = 0,
-                  has(splitByString(' > ', toString(nvtx_range)), {nvtx_range:String}),
-                  nvtx_range = {nvtx_range:String} OR startsWith(nvtx_range, concat({nvtx_range:String}, ' > '))))
+          -- @include nvtx_range_filter
         GROUP BY stack_id
     ),
     samples AS
@@ -58,17 +54,7 @@ WITH
     ),
     folded AS
     (
-        SELECT s.stack_id AS stack_id,
-               arrayStringConcat(arrayMap(fn -> replaceAll(replaceAll(fn, ';', ':'), '\n', ' '),
-                   if(empty(n.functions), [concat('[unknown stack 0x', lower(hex(s.stack_id)), ']')],
-                      arrayFilter((fn, kind) -> kind != 'GPU_KERNEL', n.functions, n.kinds))),
-                   ';') AS stack
-        FROM (SELECT DISTINCT stack_id FROM samples) AS s
-        LEFT JOIN
-        (
-            -- IN on the view reaches the stacks table's sorting key: only the sampled stacks' granules are read
-            SELECT stack_id, functions, kinds FROM stack_names WHERE stack_id IN (SELECT stack_id FROM samples)
-        ) AS n ON n.stack_id = s.stack_id
+        -- @include folded_launching_stacks
     )
 SELECT f.stack AS stack, sum(s.gpu_ns) AS gpu_ns, sum(s.kernel_ns) AS kernel_ns, sum(s.copy_ns) AS copy_ns,
        sum(s.bytes) AS bytes, sum(s.htod_bytes) AS htod_bytes, sum(s.dtoh_bytes) AS dtoh_bytes,

@@ -43,14 +43,7 @@ FROM
       AND ({node:String} = '' OR node = {node:String})
       AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
       AND ({comm:String} = '' OR comm = {comm:String} OR (node, pid) IN comm_processes)
-      AND ({collectives:String} = 'all' OR match(kernel_name, (
-              -- @include nccl_kernel_pattern
-          )) = ({collectives:String} = 'only'))
-      AND ({what:String} = 'all' OR (startsWith(kernel_name, '[memcpy ') OR startsWith(kernel_name, '[memset'))
-              = ({what:String} = 'copies'))
-      AND ({nvtx_range:String} = '' OR if(position({nvtx_range:String}, ' > ') = 0,
-              has(splitByString(' > ', toString(nvtx_range)), {nvtx_range:String}),
-              nvtx_range = {nvtx_range:String} OR startsWith(nvtx_range, concat({nvtx_range:String}, ' > '))))
+      -- @include gpu_kernel_filters
     UNION ALL
     SELECT node, pid, comm, stack_id, if({nvtx_level:UInt8} = 1, toString(nvtx_range), '') AS nvtx_path, duration_ns
     FROM gpu_kernel_samples
@@ -58,13 +51,6 @@ FROM
       AND ({node:String} = '' OR node = {node:String})
       AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
       AND ({comm:String} = '' OR comm = {comm:String} OR (node, pid) IN comm_processes)
-      AND ({collectives:String} = 'all' OR match(kernel_name, (
-              -- @include nccl_kernel_pattern
-          )) = ({collectives:String} = 'only'))
-      AND ({what:String} = 'all' OR (startsWith(kernel_name, '[memcpy ') OR startsWith(kernel_name, '[memset'))
-              = ({what:String} = 'copies'))
-      AND ({nvtx_range:String} = '' OR if(position({nvtx_range:String}, ' > ') = 0,
-              has(splitByString(' > ', toString(nvtx_range)), {nvtx_range:String}),
-              nvtx_range = {nvtx_range:String} OR startsWith(nvtx_range, concat({nvtx_range:String}, ' > '))))
+      -- @include gpu_kernel_filters
 )
 GROUP BY node, pid, comm, stack_id, nvtx_path

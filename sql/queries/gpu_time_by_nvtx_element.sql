@@ -13,40 +13,28 @@
 -- @default pid = 0
 -- @default nvtx_range =
 WITH
-    paths AS
+    samples AS
     (
         SELECT node, pid, comm, toString(nvtx_range) AS path, sum(duration_ns) AS gpu_ns, sum(launches) AS launches
         FROM gpu_kernel_samples
         WHERE ts >= {since:DateTime} AND ts < {until:DateTime}
           AND ({node:String} = '' OR node = {node:String})
           AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
-          AND ({nvtx_range:String} = '' OR if(position({nvtx_range:String}, ' > ') = 0,
-                  has(splitByString(' > ', toString(nvtx_range)), {nvtx_range:String}),
-                  nvtx_range = {nvtx_range:String} OR startsWith(nvtx_range, concat({nvtx_range:String}, ' > '))))
+          -- @include nvtx_range_filter
         GROUP BY node, pid, comm, path
     ),
     process_totals AS
     (
-        SELECT node, pid, sum(gpu_ns) AS process_ns FROM paths GROUP BY node, pid
+        SELECT node, pid, sum(gpu_ns) AS process_ns FROM samples GROUP BY node, pid
     ),
     commands AS
     (
-        -- the busiest command wins, the greater name on a tie (as in gpu_collectives)
-        SELECT node, pid, argMax(comm, (count, comm)) AS comm
-        FROM
-        (
-            SELECT node, pid, toString(comm) AS comm, sum(count) AS count
-            FROM cpu_samples
-            WHERE ts >= {since:DateTime} AND ts < {until:DateTime}
-              AND (node, pid) IN (SELECT node, pid FROM paths WHERE comm = '')
-            GROUP BY node, pid, comm
-        )
-        GROUP BY node, pid
+        -- @include busiest_commands
     ),
     elements AS
     (
         SELECT node, pid, comm, range, gpu_ns, launches, range = ranges[-1] AS innermost
-        FROM (SELECT *, splitByString(' > ', path) AS ranges FROM paths WHERE path != '')
+        FROM (SELECT *, splitByString(' > ', path) AS ranges FROM samples WHERE path != '')
         ARRAY JOIN arrayDistinct(ranges) AS range
     )
 SELECT toString(e.node) AS node, e.pid AS pid, if(e.comm = '', c.comm, toString(e.comm)) AS comm,

@@ -25,24 +25,12 @@ WITH
         WHERE ts >= {since:DateTime} AND ts < {until:DateTime}
           AND ({node:String} = '' OR node = {node:String})
           AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
-          AND ({nvtx_range:String} = '' OR if(position({nvtx_range:String}, ' > ') = 0,
-                  has(splitByString(' > ', toString(nvtx_range)), {nvtx_range:String}),
-                  nvtx_range = {nvtx_range:String} OR startsWith(nvtx_range, concat({nvtx_range:String}, ' > '))))
+          -- @include nvtx_range_filter
         GROUP BY node, pid, comm, path
     ),
     commands AS
     (
-        -- the busiest command wins, the greater name on a tie (as in gpu_collectives)
-        SELECT node, pid, argMax(comm, (count, comm)) AS comm
-        FROM
-        (
-            SELECT node, pid, toString(comm) AS comm, sum(count) AS count
-            FROM cpu_samples
-            WHERE ts >= {since:DateTime} AND ts < {until:DateTime}
-              AND (node, pid) IN (SELECT node, pid FROM samples WHERE comm = '')
-            GROUP BY node, pid, comm
-        )
-        GROUP BY node, pid
+        -- @include busiest_commands
     ),
     named AS
     (

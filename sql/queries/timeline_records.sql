@@ -22,6 +22,4 @@ WHERE ts >= {since:DateTime64(6)} - INTERVAL 10 MINUTE AND ts < {until:DateTime6
           -- @include nccl_kernel_pattern
       )) = ({collectives:String} = 'only'))
   AND ({what:String} = 'all' OR (activity != 'KERNEL') = ({what:String} = 'copies'))
-  AND ({nvtx_range:String} = '' OR if(position({nvtx_range:String}, ' > ') = 0,
-          has(splitByString(' > ', toString(nvtx_range)), {nvtx_range:String}),
-          nvtx_range = {nvtx_range:String} OR startsWith(nvtx_range, concat({nvtx_range:String}, ' > '))))
+  -- @include nvtx_range_filter

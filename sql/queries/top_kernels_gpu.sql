@@ -30,14 +30,7 @@ WITH
           AND ({comm:String} = '' OR comm = {comm:String}
                OR (node, pid) IN (SELECT node, pid FROM cpu_samples
                                   WHERE ts >= {since:DateTime} AND ts < {until:DateTime} AND comm = {comm:String}))
-          AND ({collectives:String} = 'all' OR match(kernel_name, (
-                  -- @include nccl_kernel_pattern
-              )) = ({collectives:String} = 'only'))
-          AND ({what:String} = 'all' OR (startsWith(kernel_name, '[memcpy ') OR startsWith(kernel_name, '[memset'))
-                  = ({what:String} = 'copies'))
-          AND ({nvtx_range:String} = '' OR if(position({nvtx_range:String}, ' > ') = 0,
-                  has(splitByString(' > ', toString(nvtx_range)), {nvtx_range:String}),
-                  nvtx_range = {nvtx_range:String} OR startsWith(nvtx_range, concat({nvtx_range:String}, ' > '))))
+          -- @include gpu_kernel_filters
         GROUP BY stack_id
     ),
     per_stack AS
