@@ -9,6 +9,8 @@
 -- @default node =
 -- @default pid = 0
 -- @default collectives = all
+-- @default what = all
+-- @default nvtx_range =
 -- @default limit = 100001
 WITH
     records AS

@@ -4,6 +4,8 @@
 -- @default node =
 -- @default pid = 0
 -- @default collectives = all
+-- @default what = all
+-- @default nvtx_range =
 WITH
     records AS
     (

@@ -5,6 +5,8 @@
 -- @default node =
 -- @default pid = 0
 -- @default collectives = all
+-- @default what = all
+-- @default nvtx_range =
 WITH
     records AS
     (
