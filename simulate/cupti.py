@@ -28,7 +28,8 @@ from producers.cupti_shim import build_shim, cuda_include_dirs
 from producers.native_build import NativeLibrary, build
 
 SIMULATED_CUPTI = NativeLibrary(
-    name="simulated_cupti", sources=("sim/cupti/simulated_cupti.c", "sim/cupti/simulated_workloads.c"),
+    name="simulated_cupti",
+    sources=("sim/cupti/simulated_cupti.c", "sim/cupti/simulated_records.c", "sim/cupti/simulated_workloads.c"),
     output="libcupti_simulated.so", cflags=("-fvisibility=hidden", "-pthread"), ldflags=("-pthread",),
     soname="libcupti_simulated.so",
     include_dirs=cuda_include_dirs)

@@ -238,7 +238,8 @@ def test_shim_records_launches_and_kernels(simulated_cupti: Path, tmp_path: Path
     record = tmp_path / "records.jsonl"
     run = _drive_shim({"launches": LAUNCH_PLAN}, simulated_cupti,
                       {"FLEETPROF_CUPTI_RECORD": str(record), "FLEETPROF_LAUNCH_RATE": "0"})
-    assert run["states"] == [1, 15]  # self-check mode: CUPTI on from InitializeInjection (kernels, copies, sets)
+    # self-check mode: CUPTI on from InitializeInjection (kernels, copies, sets, peer copies)
+    assert run["states"] == [1, 31]
     a1, a2, _failed, graph, driver, unseen = run["ids"]
     r = _records(record)
     assert [(x["correlation_id"], x["callback_id"], x["domain"], x["api"], x["weight"], x["nested"])
@@ -324,7 +325,7 @@ def test_shim_counts_records_dropped_when_its_pool_runs_dry(simulated_cupti: Pat
     assert "raise FLEETPROF_CUPTI_BUFFERS (now 2)" in run["stderr"]
 
 
-@pytest.mark.parametrize(("activity", "attached"), [("sampled", 1), ("always", 15)])
+@pytest.mark.parametrize(("activity", "attached"), [("sampled", 1), ("always", 31)])
 def test_shim_keeps_cupti_off_until_an_agent_attaches(simulated_cupti: Path, activity: str, attached: int) -> None:
     offset, _ = symbol_offset(shim_library(), "fleetprof_kernel_launch_semaphore")
     run = _drive_shim({"launches": [], "poke": offset, "attached_state": attached}, simulated_cupti,
@@ -479,7 +480,7 @@ def test_shim_probes_fire_through_bcc(bcc: Any, simulated_cupti: Path, tmp_path:
     try:
         assert child.stdout.readline().strip() == "ready"
         bpf = attach(bcc, child.pid)
-        child.stdin.write("15\n")  # wait until the shim has turned CUPTI on
+        child.stdin.write("31\n")  # wait until the shim has turned CUPTI on
         child.stdin.flush()
         run = json.loads(child.stdout.readline())
         child.stdin.write("exit\n")
@@ -489,7 +490,7 @@ def test_shim_probes_fire_through_bcc(bcc: Any, simulated_cupti: Path, tmp_path:
     finally:
         child.kill()
         child.wait()
-    assert run["states"][-1] == 15
+    assert run["states"][-1] == 31
     assert seen["apis"] == {"cudaLaunchKernel": 2, "cudaGraphLaunch": 1, "cuLaunchKernel": 1}
     assert (seen["launches"], seen["weighted"], seen["executed"]) == (4, 0, 8)
     assert seen["kernels"] == {"k_a": (2, 2000), "k_graph": (4, 8000), "k_b": (1, 3000), "k_unseen": (1, 4000)}

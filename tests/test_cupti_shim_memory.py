@@ -1,7 +1,7 @@
 """The CUPTI shim's memory copies and sets and its CUDA graph launches, against the simulated libcupti
-(native/sim/cupti/): their launch APIs under the rate limits (graph launches under their own), their MEMCPY / MEMSET
-and graph kernel records, what the record file says of them, and which records come when only sampled launches are
-timed."""
+(native/sim/cupti/): their launch APIs under the rate limits (graph launches under their own), their MEMCPY / MEMSET,
+peer-to-peer MEMCPY2 and graph kernel records, what the record file says of them, and which records come when only
+sampled launches are timed."""
 
 from __future__ import annotations
 
@@ -20,32 +20,35 @@ from tests.usdt_probes import built
 
 # The drivers' start (this file's and test_cupti_shim_probes'): the simulated libcupti, its launch calls' arguments
 SIMULATED_CUPTI = r"""
-import ctypes, json, os, sys
+import ctypes, json, os, sys, time
 cupti = ctypes.CDLL(os.environ["FLEETPROF_CUPTI_LIBRARY"], mode=ctypes.RTLD_GLOBAL)
 u32, u64, s = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_char_p
 cupti.simcupti_launch.argtypes = [u32, u32, s, s, u32, u64, u32, ctypes.c_int, ctypes.c_int]
 cupti.simcupti_memory.argtypes = [u32, u32, s, ctypes.c_int, u32, u32, u32, u64, u64, u32, ctypes.c_int]
 cupti.simcupti_graph_launch.argtypes = [u32, u32, s, s, u32, u32, u32, u64, u64, u32]
+cupti.simcupti_peer_copy.argtypes = [u32, u32, s, u32, u32, u32, u64, u64, u32, ctypes.c_int]
 """
 
 DRIVER = SIMULATED_CUPTI + r"""
-for f in (cupti.simcupti_launch, cupti.simcupti_memory, cupti.simcupti_graph_launch):
+for f in (cupti.simcupti_launch, cupti.simcupti_memory, cupti.simcupti_graph_launch, cupti.simcupti_peer_copy):
     f.restype = u32
 shim = ctypes.CDLL(sys.argv[1])
 shim.InitializeInjection()
-ids = []
+ids, spans = [], []  # spans: CLOCK_REALTIME before and after each call
 for _ in range(int(sys.argv[3])):
     for op, *args in json.loads(sys.argv[2]):
         args = [a.encode() if isinstance(a, str) else a for a in args]
+        before = time.time_ns()
         ids.append(getattr(cupti, "simcupti_" + op)(*args))
+        spans.append([before, time.time_ns()])
 totals = (ctypes.c_uint64 * 5)()
 cupti.cuptiActivityFlushAll(0)
 cupti.simcupti_totals(totals)
-print(json.dumps({"ids": ids, "totals": list(totals)}))
+print(json.dumps({"ids": ids, "spans": spans, "totals": list(totals)}))
 """
 
 RUNTIME, DRIVER_API = 0, 1
-HTOD, DTOH, DTOD = 1, 2, 8  # CUpti_ActivityMemcpyKind
+HTOD, DTOH, DTOD, PTOP = 1, 2, 8, 10  # CUpti_ActivityMemcpyKind
 PAGEABLE, PINNED, DEVICE = 1, 2, 3  # CUpti_ActivityMemoryKind
 
 
@@ -160,3 +163,58 @@ def test_graph_launches_have_their_own_rate_limit_and_hold_their_whole_replay(li
     summary = r["summary"][0]
     assert (summary["memory_skipped"], summary["kernels_skipped"], summary["graph_kernels"]) == (
         0, 0, 4 * summary["graph_launches_sampled"])
+
+
+PEER_PLAN = [
+    # peer_copy: driver, cbid, api, device (where it runs), src device, dst device, bytes, duration, stream, fail
+    ["peer_copy", RUNTIME, 160, "cudaMemcpyPeer", 1, 1, 0, 1 << 24, 3000, 0, 0],
+    ["peer_copy", DRIVER_API, 426, "cuMemcpyPeerAsync_ptsz", 2, 3, 2, 65536, 700, 4, 0],
+    ["peer_copy", RUNTIME, 161, "cudaMemcpyPeerAsync", 0, 0, 1, 128, 50, 0, 1],  # fails: no record
+]
+
+
+def test_peer_to_peer_copies_fire_memory_executed_as_ptop(libraries: tuple[Path, Path], tmp_path: Path) -> None:
+    path = tmp_path / "records.jsonl"
+    run = drive(libraries, PEER_PLAN, {"FLEETPROF_CUPTI_RECORD": str(path), "FLEETPROF_LAUNCH_RATE": "0"})
+    peer, peer_async, _failed = run["ids"]
+    r = records(path)
+    assert [(x["correlation_id"], x["api"], x["kind"], x["weight"]) for x in r["launch"]] == [
+        (peer, "cudaMemcpyPeer", "copy", 1), (peer_async, "cuMemcpyPeerAsync_ptsz", "copy", 1)]
+    ptop = memory_kind(PTOP, 0, DEVICE, DEVICE)
+    assert [(m["correlation_id"], m["bytes"], m["memory_kind"], m["device_id"], m["stream_id"],
+             m["end_ns"] - m["start_ns"], m["graph_id"], m["graph_node_id"], m["fired"]) for m in r["memory"]] == [
+        (peer, 1 << 24, ptop, 1, 0, 3000, 0, 0, True), (peer_async, 65536, ptop, 2, 4, 700, 0, 0, True)]
+    # CUPTI's times as they are (the simulated clock is CLOCK_REALTIME): each copy starts within its call
+    for m, (before, after) in zip(r["memory"], run["spans"], strict=False):
+        assert before <= m["start_ns"] <= after
+    summary = r["summary"][0]
+    assert {k: summary[k] for k in ("copies", "memory_skipped", "memory_unseen", "launches", "launches_failed",
+                                    "records_implausible", "records_dropped")} == {
+        "copies": 2, "memory_skipped": 0, "memory_unseen": 0, "launches": 2, "launches_failed": 1,
+        "records_implausible": 0, "records_dropped": 0}
+    generated, dropped, delivered, generated_ns, _ = run["totals"]
+    assert (generated, dropped, delivered) == (2, 0, 2)
+    assert summary["gpu_ns"] == generated_ns == 3000 + 700
+
+
+@pytest.mark.parametrize("activity", ["sampled", "always"])
+def test_a_skipped_launchs_peer_copy_fires_nothing(libraries: tuple[Path, Path], tmp_path: Path,
+                                                   activity: str) -> None:
+    # 800 peer copies under the launch rate limit: sampled mode times only the sampled launches' copies (MEMCPY2 held
+    # on around them); always mode times every copy and fires only those of sampled launches
+    path = tmp_path / "records.jsonl"
+    drive(libraries, PEER_PLAN[1:2], {"FLEETPROF_CUPTI_RECORD": str(path), "FLEETPROF_CUPTI_ACTIVITY": activity,
+                                      "FLEETPROF_LAUNCH_RATE": "50"}, repeat=800)
+    r = records(path)
+    assert r["on"][0]["activity"] == activity
+    sampled = {x["correlation_id"] for x in r["launch"] if x["weight"]}
+    skipped = {x["correlation_id"] for x in r["launch"] if not x["weight"]}
+    assert len(sampled) + len(skipped) == 800 and 0 < len(sampled) < 800 / 4
+    fired = [m for m in r["memory"] if m["fired"]]
+    assert sorted(m["correlation_id"] for m in fired) == sorted(sampled)
+    assert all((m["bytes"], m["memory_kind"], m["device_id"], m["stream_id"], m["end_ns"] - m["start_ns"]) ==
+               (65536, memory_kind(PTOP, 0, DEVICE, DEVICE), 2, 4, 700) for m in r["memory"])
+    not_fired = sorted(m["correlation_id"] for m in r["memory"] if not m["fired"])
+    assert not_fired == (sorted(skipped) if activity == "always" else [])
+    summary = r["summary"][0]
+    assert (summary["copies"], summary["memory_skipped"]) == (len(r["memory"]), len(not_fired))

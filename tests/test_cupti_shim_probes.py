@@ -1,6 +1,7 @@
 """The CUPTI shim's new probes firing for real through bcc (skipped off CI without BPF): kernel_launch for copy, set
 and graph launches, launch_range with the NVTX path (pushed through the real NVTX3 library), graph_kernel_executed
-for a graph's kernel nodes and memory_executed for copies and sets, with their arguments as the ABI says."""
+for a graph's kernel nodes and memory_executed for copies, peer-to-peer copies and sets, with their arguments as the
+ABI says."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from producers.cupti_shim import build_shim, nvtx_include_dir
 from producers.native_build import NativeBuildError
 from simulate.cupti import build_simulated_cupti
 from tests.elf_helpers import gcc_build, unavailable
-from tests.test_cupti_shim_memory import DEVICE, DTOD, HTOD, PAGEABLE, PINNED, SIMULATED_CUPTI, memory_kind
+from tests.test_cupti_shim_memory import DEVICE, DTOD, HTOD, PAGEABLE, PINNED, PTOP, SIMULATED_CUPTI, memory_kind
 from tests.usdt_probes import built, load_bcc, private_copy
 
 NVTX_HELPER = r"""
@@ -45,6 +46,7 @@ ids.append(cupti.simcupti_memory(0, 51, b"cudaMemsetAsync", 1, 0, 0, 3, 256, 300
 ids.append(cupti.simcupti_graph_launch(1, 514, b"cuGraphLaunch", b"k_node", 7, 3, 2, 65536, 100, 5))
 nvtx.pop()
 ids.append(cupti.simcupti_memory(1, 277, b"cuMemcpyHtoDAsync_v2", 0, 1, 2, 3, 512, 500, 1, 0))
+ids.append(cupti.simcupti_peer_copy(0, 160, b"cudaMemcpyPeer", 1, 1, 0, 8192, 400, 0, 0))
 print(json.dumps(ids), flush=True)
 sys.stdin.readline()
 """
@@ -130,7 +132,7 @@ def test_new_probes_fire_through_bcc(nvtx_helper: Path, tmp_path: Path) -> None:
             usdt.enable_probe(probe=f"fleetprof:{probe}", fn_name=fn)
         bpf = bcc.BPF(text=BPF.encode(), usdt_contexts=[usdt])
         bpf.usdt_context = usdt
-        child.stdin.write("15\n")  # wait until the shim has turned CUPTI on: kernels, copies, sets
+        child.stdin.write("31\n")  # wait until the shim has turned CUPTI on: kernels, copies, sets, peer copies
         child.stdin.flush()
         ids = json.loads(child.stdout.readline())
         child.stdin.write("exit\n")
@@ -140,13 +142,15 @@ def test_new_probes_fire_through_bcc(nvtx_helper: Path, tmp_path: Path) -> None:
     finally:
         child.kill()
         child.wait()
-    assert len(ids) == 4
-    assert seen["apis"] == {"cudaMemcpy": 1, "cudaMemsetAsync": 1, "cuGraphLaunch": 1, "cuMemcpyHtoDAsync_v2": 1}
-    assert seen["paths"] == {"step > copy in": 1, "step": 2}  # the last copy is outside every range
+    assert len(ids) == 5
+    assert seen["apis"] == {"cudaMemcpy": 1, "cudaMemsetAsync": 1, "cuGraphLaunch": 1, "cuMemcpyHtoDAsync_v2": 1,
+                            "cudaMemcpyPeer": 1}
+    assert seen["paths"] == {"step > copy in": 1, "step": 2}  # the last two copies are outside every range
     assert (seen["graph_kernels"], seen["graphs"], seen["node_id_sum"]) == (3, {7: 3}, 1 + 2 + 3)
     assert seen["memory_kinds"] == {memory_kind(HTOD, 0, PAGEABLE, DEVICE): 1, memory_kind(0, 1, 0, DEVICE): 1,
-                                    memory_kind(DTOD, 0, DEVICE, DEVICE): 2, memory_kind(HTOD, 0, PINNED, DEVICE): 1}
-    assert (seen["memory"], seen["bytes"], seen["kernel_executed"]) == (5, 4096 + 256 + 2 * 65536 + 512, 0)
+                                    memory_kind(DTOD, 0, DEVICE, DEVICE): 2, memory_kind(HTOD, 0, PINNED, DEVICE): 1,
+                                    memory_kind(PTOP, 0, DEVICE, DEVICE): 1}
+    assert (seen["memory"], seen["bytes"], seen["kernel_executed"]) == (6, 4096 + 256 + 2 * 65536 + 512 + 8192, 0)
 
 
 def _observed(bpf: Any) -> dict[str, Any]:

@@ -1,6 +1,6 @@
-/* CONCURRENT_KERNEL, MEMCPY and MEMSET activity records: which kernels and copies CUPTI times, a fixed pool of
- * buffers handed to CUPTI, and one kernel_executed (graph_kernel_executed for a kernel a CUDA graph replayed) probe
- * per kernel record, with CUPTI's timestamps as Unix ns; copies and sets are memory.c's.
+/* CONCURRENT_KERNEL, MEMCPY, MEMSET and MEMCPY2 (peer-to-peer copy) activity records: which kernels and copies CUPTI
+ * times, a fixed pool of buffers handed to CUPTI, and one kernel_executed (graph_kernel_executed for a kernel a CUDA
+ * graph replayed) probe per kernel record, with CUPTI's timestamps as Unix ns; copies and sets are memory.c's.
  *
  * Which kernels (FLEETPROF_CUPTI_ACTIVITY). With the kind enabled CUPTI instruments every kernel submitted and hands
  * over one record per kernel; on a launch-bound workload (tens of thousands of short kernels a second per thread) that
@@ -12,9 +12,9 @@
  *   Enabling applies to work submitted while it is on, so that launch's kernels come with records (every kernel node
  *   of a graph launch included) and a skipped launch's kernels do not. The switch is process-wide (CUPTI has none per
  *   thread, and one per context would not separate threads on one GPU): a count of holders lets concurrent sampled
- *   launches nest (per kind: a kernel launch holds CONCURRENT_KERNEL on, a copy MEMCPY, a set MEMSET, a graph
-   launch all three for its whole submission, so every node of the replay is timed), and a skipped launch that
-   another thread submits meanwhile still gets its records, which are
+ *   launches nest (per kind: a kernel launch holds CONCURRENT_KERNEL on, a copy MEMCPY and MEMCPY2, a set MEMSET, a
+ *   graph launch all of them for its whole submission, so every node of the replay is timed), and a skipped launch
+ *   that another thread submits meanwhile still gets its records, which are
  *   counted (kernels_skipped) and dropped as before. Records per launch are the sampled fraction times one plus that
  *   overlap, which is about (other threads launching meanwhile) x (time inside a launch call / time between
  *   launches): 1 for one launching thread; weights are the rate limit's, so totals stay unbiased.
@@ -64,8 +64,11 @@ _Static_assert(offsetof(kernel_record, graphNodeId) == 144, "kernel record layou
 _Static_assert(offsetof(kernel_record, graphId) == 156, "kernel record layout");
 
 static const CUpti_ActivityKind kinds[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
-                                           CUPTI_ACTIVITY_KIND_MEMSET}; /* in SHIM_KIND_* bit order */
-#define KIND_COUNT 3
+                                           CUPTI_ACTIVITY_KIND_MEMSET,
+                                           CUPTI_ACTIVITY_KIND_MEMCPY2}; /* in SHIM_KIND_* bit order */
+static const char *const refused_notes[] = {"kernel_refused", "memcpy_refused", "memset_refused", "memcpy2_refused"};
+#define KIND_COUNT 4
+#define KIND_BITS 4 /* a token is the generation above the kinds it holds */
 #define LATEST_SLACK_NS 1000000000ull /* a record may end up to 1 s after its buffer's delivery: clock steps */
 
 #define OFFSET_IS_ZERO_NS 1000 /* below this the measured offset is the measurement's own jitter */
@@ -174,6 +177,8 @@ static void CUPTIAPI buffer_completed(CUcontext context, uint32_t stream_id, uin
             shim_memcpy_record(record, latest);
         else if (record->kind == CUPTI_ACTIVITY_KIND_MEMSET)
             shim_memset_record(record, latest);
+        else if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY2)
+            shim_memcpy2_record(record, latest);
     }
     size_t dropped = 0;
     if (shim_cupti.activity_get_num_dropped_records(context, stream_id, &dropped) == CUPTI_SUCCESS && dropped > 0)
@@ -234,7 +239,7 @@ static void new_generation(int sampled)
     pthread_mutex_lock(&hold_mu);
     for (int i = 0; i < KIND_COUNT; i++)
         holders[i] = 0;
-    if (++generation >= (1u << 29)) /* a token is the generation and the kinds held, 3 bits */
+    if (++generation >= (1u << (32 - KIND_BITS))) /* a token is the generation and the kinds held */
         generation = 1;
     atomic_store(&per_launch, sampled);
     pthread_mutex_unlock(&hold_mu);
@@ -266,7 +271,7 @@ int shim_activity_start(int sampled)
         if (result == CUPTI_SUCCESS)
             kinds_available |= 1u << i;
         else
-            shim_record_note(i == 1 ? "memcpy_refused" : "memset_refused", shim_result_string(result));
+            shim_record_note(refused_notes[i], shim_result_string(result));
     }
     if (sampled)
         for (int i = 0; i < KIND_COUNT; i++)
@@ -318,7 +323,7 @@ uint32_t shim_activity_hold(uint32_t wanted)
         if (refused)
             atomic_fetch_add_explicit(&shim_counters.activity_refused, 1, memory_order_relaxed);
         if (held)
-            token = generation << 3 | held;
+            token = generation << KIND_BITS | held;
     }
     pthread_mutex_unlock(&hold_mu);
     return token;
@@ -329,7 +334,7 @@ void shim_activity_release(uint32_t token)
     if (token == 0)
         return;
     pthread_mutex_lock(&hold_mu);
-    for (int i = 0; i < KIND_COUNT && token >> 3 == generation; i++)
+    for (int i = 0; i < KIND_COUNT && token >> KIND_BITS == generation; i++)
         if ((token & (1u << i)) && holders[i] > 0 && --holders[i] == 0)
             shim_cupti.activity_disable(kinds[i]);
     pthread_mutex_unlock(&hold_mu);

@@ -1,7 +1,9 @@
 /* The CUPTI callback ids of the memory copy and set APIs (cupti_runtime_cbid.h, cupti_driver_cbid.h of CUDA 12.9):
  * every cudaMemcpy..., cudaMemset..., cuMemcpy... and cuMemsetD... (with _v2, _ptsz, _ptds). Listed, not matched by
  * name at run time, so what the shim subscribes is reviewable; CUPTI never reuses an id, and an id this libcupti
- * lacks is refused by cuptiEnableCallback and skipped. Made with, for each list:
+ * lacks is refused by cuptiEnableCallback and skipped. The peer copies are in them (cudaMemcpyPeer and
+ * cudaMemcpyPeerAsync, which have no _ptsz/_ptds ids; cuMemcpyPeer and cuMemcpyPeerAsync with theirs; the 3D peer
+ * copies): their records are MEMCPY2. Made with, for each list:
  *   grep -o "CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy[A-Za-z0-9_]*" cupti_runtime_cbid.h | sort -u */
 #define SHIM_RUNTIME_COPIES \
     CUPTI_RUNTIME_TRACE_CBID_cudaMemcpy2DArrayToArray_ptds_v7000, \

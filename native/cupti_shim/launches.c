@@ -123,8 +123,8 @@ static enum shim_api_kind api_kind(CUpti_CallbackDomain domain, CUpti_CallbackId
 static uint32_t kinds_of(enum shim_api_kind kind)
 {
     switch (kind) {
-    case SHIM_API_COPY:
-        return SHIM_KIND_MEMCPY;
+    case SHIM_API_COPY: /* any copy may be between two devices (cudaMemcpyDefault too): those come as MEMCPY2 */
+        return SHIM_KIND_MEMCPY | SHIM_KIND_MEMCPY2;
     case SHIM_API_SET:
         return SHIM_KIND_MEMSET;
     case SHIM_API_GRAPH:

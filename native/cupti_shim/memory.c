@@ -3,8 +3,10 @@
  * (launches.c, activity.c), and their MEMCPY / MEMSET activity records fire memory_executed with the same rules as
  * kernel records: none for a copy whose launch was skipped, fired and counted for one whose launch was never seen.
  *
- * Peer-to-peer copies between two devices come as MEMCPY2 records (CUpti_ActivityMemcpyPtoP), which are not
- * enabled: their layout differs, and they are rare next to host<->device and device copies.
+ * Peer-to-peer copies between two devices come as MEMCPY2 records (CUpti_ActivityMemcpyPtoP), enabled with MEMCPY
+ * (a copy launch holds both on in sampled mode: any copy, cudaMemcpy with cudaMemcpyDefault too, may be between
+ * devices) and fired as memory_executed like a MEMCPY record: copy kind PtoP, the source and destination memory
+ * kinds, and the record's deviceId (where the copy runs; the source and destination devices are not passed on).
  */
 #include "copy_apis.h"
 #include "fleetprof_probes.h"
@@ -21,6 +23,20 @@ _Static_assert(offsetof(memcpy_record, streamId) == 40, "memcpy record layout");
 _Static_assert(offsetof(memcpy_record, correlationId) == 44, "memcpy record layout");
 _Static_assert(offsetof(memcpy_record, graphNodeId) == 64, "memcpy record layout");
 _Static_assert(offsetof(memcpy_record, graphId) == 72, "memcpy record layout");
+/* The peer-to-peer record has its own layout past the first 40 bytes; these offsets hold from version 3 (the first
+ * with graphId) to 4 (CUDA 12). */
+typedef CUpti_ActivityMemcpyPtoP4 memcpy2_record;
+_Static_assert(offsetof(memcpy2_record, copyKind) == 4, "memcpy2 record layout");
+_Static_assert(offsetof(memcpy2_record, srcKind) == 5, "memcpy2 record layout");
+_Static_assert(offsetof(memcpy2_record, dstKind) == 6, "memcpy2 record layout");
+_Static_assert(offsetof(memcpy2_record, bytes) == 8, "memcpy2 record layout");
+_Static_assert(offsetof(memcpy2_record, start) == 16, "memcpy2 record layout");
+_Static_assert(offsetof(memcpy2_record, end) == 24, "memcpy2 record layout");
+_Static_assert(offsetof(memcpy2_record, deviceId) == 32, "memcpy2 record layout");
+_Static_assert(offsetof(memcpy2_record, streamId) == 40, "memcpy2 record layout");
+_Static_assert(offsetof(memcpy2_record, correlationId) == 60, "memcpy2 record layout");
+_Static_assert(offsetof(memcpy2_record, graphNodeId) == 72, "memcpy2 record layout");
+_Static_assert(offsetof(memcpy2_record, graphId) == 80, "memcpy2 record layout");
 _Static_assert(offsetof(memset_record, bytes) == 8, "memset record layout");
 _Static_assert(offsetof(memset_record, correlationId) == 44, "memset record layout");
 _Static_assert(offsetof(memset_record, memoryKind) == 50, "memset record layout");
@@ -95,6 +111,14 @@ static void memory(uint64_t raw_start, uint64_t raw_end, uint32_t correlation_id
 void shim_memcpy_record(const CUpti_Activity *record, uint64_t latest)
 {
     const memcpy_record *m = (const memcpy_record *)record;
+    atomic_fetch_add_explicit(&shim_counters.copies, 1, memory_order_relaxed);
+    memory(m->start, m->end, m->correlationId, m->deviceId, m->streamId, m->bytes,
+           FLEETPROF_MEMORY_KIND(m->copyKind, 0, m->srcKind, m->dstKind), m->graphId, m->graphNodeId, latest);
+}
+
+void shim_memcpy2_record(const CUpti_Activity *record, uint64_t latest)
+{
+    const memcpy2_record *m = (const memcpy2_record *)record;
     atomic_fetch_add_explicit(&shim_counters.copies, 1, memory_order_relaxed);
     memory(m->start, m->end, m->correlationId, m->deviceId, m->streamId, m->bytes,
            FLEETPROF_MEMORY_KIND(m->copyKind, 0, m->srcKind, m->dstKind), m->graphId, m->graphNodeId, latest);

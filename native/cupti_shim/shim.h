@@ -56,7 +56,7 @@ struct shim_counters {
     _Atomic uint64_t buffers_refused;   /* buffer requests refused because the pool was empty */
     _Atomic uint64_t activity_enables;  /* sampled launches that turned kernel records on (sampled mode) */
     _Atomic uint64_t activity_refused;  /* ... and found CUPTI refusing to: their kernels go untimed */
-    _Atomic uint64_t copies;            /* memcpy records read (memory.c) */
+    _Atomic uint64_t copies;            /* memcpy and peer-to-peer (memcpy2) records read (memory.c) */
     _Atomic uint64_t sets;              /* memset records read */
     _Atomic uint64_t memory_skipped;    /* copies and sets whose launch the rate limit skipped: no probe */
     _Atomic uint64_t memory_unseen;     /* copies and sets with no known launch */
@@ -78,7 +78,8 @@ struct shim_counters {
 #define SHIM_KIND_KERNEL 1u
 #define SHIM_KIND_MEMCPY 2u
 #define SHIM_KIND_MEMSET 4u
-#define SHIM_KIND_ALL 7u
+#define SHIM_KIND_MEMCPY2 8u /* peer-to-peer copies: a copy launch holds MEMCPY2 with MEMCPY */
+#define SHIM_KIND_ALL 15u
 
 /* What a subscribed API call launches (launches.c and memory.c classify callback ids). */
 enum shim_api_kind { SHIM_API_NONE = 0, SHIM_API_KERNEL, SHIM_API_COPY, SHIM_API_SET, SHIM_API_GRAPH };
@@ -116,6 +117,7 @@ int shim_plausible(uint64_t start, uint64_t end, uint64_t latest);
 int shim_enable_memory_callbacks(CUpti_SubscriberHandle subscriber, uint32_t enable);
 enum shim_api_kind shim_memory_api_kind(CUpti_CallbackDomain domain, CUpti_CallbackId cbid);
 void shim_memcpy_record(const CUpti_Activity *record, uint64_t latest);
+void shim_memcpy2_record(const CUpti_Activity *record, uint64_t latest); /* peer-to-peer copies */
 void shim_memset_record(const CUpti_Activity *record, uint64_t latest);
 
 /* nvtx.c: NVTX ranges (the shim is also an NVTX injection library) */

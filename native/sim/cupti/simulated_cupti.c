@@ -4,11 +4,11 @@
  * types, behaving as the documentation describes (one subscriber, per-callback enabling, activity buffers requested
  * and completed through the registered callbacks, dropped records counted when no buffer is given). A test drives it
  * with simcupti_launch, which plays one launch API call: the enter and exit callbacks on the calling thread and the
- * kernel records it produces; simcupti_memory (a copy or set API call and its MEMCPY or MEMSET record) and
- * simcupti_graph_launch (a graph launch whose kernel and copy nodes carry the graph id and node ids, CUDA 11's
- * records) are in simulated_workloads.c. Kernels do not run; their times come from the clock CUPTI would use.
- * Records of the three kinds follow each other in a buffer, each as long as its CUDA 12 type
- * (CUpti_ActivityKernel9, CUpti_ActivityMemcpy6, CUpti_ActivityMemset4); simcupti_totals says what was generated,
+ * kernel records it produces; simcupti_memory (a copy or set API call and its MEMCPY or MEMSET record),
+ * simcupti_peer_copy (a copy between two devices and its MEMCPY2 record) and simcupti_graph_launch (a graph launch
+ * whose kernel and copy nodes carry the graph id and node ids, CUDA 11's records) are in simulated_workloads.c.
+ * Kernels do not run; their times come from the clock CUPTI would use. Records of the four kinds follow each other
+ * in a buffer, each as long as its CUDA 12 type (simulated_records.c); simcupti_totals says what was generated,
  * dropped and delivered, and the GPU time generated, for exact totals.
  *
  * Activity enabling applies to work submitted afterwards: a launch's kernels produce records only when their kind was
@@ -43,9 +43,10 @@ static CUpti_BuffersCallbackCompleteFunc buffer_completed;
 static _Atomic int kernels_on;
 static _Atomic int memcpy_on;
 static _Atomic int memset_on;
+static _Atomic int memcpy2_on; /* peer-to-peer copies */
 static _Atomic uint64_t enable_calls; /* cuptiActivityEnable/Disable of the kernel kind */
 static _Atomic uint64_t disable_calls;
-static _Atomic uint64_t other_calls;  /* ... of the memcpy and memset kinds, enables and disables together */
+static _Atomic uint64_t other_calls;  /* ... of the other kinds, enables and disables together */
 static uint64_t records_delivered; /* records buffer_completed has returned from, under mu */
 static uint64_t records_generated; /* records written into a buffer (not dropped), under mu */
 static uint64_t records_dropped_total; /* under mu */
@@ -129,7 +130,7 @@ SIM_API CUptiResult cuptiActivityRegisterCallbacks(CUpti_BuffersCallbackRequestF
     return CUPTI_SUCCESS;
 }
 
-/* The switch of a kind this double produces (kernels, copies, sets); NULL for the others. */
+/* The switch of a kind this double produces (kernels, copies, sets, peer copies); NULL for the others. */
 static _Atomic int *kind_switch(CUpti_ActivityKind kind)
 {
     if (kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)
@@ -138,6 +139,8 @@ static _Atomic int *kind_switch(CUpti_ActivityKind kind)
         return &memcpy_on;
     if (kind == CUPTI_ACTIVITY_KIND_MEMSET)
         return &memset_on;
+    if (kind == CUPTI_ACTIVITY_KIND_MEMCPY2)
+        return &memcpy2_on;
     return NULL;
 }
 
@@ -161,21 +164,12 @@ SIM_API CUptiResult cuptiActivityDisable(CUpti_ActivityKind kind)
     return CUPTI_SUCCESS;
 }
 
-static size_t record_size(CUpti_ActivityKind kind)
-{
-    if (kind == CUPTI_ACTIVITY_KIND_MEMCPY)
-        return sizeof(CUpti_ActivityMemcpy6);
-    if (kind == CUPTI_ACTIVITY_KIND_MEMSET)
-        return sizeof(CUpti_ActivityMemset4);
-    return sizeof(CUpti_ActivityKernel9);
-}
-
 /* Records of different kinds follow each other in a buffer, each as long as its type, as CUPTI's do. */
 SIM_API CUptiResult cuptiActivityGetNextRecord(uint8_t *records, size_t valid_size, CUpti_Activity **record)
 {
-    uint8_t *next = *record == NULL ? records : (uint8_t *)*record + record_size((*record)->kind);
+    uint8_t *next = *record == NULL ? records : (uint8_t *)*record + simcupti_record_size((*record)->kind);
     if (next + sizeof(CUpti_Activity) > records + valid_size ||
-        next + record_size(((CUpti_Activity *)next)->kind) > records + valid_size)
+        next + simcupti_record_size(((CUpti_Activity *)next)->kind) > records + valid_size)
         return CUPTI_ERROR_MAX_LIMIT_REACHED;
     *record = (CUpti_Activity *)next;
     return CUPTI_SUCCESS;
@@ -316,34 +310,12 @@ static void maybe_retire(void)
 static void write_record(const struct sim_record *r, uint32_t correlation_id, uint64_t start, uint64_t end,
                          uint32_t stream)
 {
-    void *room = record_room(record_size(r->kind));
+    void *room = record_room(simcupti_record_size(r->kind));
     if (room == NULL)
         return;
     generated_ns += end - start;
-    if (r->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
-        CUpti_ActivityMemcpy6 *m = room;
-        *m = (CUpti_ActivityMemcpy6){.kind = r->kind, .copyKind = r->copy_kind, .srcKind = r->src_kind,
-                                     .dstKind = r->dst_kind, .bytes = r->bytes, .start = start, .end = end,
-                                     .streamId = stream, .correlationId = correlation_id,
-                                     .graphNodeId = r->graph_node_id, .graphId = r->graph_id};
-    } else if (r->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
-        CUpti_ActivityMemset4 *m = room;
-        *m = (CUpti_ActivityMemset4){.kind = r->kind, .bytes = r->bytes, .start = start, .end = end,
-                                     .streamId = stream, .correlationId = correlation_id,
-                                     .memoryKind = r->dst_kind, .graphNodeId = r->graph_node_id,
-                                     .graphId = r->graph_id};
-    } else {
-        CUpti_ActivityKernel9 *k = room;
-        k->kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
-        k->start = start;
-        k->end = end;
-        k->deviceId = 0;
-        k->streamId = stream;
-        k->correlationId = correlation_id;
-        k->name = keep_name(r->name);
-        k->graphId = r->graph_id;
-        k->graphNodeId = r->graph_node_id;
-    }
+    const char *name = r->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL ? keep_name(r->name) : NULL;
+    simcupti_fill_record(room, r, name, correlation_id, start, end, stream);
     maybe_retire();
 }
 
@@ -463,7 +435,7 @@ void simcupti_write_records(const struct sim_record *records, uint32_t count, ui
 
 /* What this double produced so far: out[0] records written into buffers, out[1] records dropped (no buffer),
  * out[2] records delivered to the tool, out[3] the sum of their durations (end - start) in ns, out[4]
- * cuptiActivityEnable/Disable calls of the memcpy and memset kinds. */
+ * cuptiActivityEnable/Disable calls of the memcpy, memset and memcpy2 kinds. */
 SIM_API void simcupti_totals(uint64_t *out)
 {
     pthread_mutex_lock(&mu);
@@ -475,12 +447,12 @@ SIM_API void simcupti_totals(uint64_t *out)
     out[4] = atomic_load(&other_calls);
 }
 
-/* 1 while the shim holds the subscriber, 2 while kernel records are on (both: 3); 4 and 8 while memcpy and memset
- * records are on. */
+/* 1 while the shim holds the subscriber, 2 while kernel records are on (both: 3); 4, 8 and 16 while memcpy, memset
+ * and memcpy2 (peer-to-peer copy) records are on. */
 SIM_API int simcupti_state(void)
 {
     return (subscribed ? 1 : 0) | (atomic_load(&kernels_on) ? 2 : 0) | (atomic_load(&memcpy_on) ? 4 : 0) |
-           (atomic_load(&memset_on) ? 8 : 0);
+           (atomic_load(&memset_on) ? 8 : 0) | (atomic_load(&memcpy2_on) ? 16 : 0);
 }
 
 /* Kernel records delivered to the tool in completed buffers since the library was loaded (dropped ones are not). */

@@ -1,5 +1,6 @@
-/* Workloads of the simulated libcupti (simulated_cupti.c, same library): loops of launches on threads, for the
- * launch-bound runs of simulate/cupti.py, and long CUDA graph replays, for the shim's long-run test. */
+/* Workloads of the simulated libcupti (simulated_cupti.c, same library): single copy, set, peer copy and graph
+ * launch API calls with their records; loops of launches on threads, for the launch-bound runs of simulate/cupti.py,
+ * and long CUDA graph replays, for the shim's long-run test. */
 #include "simulated_cupti.h"
 
 #include <pthread.h>
@@ -31,6 +32,28 @@ SIM_API uint32_t simcupti_memory(uint32_t driver, uint32_t cbid, const char *api
         struct sim_record r = {.kind = is_set ? CUPTI_ACTIVITY_KIND_MEMSET : CUPTI_ACTIVITY_KIND_MEMCPY,
                                .bytes = bytes, .copy_kind = (uint8_t)(is_set ? 0 : copy_kind),
                                .src_kind = (uint8_t)(is_set ? 0 : src_kind), .dst_kind = (uint8_t)dst_kind};
+        uint64_t start = simcupti_now_ns();
+        simcupti_write_records(&r, 1, correlation_id, &start, duration_ns, stream);
+    }
+    return correlation_id;
+}
+
+/* One peer-to-peer copy API call (cudaMemcpyPeer, cuMemcpyPeerAsync, ...) between two devices and the MEMCPY2
+ * record it produces, if MEMCPY2 was on when the call submitted it: copy kind PtoP, device memory on both sides,
+ * `device` where the copy runs (the record's deviceId). Returns the call's correlation id. */
+SIM_API uint32_t simcupti_peer_copy(uint32_t driver, uint32_t cbid, const char *api, uint32_t device,
+                                    uint32_t src_device, uint32_t dst_device, uint64_t bytes, uint64_t duration_ns,
+                                    uint32_t stream, int fail)
+{
+    CUpti_CallbackDomain domain = driver ? CUPTI_CB_DOMAIN_DRIVER_API : CUPTI_CB_DOMAIN_RUNTIME_API;
+    uint32_t correlation_id = simcupti_next_correlation_id();
+    int result = fail ? 1 : 0;
+    if (call(domain, cbid, api, correlation_id, &result, CUPTI_ACTIVITY_KIND_MEMCPY2) && !fail) {
+        struct sim_record r = {.kind = CUPTI_ACTIVITY_KIND_MEMCPY2, .bytes = bytes,
+                               .copy_kind = CUPTI_ACTIVITY_MEMCPY_KIND_PTOP,
+                               .src_kind = CUPTI_ACTIVITY_MEMORY_KIND_DEVICE,
+                               .dst_kind = CUPTI_ACTIVITY_MEMORY_KIND_DEVICE, .device = device,
+                               .src_device = src_device, .dst_device = dst_device};
         uint64_t start = simcupti_now_ns();
         simcupti_write_records(&r, 1, correlation_id, &start, duration_ns, stream);
     }
