@@ -168,6 +168,8 @@ class CorrelateStage(TopicStage):
                 produced.append(Produced(topics.CORRELATE_STATE.name, state_key(rec, slots),
                                          topics.CORRELATE_STATE.schema, rec))
         self.counts[(metrics.CORRELATE_MATCHED,)] += len(out.matches)
+        if out.graph_launches:
+            self.counts[(metrics.CORRELATE_GRAPH_LAUNCHES,)] += out.graph_launches
         for _, _, _, side, reason, _, _ in out.unmatched:
             self.counts[(metrics.CORRELATE_UNMATCHED, SIDES[side], reason)] += 1
         if out.replayed:

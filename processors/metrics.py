@@ -32,6 +32,9 @@ CORRELATE_UNMATCHED = Counter("fleetprof_correlate_unmatched_total",
                               "Launches whose kernel never came (side LAUNCH) and kernels whose launch was never "
                               "seen (side KERNEL), by reason (EXPIRED, LATE, SUPERSEDED, EVICTED: raise "
                               "FLEETPROF_CORRELATE_MAX_PENDING)", ["stage", "side", "reason"])
+CORRELATE_GRAPH_LAUNCHES = Counter("fleetprof_correlate_graph_launches_total",
+                                   "Sampled CUDA graph launches joined with at least one of their records (each "
+                                   "record is a match)", ["stage"])
 CORRELATE_PENDING = Gauge("fleetprof_correlate_pending", "Records waiting for their partner", ["stage", "side"])
 CORRELATE_REPLAYED = Counter("fleetprof_correlate_replayed_total",
                              "Records skipped because the restored join state already held them", ["stage"])

@@ -14,6 +14,7 @@ from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
+from processors import metrics
 from processors.demangle import demangle
 from simulate.gpu_workload import NCCL_ALL_GATHER, NCCL_ALL_REDUCE
 from simulate.nvml import Segment, SimDevice, write_scenario
@@ -28,6 +29,12 @@ COPY_KINDS = {"[memcpy HtoD]": "pinned>device", "[memcpy DtoH]": "device>pageabl
 
 def _is_copy(name: str) -> bool:
     return name.startswith(("[memcpy ", "[memset"))
+
+
+def _graph_launches_joined() -> float:
+    """fleetprof_correlate_graph_launches_total over every stage of this process."""
+    return sum(s.value for m in metrics.CORRELATE_GRAPH_LAUNCHES.collect() for s in m.samples
+               if s.name.endswith("_total"))
 
 
 def test_copies_graphs_collectives_and_ranges_end_to_end(bpf_ok, kafka_bootstrap, store, tmp_path: Path) -> None:
@@ -52,6 +59,7 @@ def test_copies_graphs_collectives_and_ranges_end_to_end(bpf_ok, kafka_bootstrap
     assert records == sim["kernels_fired"]
     assert sum(w for w, _, _ in want.values()) == sim["weight_sum"] + sim["graph_weight_sum"] * 6  # 6 graph nodes
 
+    graph_launches_before = _graph_launches_joined()
     run = uuid.uuid4().hex[:8]
     with symbolizer(kafka_bootstrap, f"sym-{run}") as sym, correlator(kafka_bootstrap, f"cor-{run}") as cor, \
             sink(store, kafka_bootstrap, f"sink-{run}") as snk:
@@ -62,6 +70,8 @@ def test_copies_graphs_collectives_and_ranges_end_to_end(bpf_ok, kafka_bootstrap
                  running=[sym, cor, snk])
         time.sleep(1.0)  # nothing more may arrive
     n = {"n": node}
+    # every sampled graph launch joined (its records are matches), as the correlator's metric counts them
+    assert _graph_launches_joined() - graph_launches_before == sim["graph_launches_sampled"]
 
     # GPU time, launches and bytes per name and range path: exactly the device's log x weights
     _, rows = store.query_sql("SELECT toString(kernel_name), toString(nvtx_range), sum(launches), sum(duration_ns) "

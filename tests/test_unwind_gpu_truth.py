@@ -31,8 +31,8 @@ from producers.cpu_sampler import BpfUnavailable, check_bpf
 from producers.native_build import build
 from simulate.gpu import GPU_SIM
 from tests.elf_helpers import need, unavailable
+from tests.gpu_job import correlator
 from tests.pipeline_helpers import agent_started, sink, symbolizer, wait_for
-from tests.test_gpu_end_to_end import _correlator
 from tests.unwind_truth import PYTHON_FRAME, Binaries, Chain, agreement, known_paths, our_chain, perf_chains
 
 COMM = "fpgputruth"
@@ -182,7 +182,7 @@ def test_gpu_launch_stacks_match_perf_through_code_without_frame_pointers(kafka_
     assert summary["gpu_launches"] > 0, summary
 
     run = uuid.uuid4().hex[:8]
-    with symbolizer(kafka_bootstrap, f"sym-{run}") as sym, _correlator(kafka_bootstrap, f"cor-{run}") as cor, \
+    with symbolizer(kafka_bootstrap, f"sym-{run}") as sym, correlator(kafka_bootstrap, f"cor-{run}") as cor, \
             sink(store, kafka_bootstrap, f"sink-{run}") as snk:
         def stored() -> int:
             _, rows = store.query_sql("SELECT sum(launches) FROM gpu_kernel_samples WHERE node = {n:String}",
