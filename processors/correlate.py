@@ -199,6 +199,7 @@ class Correlator:
             lt = launch[1]
             if start or lt - cfg.skew_ns <= s <= lt + cfg.horizon_ns:
                 if launch[7]:  # a graph launch: it waits on for the rest of its graph's records
+                    out.graph_launches += int(launch[8] == 0)  # joined with its first record
                     launch[8] += 1
                     if launch[0] not in st.added:
                         st.updated[launch[0]] = key

@@ -8,9 +8,9 @@ its graph replays carries the launch's correlation id. So:
 - when the graph launch comes it matches every record waiting with its correlation id (its plain key too, for a
   record that did not say its graph) and then waits itself, holding only a count of its matches, however many
   records come: each later record matches it at once and leaves no state behind;
-- it leaves once the cutoff passes its time (EXPIRED as any launch if it never matched, silently if it did: it left
-  matched, counted in Outcome.graph_launches), when evicted or superseded likewise, and a record of its graph that
-  comes after it left waits, then leaves LATE or EXPIRED as any record.
+- it is counted in Outcome.graph_launches when its first record matches it, and leaves once the cutoff passes its
+  time (EXPIRED as any launch if it never matched, silently if it did: it left matched), when evicted or superseded
+  likewise, and a record of its graph that comes after it left waits, then leaves LATE or EXPIRED as any record.
 A launch that is not a graph launch pairs with one record as before, whatever the record's graph_id.
 """
 
@@ -83,5 +83,6 @@ def graph_launch(corr: Correlator, st: PartitionState, key: tuple, rec: dict, nv
     if later and not matched:  # as for one record: this launch is the stale one
         out.unmatched.append((key[0], key[1], t, LAUNCH, SUPERSEDED, 0, weight))
         return
+    out.graph_launches += int(matched > 0)  # joined with the records that waited for it
     addrs, no, codes = stack
     corr._wait(st, LAUNCH, key, [0, t, weight, addrs, no, codes, nvtx, True, matched, launch_size(key[0], nvtx)], out)

@@ -35,7 +35,7 @@ class Outcome:
     unmatched: list[tuple] = field(default_factory=list)
     invalid: list[tuple[int, str]] = field(default_factory=list)  # (index of the record in the call, reason)
     replayed: int = 0  # records at offsets the state had already seen
-    graph_launches: int = 0  # graph launches that left after matching at least once (their records are matches)
+    graph_launches: int = 0  # graph launches joined with their first record (every record of theirs is a match)
 
 
 class PartitionState:
@@ -202,9 +202,7 @@ def count_left(out: Outcome, key: tuple, side: int, reason: str, entry: list) ->
     matched at least once (it left matched)."""
     node, pid = key[0], key[1]
     if side == LAUNCH:
-        if entry[8]:
-            out.graph_launches += 1
-        else:
+        if not entry[8]:
             out.unmatched.append((node, pid, entry[1], LAUNCH, reason, 0, entry[2]))
     else:
         out.unmatched.append((node, pid, entry[1], KERNEL, reason, entry[2] - entry[1], 0))
