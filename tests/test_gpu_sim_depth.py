@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-import select
+import selectors
 import subprocess
 import sys
 from collections import Counter
@@ -234,7 +234,9 @@ def test_depth_workload_under_rate_limits_every_sampled_record_once(attached: tu
         before = c.counters()
         child.stdin.write("go\n")
         child.stdin.flush()
-        while not select.select([child.stdout], [], [], 0)[0]:  # drain while it runs: the rings are bounded
+        ready = selectors.DefaultSelector()  # not select.select: a long test session's descriptors pass 1024
+        ready.register(child.stdout, selectors.EVENT_READ)
+        while not ready.select(0):  # drain while it runs: the rings are bounded
             more_l, more_k = c.poll(100)
             launches += [r for r in more_l if r["pid"] == child.pid]
             kernels += [r for r in more_k if r["pid"] == child.pid]
