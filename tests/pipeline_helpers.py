@@ -8,7 +8,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from processors.runner import TopicRunner
 from processors.store_writer import StoreRunner
@@ -80,6 +80,33 @@ def read_topic(bootstrap: str, topic: str, match: Callable[[object], bool], want
     finally:
         c.close()
     return found
+
+
+def messages_to_end(bootstrap: str, topic: str, since_ms: int | None = None, timeout: float = 60) -> list:
+    """Every message of `topic` up to its end as of the call (only those written since `since_ms`, Unix ms, when
+    given); an AssertionError when the end is not reached within `timeout` seconds."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"to-end-{uuid.uuid4()}", "enable.auto.commit": False})
+    try:
+        numbers = c.list_topics(topic, timeout=15).topics[topic].partitions
+        parts = [TopicPartition(topic, p, since_ms or 0) for p in numbers]
+        if since_ms is not None:
+            parts = c.offsets_for_times(parts, timeout=15)  # offset -1: nothing written since
+        ends = {tp.partition: c.get_watermark_offsets(tp, timeout=15)[1] for tp in parts}
+        todo = [tp for tp in parts if 0 <= tp.offset < ends[tp.partition]]
+        c.assign(todo)
+        left = {tp.partition for tp in todo}
+        found = []
+        deadline = time.monotonic() + timeout
+        while left:
+            assert time.monotonic() < deadline, f"{topic} not read to its end"
+            for m in c.consume(500, 0.5):
+                if m.error() is None:
+                    found.append(m)
+                    if m.offset() + 1 >= ends[m.partition()]:
+                        left.discard(m.partition())
+        return found
+    finally:
+        c.close()
 
 
 class Running:

@@ -15,9 +15,7 @@ import time
 import uuid
 from collections import Counter
 
-from confluent_kafka import Consumer, TopicPartition
-
-from tests.pipeline_helpers import sink, symbolizer, wait_for
+from tests.pipeline_helpers import messages_to_end, sink, symbolizer, wait_for
 from tests.test_cpu_sampler import workload, workload_binary  # noqa: F401 - fixtures
 
 TOP_LEAF_SQL = """
@@ -94,30 +92,8 @@ def test_agent_loops_until_sigterm_and_sends_each_table_once(kafka_bootstrap, wo
     # which a busy loop may take windows to show), and never again
     sent = sum(int(re.search(r" (\d+) symbol chunks", line).group(1)) for line in windows)
     assert " 0 symbol chunks" not in windows[0] and sent > 0
-    keys = _keys_since(kafka_bootstrap, "symbols", started_ms)
+    keys = [m.key() for m in messages_to_end(kafka_bootstrap, "symbols", started_ms)]
     assert len(keys) == sent and Counter(keys).most_common(1)[0][1] == 1, "".join(windows)
     summary = json.loads(out.splitlines()[-1])
     assert summary["windows"] == len(windows) and summary["samples"] > 0
 
-
-def _keys_since(bootstrap: str, topic: str, since_ms: int) -> list[bytes]:
-    """The keys of every message of `topic` written since `since_ms` (Unix ms), to the topic's end."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"keys-{uuid.uuid4()}", "enable.auto.commit": False})
-    try:
-        parts = [TopicPartition(topic, p, since_ms) for p in c.list_topics(topic, timeout=15).topics[topic].partitions]
-        starts = c.offsets_for_times(parts, timeout=15)
-        ends = {tp.partition: c.get_watermark_offsets(tp, timeout=15)[1] for tp in starts}
-        todo = [tp for tp in starts if 0 <= tp.offset < ends[tp.partition]]
-        c.assign(todo)
-        keys: list[bytes] = []
-        left = {tp.partition for tp in todo}
-        deadline = time.monotonic() + 60
-        while left and time.monotonic() < deadline:
-            for m in c.consume(500, 0.5):
-                if m.error() is None:
-                    keys.append(m.key())
-                    if m.offset() + 1 >= ends[m.partition()]:
-                        left.discard(m.partition())
-        return keys
-    finally:
-        c.close()

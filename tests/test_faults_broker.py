@@ -25,7 +25,7 @@ from fleetprof.broker import LocalBroker
 from processors.runner import EXIT_STUCK
 from schemas import single_object, topics
 from tests.elf_helpers import need
-from tests.pipeline_helpers import Running, sink, wait_for
+from tests.pipeline_helpers import Running, messages_to_end, sink, wait_for
 from tests.test_agent_outage import Agent, broker  # noqa: F401 - the module's own broker (a fixture)
 from tests.test_cpu_sampler import WORKLOAD_C
 from tests.test_scale_out import Instance
@@ -142,30 +142,14 @@ def dead_letters(bootstrap: str) -> int:
 
 def topic_samples(bootstrap: str, node: str, since_s: int, until_s: int) -> int:
     """CPU samples of `node`'s windows starting in [since_s, until_s) that are in cpu.stacks: what reached Kafka."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"count-{uuid.uuid4().hex[:8]}",
-                  "enable.auto.commit": False})
-    try:
-        parts = [TopicPartition(topics.CPU_STACKS.name, p, 0) for p in range(topics.CPU_STACKS.partitions)]
-        ends = {tp.partition: c.get_watermark_offsets(tp, timeout=15)[1] for tp in parts}
-        todo = {p for p, end in ends.items() if end > 0}
-        c.assign([tp for tp in parts if tp.partition in todo])
-        total = 0
-        deadline = time.monotonic() + 60
-        while todo:
-            assert time.monotonic() < deadline, "cpu.stacks not read to its end"
-            for m in c.consume(500, 0.5):
-                if m.error() is not None:
-                    continue
-                if m.offset() + 1 >= ends[m.partition()]:
-                    todo.discard(m.partition())
-                if m.key() != node.encode():
-                    continue
-                _, rec = single_object.decode(m.value(), "CpuStackBatch")
-                if since_s * 10**9 <= rec["window_start_ns"] < until_s * 10**9:
-                    total += sum(s["count"] for p in rec["processes"] for s in p["stacks"])
-        return total
-    finally:
-        c.close()
+    total = 0
+    for m in messages_to_end(bootstrap, topics.CPU_STACKS.name):
+        if m.key() != node.encode():
+            continue
+        _, rec = single_object.decode(m.value(), "CpuStackBatch")
+        if since_s * 10**9 <= rec["window_start_ns"] < until_s * 10**9:
+            total += sum(s["count"] for p in rec["processes"] for s in p["stacks"])
+    return total
 
 
 def restart_broker(broker: LocalBroker, agent: Agent) -> tuple[float, float]:  # noqa: F811
