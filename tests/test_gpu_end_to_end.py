@@ -55,6 +55,13 @@ def test_simulated_gpu_node_end_to_end(bpf_ok, kafka_bootstrap, store, tmp_path:
             return int(rows[0][0] or 0)
         wait_for(lambda: stored_launches() >= sim["weight_sum"], timeout=90, what="the GPU time in the store",
                  running=[sym, cor, snk])
+
+        def cpu_samples_of_workload() -> int:  # --comm below reads them: the CPU batches may land after the GPU rows
+            _, rows = store.query_sql("SELECT count() FROM cpu_samples WHERE node = {n:String} AND comm = {c:String}",
+                                      {"n": node, "c": PERF_PYTHON.name})
+            return int(rows[0][0])
+        wait_for(lambda: cpu_samples_of_workload() > 0, timeout=60, what="the workload's CPU samples in the store",
+                 running=[sym, cor, snk])
         time.sleep(1.0)  # nothing more may arrive
     assert stored_launches() == sim["weight_sum"]
 
