@@ -74,8 +74,8 @@ def parse_pod_list(data: bytes, allowed_labels: tuple[str, ...], max_value_len: 
     pods are skipped."""
     try:
         doc = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise KubeletError("malformed", f"not JSON ({exc})") from None
+    except orjson.JSONDecodeError:
+        raise KubeletError("malformed", f"{len(data)} bytes that are not JSON") from None
     items = doc.get("items") if isinstance(doc, dict) else None
     if not isinstance(items, list):
         raise KubeletError("malformed", "no PodList items")
