@@ -13,12 +13,14 @@ from pathlib import Path
 
 import click
 
+from fleetprof.commands.agent_identity import IdentitySettings, build_resolver, identity_options
 from fleetprof.durations import Duration
 from fleetprof.settings import Settings
 from producers.agent import EXIT_NOTHING_TO_COLLECT, Agent, AgentReport, Records, Window
 from producers.agent_lock import AgentLock, AgentRunning
 from producers.collectors import CollectorOptions, OpenedCollectors, open_collectors
 from producers.cpu_sampler import DEFAULT_MAX_ENTRIES
+from producers.identity_resolver import IdentityResolver
 from producers.kafka_link import KafkaLink
 from producers.kallsyms import KernelSymbols, kernel_build_id, read_kallsyms
 from producers.memory import trim_heap
@@ -45,8 +47,9 @@ FLUSH_S = 60.0  # at exit, how long Kafka may take to acknowledge what is held
 @click.option("--comm", default=None, help="Keep only processes with this command name (as in /proc/PID/comm).")
 @click.option("--cgroup", default=None, help="Keep only processes whose cgroup path starts with this, e.g. "
                                              "/kubepods.slice or /system.slice/docker-<id>.scope.")
-@click.option("--node", default=None, help="Node name in the records; one agent runs per node and data directory. "
-                                           "[default: this host's name]")
+@click.option("--node", envvar="FLEETPROF_NODE", default=None,
+              help="Node name in the records; one agent runs per node and data directory. [env FLEETPROF_NODE; "
+                   "default: this host's name]")
 @click.option("--gpu/--no-gpu", default=True, show_default=True,
               help="Also time CUDA kernels with their launching stacks (fleetprof USDT probes) and poll NVML.")
 @click.option("--nvml-period", type=Duration(), default="1s", show_default=True, help="NVML poll period (at least 1s).")
@@ -90,12 +93,13 @@ FLUSH_S = 60.0  # at exit, how long Kafka may take to acknowledge what is held
               help="Dry run: json (the default) prints one CpuStackBatch per line, one process each, addresses as "
                    "hex strings, then any GpuLaunch, GpuKernel and GpuMetrics records, one per line. Publishing: "
                    "json prints a final summary line on stdout; text (the default) none.")
+@identity_options
 @click.pass_obj
 def agent(settings: Settings, dry_run: bool, once: bool, window: float, frequency: int, pid: int | None,
           comm: str | None, cgroup: str | None, node: str | None, gpu: bool, nvml_period: float, buffer_mb: float,
           stack_entries: int | None, count_entries: int, unwind: str, unwind_cache: Path | None, unwind_rows: int,
           python_frames: bool, metrics_port: int,
-          metrics_host: str, fmt: str | None) -> None:
+          metrics_host: str, fmt: str | None, identity: IdentitySettings) -> None:
     """Run the node agent: CPU stacks (eBPF, needs root), CUDA kernel time with launching stacks (USDT) and NVML
     metrics, published to Kafka with the symbol tables they need sent first. Whatever cannot run here is said in
     one line and the rest keeps running; while Kafka is unreachable (or lacks its topics) records wait in memory and
@@ -108,18 +112,24 @@ def agent(settings: Settings, dry_run: bool, once: bool, window: float, frequenc
                                gpu, nvml_period, stack_entries, count_entries,
                                unwind_dir=(unwind_cache or default_unwind_cache()) if unwind == "tables" else None,
                                unwind_rows=unwind_rows, python_frames=python_frames)
-    if dry_run:
-        _dry_run(options, window)
-    else:
-        _publish(settings, options, window, once, fmt or "text", int(buffer_mb * 2**20), (metrics_host, metrics_port))
+    identities = build_resolver(identity, options.node)
+    identities.start()  # its own thread: the kubelet and pod-resources answers, never on the sampling path
+    try:
+        if dry_run:
+            _dry_run(options, window, identities)
+        else:
+            _publish(settings, options, window, once, fmt or "text", int(buffer_mb * 2**20),
+                     (metrics_host, metrics_port), identities)
+    finally:
+        identities.close()
 
 
 class NothingToCollect(click.ClickException):
     exit_code = EXIT_NOTHING_TO_COLLECT  # `fleetprof up` then leaves the agent off instead of restarting it
 
 
-def _open(options: CollectorOptions, processes: ProcessCache) -> OpenedCollectors:
-    opened = open_collectors(options, processes)
+def _open(options: CollectorOptions, processes: ProcessCache, identities: IdentityResolver) -> OpenedCollectors:
+    opened = open_collectors(options, processes)  # ISSUE17-JOIN: pass identities=identities (helper "wire")
     if not opened.collectors:
         raise NothingToCollect("nothing to collect on this node: " + "; ".join(opened.notes or ["no GPU"]))
     if options.pid is not None:
@@ -148,7 +158,7 @@ def _read_kernel() -> KernelSymbols | None:
 
 
 def _publish(settings: Settings, options: CollectorOptions, window_s: float, once: bool, fmt: str,
-             buffer_bytes: int, metrics: tuple[str, int] = ("127.0.0.1", 0)) -> None:
+             buffer_bytes: int, metrics: tuple[str, int], identities: IdentityResolver) -> None:
     lock = AgentLock(settings.data_dir, options.node)
     try:
         lock.acquire()
@@ -160,9 +170,9 @@ def _publish(settings: Settings, options: CollectorOptions, window_s: float, onc
     options = CollectorOptions(**{**options.__dict__, "kernel_build_id": kernel.build_id if kernel else ""})
     config = settings.kafka_config()
     processes = ProcessCache()
-    opened = _open(options, processes)
+    opened = _open(options, processes, identities)
     if metrics[1]:
-        _serve_metrics(opened, *metrics)
+        _serve_metrics(opened, *metrics, identities)
     wanted = [topics.SYMBOLS.name, topics.CPU_STACKS.name]
     if "gpu" in opened.names():
         wanted += [topics.GPU_LAUNCHES.name, topics.GPU_KERNELS.name]
@@ -170,7 +180,7 @@ def _publish(settings: Settings, options: CollectorOptions, window_s: float, onc
         wanted.append(topics.GPU_METRICS.name)
     link = KafkaLink(config, wanted)
     publisher = Publisher({**config, "log_level": 0})  # connection trouble: the link says it, once per change
-    encoder = OutboxEncoder(kernel, max_bytes=link.max_bytes, perf_maps=processes.perf_maps)
+    encoder = OutboxEncoder(kernel, max_bytes=link.max_bytes, perf_maps=processes.perf_maps)  # ISSUE17-JOIN: identities
     outbox = Outbox(publisher, link, encoder, buffer_bytes)
     lines = WindowLines(outbox, opened)
     agent = Agent(opened.collectors, outbox, window_s, on_window=lines.print, align=not once)
@@ -204,9 +214,10 @@ def _publish(settings: Settings, options: CollectorOptions, window_s: float, onc
                                    f"{outbox.unconfirmed} messages not confirmed")
 
 
-def _serve_metrics(opened: OpenedCollectors, host: str, port: int) -> None:
+def _serve_metrics(opened: OpenedCollectors, host: str, port: int, identities: IdentityResolver) -> None:
     from prometheus_client import REGISTRY, start_http_server
 
+    from producers.identity_metrics import IdentityMetrics
     from producers.unwind_metrics import UnwindMetrics
 
     if host not in ("127.0.0.1", "::1", "localhost"):
@@ -214,6 +225,7 @@ def _serve_metrics(opened: OpenedCollectors, host: str, port: int) -> None:
     cpu = next((c for c in opened.collectors if c.name == "cpu"), None)
     if cpu is not None and cpu.unwind is not None:
         REGISTRY.register(UnwindMetrics(cpu.unwind))
+    REGISTRY.register(IdentityMetrics(identities))
     start_http_server(port, addr=host)
 
 
@@ -313,10 +325,10 @@ class DryRunOutlet:
         return total
 
 
-def _dry_run(options: CollectorOptions, window_s: float) -> None:
+def _dry_run(options: CollectorOptions, window_s: float, identities: IdentityResolver) -> None:
     options = CollectorOptions(**{**options.__dict__, "kernel_build_id": kernel_build_id()})
     processes = ProcessCache()
-    opened = _open(options, processes)
+    opened = _open(options, processes, identities)
     outlet = DryRunOutlet()
     try:
         agent = Agent(opened.collectors, outlet, window_s)
