@@ -120,8 +120,9 @@ def test_every_resource_is_valid_against_the_kubernetes_schemas(rendered, tmp_pa
     (tmp_path / "rendered.yaml").write_text(rendered)
     report = kubeconform(tmp_path / "rendered.yaml", EXAMPLE_SECRETS)
     assert report["resources"] == []  # only resources with a problem are listed
-    # the rendered kustomization (namespace, ConfigMap, DaemonSet, 4 Deployments) and the 4 example Secrets
-    assert report["summary"] == {"valid": 11, "invalid": 0, "errors": 0, "skipped": 0}
+    # the rendered kustomization (namespace, ConfigMap, the agent's ServiceAccount, ClusterRole and ClusterRoleBinding,
+    # DaemonSet, 4 Deployments) and the 4 example Secrets
+    assert report["summary"] == {"valid": 14, "invalid": 0, "errors": 0, "skipped": 0}
 
 
 def test_kubeconform_catches_a_misspelt_field(tmp_path):
@@ -145,12 +146,15 @@ def workloads(resources: list[dict]) -> dict[str, dict]:
 
 
 def container_env(container: dict, config: dict[str, str], secrets: dict[str, dict[str, str]]) -> dict[str, str]:
-    """The environment a container starts with: ConfigMap entries, then env, secrets from the example Secrets."""
+    """The environment a container starts with: ConfigMap entries, then env, secrets from the example Secrets;
+    $(NAME) in a value expands to a variable defined before it, as Kubernetes does."""
     env = dict(config) if container.get("envFrom") else {}
     for var in container.get("env", []):
         ref = var.get("valueFrom", {})
         if "value" in var:
-            env[var["name"]] = var["value"]
+            env[var["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), var["value"])
+        elif "configMapKeyRef" in ref:
+            env[var["name"]] = config[ref["configMapKeyRef"]["key"]]
         elif "secretKeyRef" in ref:
             env[var["name"]] = secrets[ref["secretKeyRef"]["name"]][ref["secretKeyRef"]["key"]]
         elif "fieldRef" in ref:
@@ -234,6 +238,9 @@ def test_secret_and_config_references_resolve(resources):
             ref = var.get("valueFrom", {}).get("secretKeyRef")
             if ref:
                 assert ref["key"] in secrets.get(ref["name"], {}), ref
+            ref = var.get("valueFrom", {}).get("configMapKeyRef")
+            if ref:
+                assert ref["name"] in config_names and ref["key"] in config_map(resources), ref
 
 
 def test_the_agent_has_what_bpf_and_nvml_need(resources):
@@ -243,7 +250,7 @@ def test_the_agent_has_what_bpf_and_nvml_need(resources):
     assert container["securityContext"]["privileged"] is True
     mounts = {m["mountPath"]: m.get("readOnly", False) for m in container["volumeMounts"]}
     assert mounts == {"/sys/kernel/debug": False, "/sys/kernel/tracing": False, "/sys/fs/bpf": False,
-                      "/lib/modules": True, "/usr/src": True}
+                      "/lib/modules": True, "/usr/src": True, "/var/lib/kubelet/pod-resources": True}
     host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
     assert {m["mountPath"] for m in container["volumeMounts"]} == set(host_paths.values())
     env = {v["name"]: v.get("value") for v in container["env"]}
