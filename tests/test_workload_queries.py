@@ -4,6 +4,7 @@ rollups and the 10 s windows, with rows of older agents ('' identity) left out b
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 
 import pytest
@@ -150,3 +151,103 @@ def test_cpu_while_gpu_idle_per_workload(store):
     assert stacks == [("main;run;compute", 6, 1.0, 1, 2)]
     _, none = store.query_named("cpu_while_gpu_idle", {**window, "namespace": "infra"})
     assert none == []
+
+
+def cost_csv(rows, *args: str) -> str:
+    from click.testing import CliRunner
+
+    from fleetprof.cli import cli
+    from fleetprof.commands import COMMANDS
+    from tests.test_cost_report import silent_address
+
+    for command in COMMANDS:
+        cli.add_command(command)
+    base = ["--data-dir", os.path.dirname(rows.store.location), "--database", rows.store.database]
+    window = ["--since", rows.nvml_since.isoformat(), "--until", rows.nvml_until.isoformat()]
+    result = CliRunner().invoke(cli, [*base, "report", "cost", *window, "--price-per-gpu-hour", "2", *args],
+                                env={"FLEETPROF_API": silent_address(), "FLEETPROF_CLICKHOUSE": ""})
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+COST = {
+    "pod": ["pod,gpu_hours,busy_hours,idle_hours,cost,busy_cost,idle_cost",
+            "unattributed,2.000000,0.650000,1.350000,4.000000,1.300000,2.700000",
+            "ml/train-0,1.000000,0.750000,0.250000,2.000000,1.500000,0.500000",
+            "infra/train-0,0.250000,0.125000,0.125000,0.500000,0.250000,0.250000",
+            "ml/serve-0,0.250000,0.125000,0.125000,0.500000,0.250000,0.250000",
+            "total,3.500000,1.650000,1.850000,7.000000,3.300000,3.700000"],
+    "job": ["job,gpu_hours,busy_hours,idle_hours,cost,busy_cost,idle_cost",
+            "unattributed,1.750000,0.650000,1.100000,3.500000,1.300000,2.200000",
+            "ml/train,1.000000,0.750000,0.250000,2.000000,1.500000,0.500000",
+            "4240_2,0.500000,0.125000,0.375000,1.000000,0.250000,0.750000",
+            "infra/nightly,0.250000,0.125000,0.125000,0.500000,0.250000,0.250000",
+            "total,3.500000,1.650000,1.850000,7.000000,3.300000,3.700000"],
+    "namespace": ["namespace,gpu_hours,busy_hours,idle_hours,cost,busy_cost,idle_cost",
+                  "unattributed,2.000000,0.650000,1.350000,4.000000,1.300000,2.700000",
+                  "ml,1.250000,0.875000,0.375000,2.500000,1.750000,0.750000",
+                  "infra,0.250000,0.125000,0.125000,0.500000,0.250000,0.250000",
+                  "total,3.500000,1.650000,1.850000,7.000000,3.300000,3.700000"],
+    "team": ["team,gpu_hours,busy_hours,idle_hours,cost,busy_cost,idle_cost",
+             "unattributed,1.750000,0.650000,1.100000,3.500000,1.300000,2.200000",
+             "vision,1.000000,0.750000,0.250000,2.000000,1.500000,0.500000",
+             "physics,0.500000,0.125000,0.375000,1.000000,0.250000,0.750000",
+             "search,0.250000,0.125000,0.125000,0.500000,0.250000,0.250000",
+             "total,3.500000,1.650000,1.850000,7.000000,3.300000,3.700000"],
+}
+
+
+@pytest.mark.parametrize("by", list(COST))
+def test_cost_report_by_workload(rows, by):
+    assert cost_csv(rows, "--by", by, "--format", "csv").splitlines() == COST[by]
+
+
+def test_cost_report_by_pod_text_and_html(rows):
+    text = cost_csv(rows, "--by", "pod")
+    assert "GPU-hours by pod" in text and "ml/train-0" in text and "unattributed" in text
+    assert "Workload GPU-hours: a GPU's go to the pod that holds it" in text
+    html = cost_csv(rows, "--by", "pod", "--format", "html")
+    assert "GPU cost by pod" in html and "ml/train-0" in html and "infra/train-0" in html
+    assert cost_csv(rows, "--format", "csv").splitlines()[0].startswith("node,")  # the default grouping is kept
+
+
+def cli(rows, *args: str, api: str | None = None):
+    from click.testing import CliRunner
+
+    from fleetprof.cli import cli as root
+    from fleetprof.commands import COMMANDS
+    from tests.test_cost_report import silent_address
+
+    for command in COMMANDS:
+        root.add_command(command)
+    base = ["--data-dir", os.path.dirname(rows.store.location), "--database", rows.store.database]
+    return CliRunner().invoke(root, [*base, *args], env={"FLEETPROF_API": api or silent_address(),
+                                                        "FLEETPROF_CLICKHOUSE": ""})
+
+
+@pytest.mark.parametrize("through_api", [False, True])
+def test_query_cli_workload_options(rows, through_api):
+    from fleetprof.api import serve_api
+
+    server = serve_api(rows.store, "127.0.0.1", 0) if through_api else None
+    api = server.address if server else None
+    window = ["--since", rows.since.isoformat(), "--until", rows.until.isoformat()]
+    try:
+        top = cli(rows, "query", "top", *window, "--pod", "infra/train-0", "--format", "csv", api=api)
+        assert top.exit_code == 0, top.output
+        assert top.stdout.splitlines()[1:] == ["compute,app,48,48,1.0", "main,app,0,48,0.0", "run,app,0,48,0.0"]
+        flame = cli(rows, "query", "flamegraph", *window, "--kind", "gpu", "--job", "4240_2", "--merge-processes",
+                    api=api)
+        assert flame.stdout == "main;launch;gemm 24000\n"
+        empty = cli(rows, "query", "top", *window, "--namespace", "ml", "--container", "server", "--job", "x",
+                    api=api)
+        assert "for namespace 'ml' and job 'x' and container 'server'" in empty.stderr
+        nvml = ["--since", rows.nvml_since.isoformat(), "--until", rows.nvml_until.isoformat()]
+        metrics = cli(rows, "query", "metrics", *nvml, "--namespace", "ml", "--format", "csv", "--columns",
+                      "node,uuid", api=api)
+        assert metrics.exit_code == 0, metrics.output
+        assert sorted(set(metrics.stdout.splitlines()[1:])) == ["n1,GPU-a", "n2,GPU-c"]
+        assert len(metrics.stdout.splitlines()) == 541
+    finally:
+        if server:
+            server.stop()
