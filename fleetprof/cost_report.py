@@ -16,13 +16,14 @@ from typing import Any
 
 from fleetprof.query_client import QueryTarget
 from fleetprof.simulated_sources import simulated_sources
+from fleetprof.workload_filters import UNATTRIBUTED
 from processors.demangle import demangle
 
 BY_CHOICES = ("node", "gpu", "process", "container", "kernel", "namespace", "pod", "job", "team")
 # --by groupings by workload identity: GPU-hours from sql/queries/gpu_utilization_by_workload.sql, whose GPU-level
 # sums are gpu_idle_time's; a GPU's hours go to the pod that holds it, else to its processes' workloads, else nobody
 WORKLOAD_BY = ("namespace", "pod", "job", "team")
-UNATTRIBUTED = "unattributed"  # the group of GPU-hours no workload had (or whose workload has no such field)
+
 # The group columns each --by shows, and what identifies a group in a gpu_idle_time row.
 KEY_COLUMNS = {"node": ["node"], "gpu": ["node", "gpu"], "process": ["node", "pid", "comm"],
                "container": ["container"], "kernel": ["kernel"], **{by: [by] for by in WORKLOAD_BY}}

@@ -14,8 +14,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from fleetprof.cost_report import UNATTRIBUTED, WORKLOAD_BY, CostReport, Hours, KernelTime
+from fleetprof.cost_report import WORKLOAD_BY, CostReport, Hours, KernelTime
 from fleetprof.simulated_sources import simulated_line
+from fleetprof.workload_filters import UNATTRIBUTED
 
 NO_CONTAINER = "(no container)"
 CENT = Decimal("0.01")

@@ -7,9 +7,9 @@ from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any
 
-from fleetprof.commands.workload_options import WORKLOAD_FILTERS, workload_text
 from fleetprof.query_client import QueryError, QueryTarget
 from fleetprof.simulated_sources import simulated_line, simulated_sources
+from fleetprof.workload_filters import WORKLOAD_FILTERS, workload_text
 
 KNOWN_SHOWN = 20  # values named at the most, the busiest first
 # what each source's data is, in "no ... from <since> to <until>"

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-WORKLOAD_FILTERS = ("namespace", "pod", "job", "container")
+from fleetprof.workload_filters import WORKLOAD_FILTERS
 
 _HELP = {
     "namespace": "Only workloads in this Kubernetes namespace.",
@@ -34,7 +34,3 @@ def workload_options(func: Callable[..., Any]) -> Callable[..., Any]:
         wrapped = click.option(f"--{name}", default=None, metavar=name.upper(), help=_HELP[name])(wrapped)
     return wrapped
 
-
-def workload_text(workload: dict[str, str]) -> str:
-    """The given filters as words for messages: "pod 'ml/train-0' and job '4242'" ('' when none)."""
-    return " and ".join(f"{name} {value!r}" for name, value in workload.items() if value)
