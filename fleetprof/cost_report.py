@@ -16,12 +16,17 @@ from typing import Any
 
 from fleetprof.query_client import QueryTarget
 from fleetprof.simulated_sources import simulated_sources
+from fleetprof.workload_filters import UNATTRIBUTED
 from processors.demangle import demangle
 
-BY_CHOICES = ("node", "gpu", "process", "container", "kernel")
+BY_CHOICES = ("node", "gpu", "process", "container", "kernel", "namespace", "pod", "job", "team")
+# --by groupings by workload identity: GPU-hours from sql/queries/gpu_utilization_by_workload.sql, whose GPU-level
+# sums are gpu_idle_time's; a GPU's hours go to the pod that holds it, else to its processes' workloads, else nobody
+WORKLOAD_BY = ("namespace", "pod", "job", "team")
+
 # The group columns each --by shows, and what identifies a group in a gpu_idle_time row.
 KEY_COLUMNS = {"node": ["node"], "gpu": ["node", "gpu"], "process": ["node", "pid", "comm"],
-               "container": ["container"], "kernel": ["kernel"]}
+               "container": ["container"], "kernel": ["kernel"], **{by: [by] for by in WORKLOAD_BY}}
 _KEYS: dict[str, Callable[[dict[str, Any]], tuple]] = {
     "node": lambda r: (r["node"],),
     "gpu": lambda r: (r["node"], r["gpu_index"]),
@@ -124,6 +129,19 @@ def group_hours(records: list[dict[str, Any]], by: str) -> list[Hours]:
     return sorted(groups, key=lambda h: (-h.gpu, h.key))  # within one --by, keys are tuples of the same types
 
 
+def workload_hours(target: QueryTarget, params: dict[str, Any]) -> list[Hours]:
+    """gpu_utilization_by_workload's rows as groups (seconds to hours), most GPU-hours first, then by key; the hours
+    of no workload keyed UNATTRIBUTED."""
+    sums: dict[tuple, list[float]] = {}
+    for rec in _records(*target.named("gpu_utilization_by_workload", params)):
+        acc = sums.setdefault((rec["workload"] or UNATTRIBUTED,), [0.0, 0.0, 0.0])
+        acc[0] += rec["covered_s"]
+        acc[1] += rec["busy_s"]
+        acc[2] += rec["idle_s"]
+    groups = [Hours(key, *(s / SECONDS_PER_HOUR for s in acc)) for key, acc in sums.items()]
+    return sorted(groups, key=lambda h: (-h.gpu, h.key))
+
+
 def total_of(groups: list[Hours]) -> Hours:
     """The sum of the groups, keyed ("total",)."""
     return Hours(("total",), sum(g.gpu for g in groups), sum(g.busy for g in groups), sum(g.idle for g in groups))
@@ -145,7 +163,10 @@ def build_report(target: QueryTarget, *, since: datetime, until: datetime, price
         old = names.get(name, KernelTime(name, 0.0, 0))
         names[name] = KernelTime(name, old.hours + int(k["gpu_ns"]) / NS_PER_HOUR, old.launches + int(k["launches"]))
     gpus = total_of(group_hours(idle, "gpu"))
-    groups = [] if by == "kernel" else group_hours(idle, by)
+    if by in WORKLOAD_BY:
+        groups = workload_hours(target, {**window, "max_gap_s": max_gap_s, "by": by})
+    else:
+        groups = [] if by == "kernel" else group_hours(idle, by)
     unknown_s = sum(r["unknown_s"] for r in idle if r["level"] == "gpu")
     return CostReport(
         since=since, until=until, price=price, by=by, node=node, max_gap_s=max_gap_s, top=top,

@@ -14,12 +14,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from fleetprof.cost_report import CostReport, Hours, KernelTime
+from fleetprof.cost_report import WORKLOAD_BY, CostReport, Hours, KernelTime
 from fleetprof.simulated_sources import simulated_line
+from fleetprof.workload_filters import UNATTRIBUTED
 
 NO_CONTAINER = "(no container)"
 CENT = Decimal("0.01")
-BY_TITLES = {"node": "node", "gpu": "GPU", "process": "process", "container": "container", "kernel": "kernel"}
+BY_TITLES = {"node": "node", "gpu": "GPU", "process": "process", "container": "container", "kernel": "kernel",
+             "namespace": "namespace", "pod": "pod", "job": "job", "team": "team"}
 SIMULATED_MARK = " (simulated)"  # after a node whose NVML readings were simulated
 STACK_TOP_FRAMES = 4  # frames of a launching stack shown, the launch's end; --full-stacks shows them all
 
@@ -110,6 +112,9 @@ def summary_lines(report: CostReport) -> list[str]:
     if report.by in ("process", "container"):
         lines.append("Process GPU-hours: time a process was listed on a GPU with a utilization sample; processes "
                      "sharing a GPU each count")
+    if report.by in WORKLOAD_BY:
+        lines.append("Workload GPU-hours: a GPU's go to the pod that holds it, else to the workloads of the processes "
+                     f"listed on it (split evenly), else to '{UNATTRIBUTED}'")
     lines.append(f"Each NVML reading stands for the time to the next one, at most {report.max_gap_s:g} s "
                  "(see sql/queries/gpu_idle_time.sql)")
     return lines

@@ -311,6 +311,12 @@ def query_cases(base: datetime) -> dict[str, tuple[str, dict]]:
         cases[f"{name}[hours,nvtx_level=1,nvtx_range=step]"] = (name, {**cases[name][1], **hours, "nvtx_level": 1,
                                                                       "nvtx_range": "step"})
     cases["gpu_metrics[node=n3,gpu=0]"] = ("gpu_metrics", {**cases["gpu_metrics"][1], "node": "n3", "gpu": 0})
+    # the workload filters (0015): an IN over workload_identities, through its Distributed table
+    for name in ("flamegraph_cpu", "flamegraph_ids_gpu", "top_kernels_gpu", "gpu_metrics", "cpu_while_gpu_idle",
+                 "gpu_utilization_by_workload"):
+        cases[f"{name}[namespace=ml,job=7]"] = (name, {**cases[name][1], "namespace": "ml", "job": "7"})
+    cases["flamegraph_cpu[hours,pod=ml/a]"] = ("flamegraph_cpu", {**cases["flamegraph_cpu"][1], **hours,
+                                                                   "pod": "ml/a"})
     return cases
 
 

@@ -192,7 +192,7 @@ def test_empty_range(costs):
     (["--price-per-gpu-hour", "nan"], "--price-per-gpu-hour wants a finite number >= 0, got 'nan'"),
     ([], "give --price-per-gpu-hour PRICE (what one GPU-hour costs)"),
     (["--price-per-gpu-hour", "1", "--by", "rack"],
-     "--by wants one of node, gpu, process, container, kernel, got 'rack'"),
+     "--by wants one of node, gpu, process, container, kernel, namespace, pod, job, team, got 'rack'"),
     (["--price-per-gpu-hour", "1", "--since", "yesterday"],
      "not a time: 'yesterday' (use 5m, 2h, 7d, epoch seconds or ISO-8601)"),
     (["--price-per-gpu-hour", "1", "--since", "2025-01-02", "--until", "2025-01-01"], "must be before --until"),

@@ -14,6 +14,7 @@ from fleetprof.commands.query_metrics import metrics
 from fleetprof.commands.query_notes import simulated_note, why_empty
 from fleetprof.commands.sql import emit
 from fleetprof.commands.time_range import time_range
+from fleetprof.commands.workload_options import workload_options
 from fleetprof.flamegraph_formats import BINARY_FORMATS, FORMATS
 from fleetprof.gpu_filters import WHAT_CHOICES
 from fleetprof.profile_kinds import KINDS, export_profile
@@ -61,7 +62,8 @@ def _run(settings: Settings, work: Any) -> Any:
 
 
 def range_options(func: Any) -> Any:
-    """--kind, --since, --until, --node, --pid, --comm, --collectives: shared by every profile query."""
+    """--kind, --since, --until, --node, --pid, --comm, --collectives, --what, --nvtx-range and the workload filters
+    (--namespace, --pod, --job, --container, passed as `workload`): shared by every profile query."""
     for option in reversed([
         click.option("--kind", type=click.Choice(list(KINDS)), default="cpu", show_default=True,
                      help="cpu: CPU samples by stack; gpu: GPU kernel time (ns) by the CPU stack that launched each "
@@ -84,7 +86,7 @@ def range_options(func: Any) -> Any:
                           "a path starting with those ranges ('step > forward'). Whole names, exactly."),
     ]):
         func = option(func)
-    return func
+    return workload_options(func)
 
 
 @click.group()
@@ -101,7 +103,8 @@ query.add_command(metrics)
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
 @click.pass_obj
 def top(settings: Settings, kind: str, since: str, until: str, node: str | None, pid: int | None,
-        comm: str | None, collectives: str, what: str, nvtx_range: str | None, limit: int, fmt: str) -> None:
+        comm: str | None, collectives: str, what: str, nvtx_range: str | None, limit: int, fmt: str,
+        workload: dict[str, str]) -> None:
     """Top functions by self samples (gpu: kernels and launching functions by self GPU time), with total
     (inclusive) samples or time and the share of all in the range.
 
@@ -111,7 +114,7 @@ def top(settings: Settings, kind: str, since: str, until: str, node: str | None,
     ('' for a launching function). A line on stderr says when the rows come from a simulated source, and why an
     empty result is empty."""
     start, end = time_range(since, until)
-    filters = _filters(node, pid, comm, kind, collectives, what, nvtx_range)
+    filters = {**_filters(node, pid, comm, kind, collectives, what, nvtx_range), **workload}
     params = {"since": start, "until": end, **filters}
     queries = KINDS[kind]
 
@@ -179,7 +182,7 @@ def say_if_empty(settings: Settings, kind: str, start: datetime, end: datetime, 
 @click.pass_obj
 def flamegraph(settings: Settings, kind: str, since: str, until: str, node: str | None, pid: int | None,
                comm: str | None, collectives: str, what: str, nvtx_range: str | None, fmt: str,
-               merge_processes: bool, nvtx_level: bool, output: Path | None) -> None:
+               merge_processes: bool, nvtx_level: bool, output: Path | None, workload: dict[str, str]) -> None:
     """Stacks over the range, root first, with their CPU sample counts (gpu: the launching CPU stack with the
     kernel as the leaf, and its GPU time in ns), in a flame graph format.
 
@@ -197,7 +200,7 @@ def flamegraph(settings: Settings, kind: str, since: str, until: str, node: str 
     if output is None and fmt in BINARY_FORMATS and out.isatty():
         raise click.ClickException(f"{fmt} output is binary: write it to a file with -o FILE (or redirect stdout)")
     start, end = time_range(since, until)
-    filters = _filters(node, pid, comm, kind, collectives, what, nvtx_range)
+    filters = {**_filters(node, pid, comm, kind, collectives, what, nvtx_range), **workload}
     if nvtx_level and kind != "gpu":
         raise click.UsageError("--nvtx-level shows NVTX ranges of GPU time: it goes with --kind gpu")
     flame_filters = {**filters, "nvtx_level": int(nvtx_level)} if kind == "gpu" else filters

@@ -11,6 +11,7 @@ import click
 from fleetprof.commands.query_notes import simulated_note, why_empty
 from fleetprof.commands.sql import emit
 from fleetprof.commands.time_range import time_range
+from fleetprof.commands.workload_options import workload_options
 from fleetprof.query_client import QueryError, QueryTarget, query_target
 from fleetprof.settings import Settings
 from fleetprof.table_format import GIB, cell, print_table, say_no_rows
@@ -117,26 +118,30 @@ def metrics_table(columns: list[str], rows: list[list[Any]], shown: list[str]) -
 @click.option("--limit", type=click.IntRange(min=1, max=2**32 - 1), default=100_000, show_default=True,
               help="At most this many rows.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
+@workload_options
 @click.pass_obj
 def metrics(settings: Settings, since: str, until: str, node: str | None, gpu: int | None, processes: bool,
-            columns_text: str | None, limit: int, fmt: str) -> None:
+            columns_text: str | None, limit: int, fmt: str, workload: dict[str, str]) -> None:
     """GPU metrics from NVML over the range, oldest first per node: one row per device and poll.
 
     The table shows memory in GiB, power in W, PCIe throughput in MB/s, clocks in MHz, temperatures in °C and
     utilization in %; CSV and JSON keep the stored units (bytes, mW, KiB/s) and the `simulated` column. Empty cells
-    (null in JSON) are readings NVML could not give on that device. Goes through the API of the process that owns
-    the store if one answers, else opens the store itself.
+    (null in JSON) are readings NVML could not give on that device. With a workload filter, a device's readings are
+    those while the pod holding it (or, where none is known, a process listed on it) was of that workload. Goes
+    through the API of the process that owns the store if one answers, else opens the store itself.
     """
     chosen = chosen_columns(columns_text, processes)
     start, end = time_range(since, until)
     # '' and -1 mean "no filter" to the named queries
-    params = {"since": start, "until": end, "node": node or "", "gpu": -1 if gpu is None else gpu, "limit": limit}
+    params = {"since": start, "until": end, "node": node or "", "gpu": -1 if gpu is None else gpu, "limit": limit,
+              **workload}
     what = "GPU process metrics" if processes else "GPU metrics"
 
     def work(target: QueryTarget) -> tuple[list[str], list[list[Any]], str | None, str | None]:
         columns, rows = target.named(QUERIES[processes], params)
         if not rows:
-            return columns, rows, why_empty(target, "nvml", start, end, {"node": node, "gpu": gpu}, what), None
+            given = {"node": node, "gpu": gpu, **workload}
+            return columns, rows, why_empty(target, "nvml", start, end, given, what), None
         if fmt != "table":
             return columns, rows, None, None  # CSV and JSON rows carry their own `simulated` column
         shown = {row[columns.index("node")] for row in rows}

@@ -9,6 +9,7 @@ from typing import Any
 
 from fleetprof.query_client import QueryError, QueryTarget
 from fleetprof.simulated_sources import simulated_line, simulated_sources
+from fleetprof.workload_filters import WORKLOAD_FILTERS, workload_text
 
 KNOWN_SHOWN = 20  # values named at the most, the busiest first
 # what each source's data is, in "no ... from <since> to <until>"
@@ -33,11 +34,15 @@ def _shown(field: str, value: Any) -> str:
 def why_empty(target: QueryTarget, source: str, start: datetime, end: datetime, filters: dict[str, Any],
               what: str | None = None) -> str:
     """Why a query of `source` ('cpu', 'gpu', 'nvml') over [start, end) with these filters (node, pid, comm, gpu;
-    unset: None, '', 0, -1) found nothing, for "0 rows: …": the filters that name nothing in the range, with the
-    values they could take (the busiest first, at most KNOWN_SHOWN), else that there is no `what` (default: the
-    source's data) in the range with those filters, or none at all."""
+    unset: None, '', 0, -1; the workload filters, named in the message when given) found nothing, for "0 rows: …":
+    the filters that name nothing in the range, with the values they could take (the busiest first, at most
+    KNOWN_SHOWN), else that there is no `what` (default: the source's data) in the range with those filters, or none
+    at all."""
     given = {k: v for k, v in filters.items() if k in _UNSET and v is not None and v != _UNSET[k]}
+    workload = workload_text({k: filters.get(k) or "" for k in WORKLOAD_FILTERS})
     nothing = f"no {what or WHAT[source]} from {start.isoformat()} to {end.isoformat()}"
+    if workload:
+        nothing = f"{nothing} for {workload}"
     if not given:
         return nothing
     params = {"since": start, "until": end, "source": source, "limit": KNOWN_SHOWN,

@@ -32,7 +32,9 @@ def report() -> None:
               help="What one GPU-hour costs (any currency). Required.")
 @click.option("--by", "by_text", default="node", show_default=True, metavar="|".join(BY_CHOICES),
               help="Group GPU-hours by node or GPU (NVML device readings), by process or container (NVML's "
-                   "per-process readings), or show GPU time by kernel.")
+                   "per-process readings), by workload: namespace, pod, Slurm or Kubernetes job, team (a GPU's "
+                   "hours go to the pod that holds it, else to its processes' workloads, else to 'unattributed'), "
+                   "or show GPU time by kernel.")
 @click.option("--node", default=None, help="Only this node.")
 @click.option("--top", type=click.IntRange(min=1, max=10_000), default=10, show_default=True,
               help="Rows in the top kernels and top launching stacks sections.")

@@ -9,10 +9,13 @@
   GET /api/flamegraph/diff      the range against base_since / base_until
   GET /api/timeline             the sampled GPU kernels, copies and sets of from..to (at most timeline.MAX_RANGE_S),
                                 one bar each, per node, device and stream (see timeline.py); node, pid, collectives
+  GET /api/workloads            GPU utilization per workload (by=namespace|pod|job|team|container): GPUs,
+                                GPU-hours, busy and idle hours, mean utilization (gpu_utilization_by_workload)
   GET /api/export               the range as pprof, folded, speedscope, json or html: the same bytes as
                                 `fleetprof query flamegraph --format F` with the same options
 Parameters: since, until (5m, 2h, epoch seconds or ISO-8601; a relative since counts back from until), kind=cpu|gpu,
-node, pid, comm ('' and 0 mean "all"); for kind=gpu, collectives=all|hide|only: NCCL's collective kernels shown,
+node, pid, comm ('' and 0 mean "all"); namespace, pod, job, container: the workload filters of every endpoint
+('' = all; sql/parts/workload_match.sql); for kind=gpu, collectives=all|hide|only: NCCL's collective kernels shown,
 left out or alone (the flame graphs and the export; NCCL kernels read as fleetprof/collectives.py labels them);
 what=all|kernels|copies (memory copies and sets, '[memcpy HtoD]' and '[memset]' leaves), nvtx_range=RANGE (only GPU
 time under a matching NVTX range, fleetprof/gpu_filters.py) and nvtx_level=0|1 (the range path as '[nvtx] <range>'
@@ -47,6 +50,7 @@ from fleetprof.query_client import QueryError, QueryTarget, StoreTarget
 from fleetprof.simulated_sources import simulated_line, simulated_sources
 from fleetprof.store import Store, StoreError, one_line, parse_time
 from fleetprof.webui import STATIC_DIR, model, timeline
+from fleetprof.workload_filters import WORKLOAD_BY, WORKLOAD_FILTERS
 from processors.correlate_samples import GPU_BINARY
 
 try:
@@ -108,7 +112,7 @@ def _filters(request: Request, comm: bool = True, kind: str | None = None) -> di
     pid_text = q.get("pid") or "0"
     if not (pid_text.isascii() and pid_text.isdigit()) or int(pid_text) >= 2**32:
         raise BadRequest(f"pid must be a process id (0 for all), not {pid_text!r}")
-    filters: dict[str, Any] = {"node": q.get("node", ""), "pid": int(pid_text)}
+    filters: dict[str, Any] = {"node": q.get("node", ""), "pid": int(pid_text), **_workload(request)}
     if comm:
         filters["comm"] = q.get("comm", "")
     if kind is None:
@@ -121,6 +125,11 @@ def _filters(request: Request, comm: bool = True, kind: str | None = None) -> di
     elif collectives != "all":
         raise BadRequest("collectives picks NCCL kernels: it goes with kind=gpu")
     return {**filters, **_gpu_filters(request, kind)}
+
+
+def _workload(request: Request) -> dict[str, str]:
+    """namespace, pod, job and container ('' = no filter), as the named queries take them."""
+    return {name: request.query_params.get(name, "") for name in WORKLOAD_FILTERS}
 
 
 def _gpu_filters(request: Request, kind: str) -> dict[str, Any]:
@@ -253,7 +262,7 @@ def ui_routes(target: QueryTarget) -> list[BaseRoute]:
         since, until = _window(request)
         filters = _filters(request, comm=False)
         step = model.step_ms(since, until)
-        window = {"since": since, "until": until, "node": filters["node"]}
+        window = {"since": since, "until": until, "node": filters["node"], **_workload(request)}
         limit = {"step_ms": step, "limit": SERIES_ROW_LIMIT}
         dev_cols, dev_rows = target.named("ui_gpu_series", {**window, **limit})
         proc_cols, proc_rows = target.named("ui_gpu_process_series", {**window, "pid": filters["pid"], **limit})
@@ -275,8 +284,20 @@ def ui_routes(target: QueryTarget) -> list[BaseRoute]:
     def processes(request: Request) -> Response:
         since, until = _window(request)
         columns, rows = target.named("ui_processes", {"since": since, "until": until,
-                                                      "node": request.query_params.get("node", "")})
+                                                      "node": request.query_params.get("node", ""),
+                                                      **_workload(request)})
         return _json(request, {"processes": [dict(zip(columns, r, strict=True)) for r in rows]})
+
+    def workloads(request: Request) -> Response:
+        since, until = _window(request)
+        by = request.query_params.get("by") or "pod"
+        if by not in WORKLOAD_BY:
+            raise BadRequest(f"by must be one of {', '.join(WORKLOAD_BY)}, not {by!r}")
+        columns, rows = target.named("gpu_utilization_by_workload", {
+            "since": since, "until": until, "node": request.query_params.get("node", ""), "by": by,
+            **_workload(request)})
+        return _json(request, {"since_ms": _ms(since), "until_ms": _ms(until), "by": by,
+                               "workloads": [dict(zip(columns, r, strict=True)) for r in rows]})
 
     def stacks(kind: str, since: datetime, until: datetime, filters: dict[str, Any]) -> model.StackIds:
         return _stack_ids(target, f"flamegraph_ids_{kind}", {"since": since, "until": until, **filters})
@@ -350,6 +371,7 @@ def ui_routes(target: QueryTarget) -> list[BaseRoute]:
         Route("/api/timeseries", _answering(timeseries), methods=["GET"]),
         Route("/api/nodes", _answering(nodes), methods=["GET"]),
         Route("/api/processes", _answering(processes), methods=["GET"]),
+        Route("/api/workloads", _answering(workloads), methods=["GET"]),
         Route("/api/flamegraph", _answering(flamegraph), methods=["GET"]),
         Route("/api/flamegraph/diff", _answering(flamegraph_diff), methods=["GET"]),
         Route("/api/export", _answering(export), methods=["GET"]),

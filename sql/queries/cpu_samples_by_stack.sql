@@ -8,6 +8,10 @@
 -- @default node =
 -- @default pid = 0
 -- @default comm =
+-- @default namespace =
+-- @default pod =
+-- @default job =
+-- @default container =
 WITH
     -- [first_hour, end_hour): the whole UTC hours inside the range; empty (first_hour >= end_hour) for a short one
     toStartOfHour({since:DateTime} + INTERVAL 3599 SECOND, 'UTC') AS first_hour,
@@ -19,6 +23,7 @@ FROM
     FROM cpu_samples_1h
     WHERE hour >= first_hour AND hour < end_hour
       AND ({node:String} = '' OR node = {node:String})
+      -- @include workload_filter
       AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
       AND ({comm:String} = '' OR comm = {comm:String})
     UNION ALL
@@ -26,6 +31,7 @@ FROM
     FROM cpu_samples
     WHERE ts >= {since:DateTime} AND ts < {until:DateTime} AND (ts < first_hour OR ts >= end_hour)
       AND ({node:String} = '' OR node = {node:String})
+      -- @include workload_filter
       AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
       AND ({comm:String} = '' OR comm = {comm:String})
 )

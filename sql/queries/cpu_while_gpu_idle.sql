@@ -1,6 +1,7 @@
 -- What the CPU did while a GPU sat idle, in [since, until), optionally for one node / GPU index ('' and -1 mean
--- "all"): the CPU stacks, as folded text "root;…;leaf", of the processes NVML listed on an idle GPU, counted only in
--- the CPU sample windows during which that GPU was idle.
+-- "all") and for the workloads that the filters namespace, pod, job and container pick (workload_match; '' = no
+-- filter: the samples' identity): the CPU stacks, as folded text "root;…;leaf", of the processes NVML listed on an
+-- idle GPU, counted only in the CPU sample windows during which that GPU was idle.
 -- Windows: cpu_samples.ts is the start of a reporting window of window_s seconds (default 10, the agent's default);
 --   a reading at time t (device or process) belongs to the window of its node that starts latest at or before t,
 --   if t < start + window_s.
@@ -21,63 +22,13 @@
 -- @default threshold = 10
 -- @default window_s = 10
 -- @default limit = 20
+-- @default namespace =
+-- @default pod =
+-- @default job =
+-- @default container =
 WITH
     toInt64({window_s:UInt32}) * 1000 AS window_ms,
-    windows AS
-    (
-        SELECT DISTINCT node, toInt64(toUnixTimestamp(ts)) * 1000 AS start_ms
-        FROM cpu_samples
-        WHERE ts >= {since:DateTime} AND ts < {until:DateTime}
-          AND ({node:String} = '' OR node = {node:String})
-    ),
-    device_readings AS
-    (
-        -- the readings up to until + window_s: the last window starting before until ends after it
-        SELECT node, gpu_index, toUnixTimestamp64Milli(ts) AS ts_ms, max(gpu_util_pct) AS util
-        FROM gpu_device_metrics
-        WHERE ts >= {since:DateTime} AND ts < {until:DateTime} + toIntervalMillisecond(window_ms)
-          AND parent_uuid = '' AND gpu_util_pct IS NOT NULL
-          AND ({node:String} = '' OR node = {node:String})
-          AND ({gpu:Int32} < 0 OR gpu_index = {gpu:Int32})
-        GROUP BY node, gpu_index, ts_ms
-    ),
-    idle_windows AS
-    (
-        SELECT r.node AS node, r.gpu_index AS gpu_index, w.start_ms AS start_ms
-        FROM device_readings AS r
-        ASOF INNER JOIN windows AS w ON r.node = w.node AND r.ts_ms >= w.start_ms
-        WHERE r.ts_ms < w.start_ms + window_ms
-        GROUP BY node, gpu_index, start_ms
-        HAVING avg(r.util) < {threshold:Float64}
-    ),
-    listed AS
-    (
-        SELECT DISTINCT p.node AS node, p.gpu_index AS gpu_index, p.pid AS pid, w.start_ms AS start_ms
-        FROM
-        (
-            SELECT node, gpu_index, pid, toUnixTimestamp64Milli(ts) AS ts_ms
-            FROM gpu_process_metrics
-            WHERE ts >= {since:DateTime} AND ts < {until:DateTime} + toIntervalMillisecond(window_ms)
-              AND ({node:String} = '' OR node = {node:String})
-              AND ({gpu:Int32} < 0 OR gpu_index = {gpu:Int32})
-        ) AS p
-        ASOF INNER JOIN windows AS w ON p.node = w.node AND p.ts_ms >= w.start_ms
-        WHERE p.ts_ms < w.start_ms + window_ms
-    ),
-    chosen AS
-    (
-        SELECT DISTINCT l.node AS node, l.pid AS pid, l.start_ms AS start_ms
-        FROM listed AS l
-        INNER JOIN idle_windows AS i ON i.node = l.node AND i.gpu_index = l.gpu_index AND i.start_ms = l.start_ms
-    ),
-    samples AS
-    (
-        SELECT stack_id, node, pid, ts, sum(count) AS samples
-        FROM cpu_samples
-        WHERE ts >= {since:DateTime} AND ts < {until:DateTime}
-          AND (node, pid, toInt64(toUnixTimestamp(ts)) * 1000) IN (SELECT node, pid, start_ms FROM chosen)
-        GROUP BY stack_id, node, pid, ts
-    ),
+    -- @include cpu_samples_while_gpu_idle
     folded AS
     (
         SELECT s.stack_id AS stack_id,

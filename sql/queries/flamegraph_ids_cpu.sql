@@ -12,6 +12,10 @@
 -- @default node =
 -- @default pid = 0
 -- @default comm =
+-- @default namespace =
+-- @default pod =
+-- @default job =
+-- @default container =
 WITH
     samples AS
     (

@@ -16,6 +16,10 @@
 -- @default what = all
 -- @default nvtx_range =
 -- @default nvtx_level = 0
+-- @default namespace =
+-- @default pod =
+-- @default job =
+-- @default container =
 WITH
     samples AS
     (

@@ -11,6 +11,10 @@
 -- their own time, so a node's collectives can take more GPU time than the range is long.
 -- @default until = now
 -- @default node =
+-- @default namespace =
+-- @default pod =
+-- @default job =
+-- @default container =
 WITH
     nccl AS
     (
@@ -23,6 +27,7 @@ WITH
         FROM gpu_kernel_samples
         WHERE ts >= {since:DateTime} AND ts < {until:DateTime}
           AND ({node:String} = '' OR node = {node:String})
+          -- @include workload_filter
         GROUP BY node, pid, comm, container_id, kernel_name
     ),
     node_totals AS

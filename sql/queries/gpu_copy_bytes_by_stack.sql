@@ -17,6 +17,10 @@
 -- @default pid = 0
 -- @default nvtx_range =
 -- @default limit = 20
+-- @default namespace =
+-- @default pod =
+-- @default job =
+-- @default container =
 WITH
     time_by_stack AS
     (
@@ -26,6 +30,7 @@ WITH
         FROM gpu_kernel_samples
         WHERE ts >= {since:DateTime} AND ts < {until:DateTime}
           AND ({node:String} = '' OR node = {node:String})
+          -- @include workload_filter
           AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
           -- @include nvtx_range_filter
         GROUP BY stack_id
@@ -38,6 +43,7 @@ WITH
         FROM gpu_copy_samples
         WHERE ts >= {since:DateTime} AND ts < {until:DateTime}
           AND ({node:String} = '' OR node = {node:String})
+          -- @include workload_filter
           AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
           -- @include nvtx_range_filter
         GROUP BY stack_id

@@ -22,6 +22,10 @@
 -- @default what = all
 -- @default nvtx_range =
 -- @default nvtx_level = 0
+-- @default namespace =
+-- @default pod =
+-- @default job =
+-- @default container =
 WITH
     -- [first_hour, end_hour): the whole UTC hours inside the range; empty (first_hour >= end_hour) for a short one
     toStartOfHour({since:DateTime} + INTERVAL 3599 SECOND, 'UTC') AS first_hour,
@@ -41,6 +45,7 @@ FROM
     FROM gpu_kernel_samples_1h
     WHERE hour >= first_hour AND hour < end_hour
       AND ({node:String} = '' OR node = {node:String})
+      -- @include workload_filter
       AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
       AND ({comm:String} = '' OR comm = {comm:String} OR (node, pid) IN comm_processes)
       -- @include gpu_kernel_filters
@@ -49,6 +54,7 @@ FROM
     FROM gpu_kernel_samples
     WHERE ts >= {since:DateTime} AND ts < {until:DateTime} AND (ts < first_hour OR ts >= end_hour)
       AND ({node:String} = '' OR node = {node:String})
+      -- @include workload_filter
       AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
       AND ({comm:String} = '' OR comm = {comm:String} OR (node, pid) IN comm_processes)
       -- @include gpu_kernel_filters

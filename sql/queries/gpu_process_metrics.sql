@@ -6,10 +6,15 @@
 -- @default node =
 -- @default gpu = -1
 -- @default limit = 100000
+-- @default namespace =
+-- @default pod =
+-- @default job =
+-- @default container =
 SELECT ts, node, gpu_index, pid, comm, container_id, sm_util_pct, mem_util_pct, used_memory_bytes, simulated
 FROM gpu_process_metrics
 WHERE ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)}
   AND ({node:String} = '' OR node = {node:String})
+  -- @include workload_filter
   AND ({gpu:Int32} < 0 OR gpu_index = {gpu:Int32})
 ORDER BY node, ts, gpu_index, pid
 LIMIT {limit:UInt32}

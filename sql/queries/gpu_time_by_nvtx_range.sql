@@ -13,6 +13,10 @@
 -- @default node =
 -- @default pid = 0
 -- @default nvtx_range =
+-- @default namespace =
+-- @default pod =
+-- @default job =
+-- @default container =
 WITH
     samples AS
     (
@@ -24,6 +28,7 @@ WITH
         FROM gpu_kernel_samples
         WHERE ts >= {since:DateTime} AND ts < {until:DateTime}
           AND ({node:String} = '' OR node = {node:String})
+          -- @include workload_filter
           AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
           -- @include nvtx_range_filter
         GROUP BY node, pid, comm, path

@@ -10,6 +10,10 @@
 -- @default until = now
 -- @default node =
 -- @default gpu = -1
+-- @default namespace =
+-- @default pod =
+-- @default job =
+-- @default container =
 WITH
     readings AS
     (
@@ -18,6 +22,7 @@ WITH
         WHERE ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)}
           AND parent_uuid = ''
           AND ({node:String} = '' OR node = {node:String})
+          -- @include workload_device_filter
           AND ({gpu:Int32} < 0 OR gpu_index = {gpu:Int32})
         GROUP BY node, gpu_index, uuid, ts
     )

@@ -10,6 +10,10 @@
 -- gpu_collectives includes it.
 -- @default until = now
 -- @default node =
+-- @default namespace =
+-- @default pod =
+-- @default job =
+-- @default container =
 WITH
     extract(kernel_name, '^_Z([0-9]+)') AS length_digits,
     -- ten digits or more span more than any stored name: the rest of it
@@ -55,6 +59,7 @@ FROM
     FROM gpu_kernel_samples
     WHERE ts >= {since:DateTime} AND ts < {until:DateTime}
       AND ({node:String} = '' OR node = {node:String})
+      -- @include workload_filter
       AND match(kernel_name, (
           -- @include nccl_kernel_pattern
       ))

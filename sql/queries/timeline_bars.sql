@@ -12,6 +12,10 @@
 -- @default what = all
 -- @default nvtx_range =
 -- @default limit = 100001
+-- @default namespace =
+-- @default pod =
+-- @default job =
+-- @default container =
 WITH
     records AS
     (

@@ -11,12 +11,17 @@
 -- @default collectives = all
 -- @default what = all
 -- @default nvtx_range =
+-- @default namespace =
+-- @default pod =
+-- @default job =
+-- @default container =
 SELECT *
 FROM gpu_timeline
 WHERE ts >= {since:DateTime64(6)} - INTERVAL 10 MINUTE AND ts < {until:DateTime64(6)} + INTERVAL 10 MINUTE
   AND start_ns < toUnixTimestamp64Nano({until:DateTime64(6)})
   AND end_ns > toUnixTimestamp64Nano({since:DateTime64(6)})
   AND ({node:String} = '' OR node = {node:String})
+  -- @include workload_filter
   AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
   AND ({collectives:String} = 'all' OR match(name, (
           -- @include nccl_kernel_pattern

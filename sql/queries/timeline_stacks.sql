@@ -7,6 +7,10 @@
 -- @default collectives = all
 -- @default what = all
 -- @default nvtx_range =
+-- @default namespace =
+-- @default pod =
+-- @default job =
+-- @default container =
 WITH
     records AS
     (

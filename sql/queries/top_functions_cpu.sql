@@ -12,6 +12,10 @@
 -- @default pid = 0
 -- @default comm =
 -- @default limit = 20
+-- @default namespace =
+-- @default pod =
+-- @default job =
+-- @default container =
 WITH
     samples AS
     (
@@ -19,6 +23,7 @@ WITH
         FROM cpu_samples
         WHERE ts >= {since:DateTime} AND ts < {until:DateTime}
           AND ({node:String} = '' OR node = {node:String})
+          -- @include workload_filter
           AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
           AND ({comm:String} = '' OR comm = {comm:String})
         GROUP BY stack_id

@@ -18,6 +18,10 @@
 -- @default what = all
 -- @default nvtx_range =
 -- @default limit = 20
+-- @default namespace =
+-- @default pod =
+-- @default job =
+-- @default container =
 WITH
     samples AS
     (
@@ -25,6 +29,7 @@ WITH
         FROM gpu_kernel_samples
         WHERE ts >= {since:DateTime} AND ts < {until:DateTime}
           AND ({node:String} = '' OR node = {node:String})
+          -- @include workload_filter
           AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
           -- GPU rows carry no comm yet (launch records have none): also the processes the CPU sampler saw under it
           AND ({comm:String} = '' OR comm = {comm:String}

@@ -20,6 +20,10 @@
 -- @default pid = 0
 -- @default limit = 10
 -- @default stacks = 5
+-- @default namespace =
+-- @default pod =
+-- @default job =
+-- @default container =
 WITH
     samples AS
     (
@@ -27,6 +31,7 @@ WITH
         FROM gpu_kernel_samples
         WHERE ts >= {since:DateTime} AND ts < {until:DateTime}
           AND ({node:String} = '' OR node = {node:String})
+          -- @include workload_filter
           AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
         GROUP BY kernel_name, stack_id
     ),

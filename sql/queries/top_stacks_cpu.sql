@@ -13,6 +13,10 @@
 -- @default node =
 -- @default comm =
 -- @default limit = 20
+-- @default namespace =
+-- @default pod =
+-- @default job =
+-- @default container =
 WITH
     samples AS
     (
@@ -20,6 +24,7 @@ WITH
         FROM cpu_samples
         WHERE ts >= {since:DateTime} AND ts < {until:DateTime}
           AND ({node:String} = '' OR node = {node:String})
+          -- @include workload_filter
           AND ({comm:String} = '' OR comm = {comm:String})
         GROUP BY stack_id, node, pid
     ),

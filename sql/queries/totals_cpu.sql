@@ -4,10 +4,15 @@
 -- @default node =
 -- @default pid = 0
 -- @default comm =
+-- @default namespace =
+-- @default pod =
+-- @default job =
+-- @default container =
 SELECT node, sum(count) AS samples
 FROM cpu_samples
 WHERE ts >= {since:DateTime} AND ts < {until:DateTime}
   AND ({node:String} = '' OR node = {node:String})
+  -- @include workload_filter
   AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
   AND ({comm:String} = '' OR comm = {comm:String})
 GROUP BY node

@@ -7,6 +7,10 @@
 -- @default node =
 -- @default pid = 0
 -- @default limit = 200000
+-- @default namespace =
+-- @default pod =
+-- @default job =
+-- @default container =
 SELECT node, gpu_index, pid, any(comm) AS comm,
        intDiv(toUnixTimestamp64Milli(ts), {step_ms:UInt32}) * {step_ms:UInt32} AS t_ms,
        avg(sm_util_pct) AS sm_util_pct, avg(mem_util_pct) AS mem_util_pct,
@@ -14,6 +18,7 @@ SELECT node, gpu_index, pid, any(comm) AS comm,
 FROM gpu_process_metrics
 WHERE ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)}
   AND ({node:String} = '' OR node = {node:String})
+  -- @include workload_filter
   AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
 GROUP BY node, gpu_index, pid, t_ms
 ORDER BY node, gpu_index, pid, t_ms

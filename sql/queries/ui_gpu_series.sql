@@ -8,6 +8,10 @@
 -- @default until = now
 -- @default node =
 -- @default limit = 200000
+-- @default namespace =
+-- @default pod =
+-- @default job =
+-- @default container =
 SELECT node, gpu_index, uuid, any(name) AS name, any(parent_uuid) AS parent_uuid,
        intDiv(toUnixTimestamp64Milli(ts), {step_ms:UInt32}) * {step_ms:UInt32} AS t_ms,
        avg(gpu_util_pct) AS gpu_util_pct, avg(mem_util_pct) AS mem_util_pct,
@@ -18,6 +22,7 @@ SELECT node, gpu_index, uuid, any(name) AS name, any(parent_uuid) AS parent_uuid
 FROM gpu_device_metrics
 WHERE ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)}
   AND ({node:String} = '' OR node = {node:String})
+  -- @include workload_device_filter
 GROUP BY node, gpu_index, uuid, t_ms
 ORDER BY node, gpu_index, uuid, t_ms
 LIMIT {limit:UInt32}

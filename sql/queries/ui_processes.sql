@@ -7,6 +7,10 @@
 -- @default until = now
 -- @default node =
 -- @default limit = 5000
+-- @default namespace =
+-- @default pod =
+-- @default job =
+-- @default container =
 SELECT node, pid, anyIf(comm, comm != '') AS comm, sum(cpu) AS cpu_samples, sum(gpu) AS gpu_ns,
        pid = 0 OR match(comm, concat('^(kworker/|ksoftirqd/|migration/|rcu_|rcuo|rcub/|cpuhp/|idle_inject/|watchdog',
                                      '|irq/|kswapd|khugepaged|kcompactd|kthreadd$|jbd2/|ksmd$|kauditd$|khungtaskd$',
@@ -18,16 +22,19 @@ FROM
     SELECT node, pid, toString(comm) AS comm, sum(count) AS cpu, toUInt64(0) AS gpu
     FROM cpu_samples
     WHERE ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)} AND ({node:String} = '' OR node = {node:String})
+      -- @include workload_filter
     GROUP BY node, pid, comm
     UNION ALL
     SELECT node, pid, toString(comm), toUInt64(0), sum(duration_ns)
     FROM gpu_kernel_samples
     WHERE ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)} AND ({node:String} = '' OR node = {node:String})
+      -- @include workload_filter
     GROUP BY node, pid, comm
     UNION ALL
     SELECT node, pid, toString(comm), toUInt64(0), toUInt64(0)
     FROM gpu_process_metrics
     WHERE ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)} AND ({node:String} = '' OR node = {node:String})
+      -- @include workload_filter
     GROUP BY node, pid, comm
 )
 GROUP BY node, pid

@@ -6,6 +6,10 @@
 -- @default until = now
 -- @default node =
 -- @default pid = 0
+-- @default namespace =
+-- @default pod =
+-- @default job =
+-- @default container =
 SELECT kind, t_ms, value
 FROM
 (
@@ -14,6 +18,7 @@ FROM
     FROM cpu_samples
     WHERE ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)}
       AND ({node:String} = '' OR node = {node:String})
+      -- @include workload_filter
       AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
     GROUP BY t_ms
     UNION ALL
@@ -22,6 +27,7 @@ FROM
     FROM gpu_kernel_samples
     WHERE ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)}
       AND ({node:String} = '' OR node = {node:String})
+      -- @include workload_filter
       AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
     GROUP BY t_ms
 )

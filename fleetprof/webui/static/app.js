@@ -9,6 +9,8 @@ import { gpuDefaults, gpuParams, gpuTitleParts, readGpuURL, syncGpuControls, wir
 import { renderLegend } from "./legend.js";
 import { ProcessPicker } from "./processes.js";
 import { TimelinePanel } from "./timeline_panel.js";
+import { readWorkloadURL, renderWorkloads, syncWorkloadControls, wireWorkloadControls, workloadDefaults, workloadParams,
+  workloadTitleParts, workloadURL } from "./workload.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -28,10 +30,12 @@ const state = {
   merge: false, // the flame graph's processes merged (no root frame per process)
   collectives: "all", // GPU flame graph: NCCL collective kernels shown ("all"), left out ("hide") or alone ("only")
   ...gpuDefaults(), // GPU flame graph: what (kernels, copies), nvtxRange, nvtxLevel (gpu_filters.js)
+  ...workloadDefaults(), // workload: namespace, pod, job, container filters; workloadBy: the table's grouping
 };
 
 // simulated: per source ("charts", "flame") the line the banner shows for it, "" when its data is real
 const app = { state, charts: null, flame: null, processes: null, pending: 0, flameVersion: 0, chartsVersion: 0,
+  workloadsVersion: 0,
   flameData: null, lastError: "", renderMs: 0, simulated: { charts: "", flame: "" } };
 window.fleetprof = app;
 
@@ -88,7 +92,7 @@ function flameRange() {
 }
 
 function filters() {
-  return { node: state.node, pid: state.pid };
+  return { node: state.node, pid: state.pid, ...workloadParams(state) };
 }
 
 // The flame graph's filters: the collectives choice is the GPU flame graph's alone
@@ -110,6 +114,7 @@ function readURL() {
   state.merge = q.get("merge") === "1";
   state.collectives = ["hide", "only"].includes(q.get("collectives")) ? q.get("collectives") : "all";
   readGpuURL(q, state);
+  readWorkloadURL(q, state);
   const pair = (text) => {
     const parts = (text || "").split(",").map(Number);
     return parts.length === 2 && parts.every(Number.isFinite) && parts[0] < parts[1] ? parts : null;
@@ -124,7 +129,7 @@ function writeURL() {
     node: state.node, pid: state.pid, sel: state.selection ? state.selection.join(",") : "",
     base: state.baseline ? state.baseline.join(",") : "", diff: state.diff ? "1" : "", search: state.search,
     merge: state.merge ? "1" : "", collectives: state.collectives === "all" ? "" : state.collectives,
-    ...gpuParams({ ...state, kind: "gpu" }) });
+    ...gpuParams({ ...state, kind: "gpu" }), ...workloadURL(state) });
   history.replaceState(null, "", `${location.pathname}?${q}`);
 }
 
@@ -148,13 +153,25 @@ async function loadAll() {
     app.chartsVersion += 1;
     await loadFilters();
   });
-  if (state.untilMs) await loadFlame(); // else the range did not resolve: keep that error on screen
+  if (state.untilMs) await Promise.all([loadFlame(), loadWorkloads()]); // else the range did not resolve
+}
+
+async function loadWorkloads() {
+  writeURL();
+  syncWorkloadControls(state);
+  await track("workloads", async (current) => {
+    const answer = await getJSON("api/workloads", { since: state.sinceMs / 1000, until: state.untilMs / 1000,
+      node: state.node, by: state.workloadBy, ...workloadParams(state) });
+    if (!current()) return;
+    renderWorkloads(answer);
+    app.workloadsVersion += 1;
+  });
 }
 
 async function loadFilters() {
   const range = { since: state.sinceMs / 1000, until: state.untilMs / 1000 };
   const [nodes, processes] = await Promise.all([getJSON("api/nodes", range),
-    getJSON("api/processes", { ...range, node: state.node })]);
+    getJSON("api/processes", { ...range, node: state.node, ...workloadParams(state) })]);
   const nodeSelect = $("node");
   nodeSelect.replaceChildren(new Option("all nodes", ""));
   const names = nodes.nodes.map((n) => n.node);
@@ -233,7 +250,7 @@ function renderFlameInfo() {
   if (data.filters.pid) parts.push(`pid ${data.filters.pid}`);
   if (data.filters.collectives === "hide") parts.push("NCCL collectives hidden");
   if (data.filters.collectives === "only") parts.push("NCCL collectives only");
-  parts.push(...gpuTitleParts(data.filters));
+  parts.push(...gpuTitleParts(data.filters), ...workloadTitleParts(data.filters));
   if (state.diff && data.base_counts) {
     parts.push(`diff vs baseline (${formatValue(data.base_total, data.unit)}): red grew, blue shrank, in share of its range`);
   }
@@ -280,6 +297,10 @@ function wire() {
     $("preset").value = "";
     loadAll();
   });
+  wireWorkloadControls(state, () => {
+    state.pid = 0;
+    loadAll();
+  }, loadWorkloads);
   $("node").addEventListener("change", (e) => {
     state.node = e.target.value;
     state.pid = 0;
