@@ -168,7 +168,7 @@ def test_a_pending_copy_and_range_survive_the_changelog_and_v3_records_still_res
     fresh = Correlator()
     restore(fresh, 0, records)
     assert list(fresh.parts[0].kernels.items()) == list(live.parts[0].kernels.items())
-    assert [e[6:] for e in fresh.parts[0].launches.values()] == [[TRAIN, True, 1, 72 + len(NODE) + len(TRAIN)]]
+    assert [e[6:] for e in fresh.parts[0].launches.values()] == [[TRAIN, True, 1, 0, 82 + len(NODE) + len(TRAIN)]]
     out = Outcome()
     fresh.process(0, LAUNCH, 1, launch(1, T0, ["main"]) | {"graph": True}, out)
     fresh.process(0, KERNEL, 2, kernel(2, T0 + 7, 4), out)
@@ -186,7 +186,7 @@ def test_a_pending_copy_and_range_survive_the_changelog_and_v3_records_still_res
     again = Correlator()
     restore(again, 0, [back])
     assert list(again.parts[0].kernels.items()) == list(old.parts[0].kernels.items())
-    assert [e[6:] for e in again.parts[0].launches.values()] == [["", False, 0, 72 + len(NODE)]]
+    assert [e[6:] for e in again.parts[0].launches.values()] == [["", False, 0, 0, 82 + len(NODE)]]
     assert {state_key(back, 4096)} == {"g/0/log/0"}
 
 
