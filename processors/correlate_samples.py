@@ -153,7 +153,8 @@ def build_gpu_samples(matches: list[tuple], unmatched: list[tuple], window_ns: i
 
     for (node, window, pid, ident, device, stream, sid, name, nvtx, kinds), (ns, launches, nbytes) in sums.items():
         record(node, window)["samples"].append({
-            "pid": pid, "comm": "", "container_id": "", "identity_id": ident, "device": device, "stream": stream, "stack_id": sid,
+            "pid": pid, "comm": "", "container_id": "", "identity_id": ident, "device": device, "stream": stream,
+            "stack_id": sid,
             "kernel_name": name, "duration_ns": clamp_long(ns), "launches": clamp_long(launches),
             "nvtx_range": nvtx, "bytes": clamp_long(nbytes), "memory_kinds": kinds})
     for (node, window, pid, side, reason), (events, ns, launches) in lost.items():

@@ -2,9 +2,9 @@
 
 from datetime import UTC, datetime, timedelta
 
-from processors.messages import Message
 import pytest
 
+from processors.messages import Message
 from processors.sink import cpu_samples_rows, gpu_metrics_rows, identity_rows, rows_for
 from producers.workload_identity import Identity
 
