@@ -80,8 +80,9 @@ def test_the_timeline_has_every_matched_record_one_by_one():
     stacks = {s["stack_id"]: s["frame_ids"] for s in rec["stacks"]}
     frames = {f["frame_id"]: f["function"] for f in rec["frames"]}
     sample_of = {(s["kernel_name"], s["nvtx_range"]): s["stack_id"] for s in rec["samples"]}
-    got = [{k: v for k, v in t.items() if k != "stack_id"} | {"stack": [frames[f] for f in stacks[t["stack_id"]]]}
-           for t in rec["timeline"]]
+    got = [{k: v for k, v in t.items() if k not in ("stack_id", "identity_id")}
+           | {"stack": [frames[f] for f in stacks[t["stack_id"]]]} for t in rec["timeline"]]
+    assert {t["identity_id"] for t in rec["timeline"]} == {0}  # launches without one
     assert got == [
         {"pid": PID, "device": 1, "stream": 3, "start_ns": T0 + MS, "end_ns": T0 + MS + 20, "activity": "KERNEL",
          "name": GEMM, "weight": 1, "bytes": 0, "nvtx_range": "", "graph_id": 0, "graph_node_id": 0,

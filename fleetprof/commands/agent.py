@@ -19,6 +19,7 @@ from producers.agent import EXIT_NOTHING_TO_COLLECT, Agent, AgentReport, Records
 from producers.agent_lock import AgentLock, AgentRunning
 from producers.collectors import CollectorOptions, OpenedCollectors, open_collectors
 from producers.cpu_sampler import DEFAULT_MAX_ENTRIES
+from producers.identity_refs import Identities
 from producers.kafka_link import KafkaLink
 from producers.kallsyms import KernelSymbols, kernel_build_id, read_kallsyms
 from producers.memory import trim_heap
@@ -118,8 +119,9 @@ class NothingToCollect(click.ClickException):
     exit_code = EXIT_NOTHING_TO_COLLECT  # `fleetprof up` then leaves the agent off instead of restarting it
 
 
-def _open(options: CollectorOptions, processes: ProcessCache) -> OpenedCollectors:
-    opened = open_collectors(options, processes)
+def _open(options: CollectorOptions, processes: ProcessCache,
+          identities: Identities | None = None) -> OpenedCollectors:
+    opened = open_collectors(options, processes, identities)
     if not opened.collectors:
         raise NothingToCollect("nothing to collect on this node: " + "; ".join(opened.notes or ["no GPU"]))
     if options.pid is not None:
@@ -148,7 +150,8 @@ def _read_kernel() -> KernelSymbols | None:
 
 
 def _publish(settings: Settings, options: CollectorOptions, window_s: float, once: bool, fmt: str,
-             buffer_bytes: int, metrics: tuple[str, int] = ("127.0.0.1", 0)) -> None:
+             buffer_bytes: int, metrics: tuple[str, int] = ("127.0.0.1", 0),
+             identities: Identities | None = None) -> None:
     lock = AgentLock(settings.data_dir, options.node)
     try:
         lock.acquire()
@@ -160,17 +163,17 @@ def _publish(settings: Settings, options: CollectorOptions, window_s: float, onc
     options = CollectorOptions(**{**options.__dict__, "kernel_build_id": kernel.build_id if kernel else ""})
     config = settings.kafka_config()
     processes = ProcessCache()
-    opened = _open(options, processes)
+    opened = _open(options, processes, identities)
     if metrics[1]:
         _serve_metrics(opened, *metrics)
-    wanted = [topics.SYMBOLS.name, topics.CPU_STACKS.name]
+    wanted = [topics.SYMBOLS.name, topics.CPU_STACKS.name] + ([topics.IDENTITIES.name] if identities else [])
     if "gpu" in opened.names():
         wanted += [topics.GPU_LAUNCHES.name, topics.GPU_KERNELS.name]
     if "nvml" in opened.names():
         wanted.append(topics.GPU_METRICS.name)
     link = KafkaLink(config, wanted)
     publisher = Publisher({**config, "log_level": 0})  # connection trouble: the link says it, once per change
-    encoder = OutboxEncoder(kernel, max_bytes=link.max_bytes, perf_maps=processes.perf_maps)
+    encoder = OutboxEncoder(kernel, max_bytes=link.max_bytes, perf_maps=processes.perf_maps, identities=identities)
     outbox = Outbox(publisher, link, encoder, buffer_bytes)
     lines = WindowLines(outbox, opened)
     agent = Agent(opened.collectors, outbox, window_s, on_window=lines.print, align=not once)
