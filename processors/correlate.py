@@ -163,7 +163,7 @@ class Correlator:
             if start or t - cfg.skew_ns <= ks <= t + cfg.horizon_ns:
                 st.remove(KERNEL, key)
                 self._match(st, key, rec["weight"], self.stack_no(rec["user_addrs"], launch_codes(rec)), nvtx, kern,
-                            out)
+                            out, rec.get("identity_id", 0))
                 return
             if ks > t:  # the kernel belongs to a later process with this pid: this launch is the stale one
                 out.unmatched.append((node, pid, t, LAUNCH, SUPERSEDED, 0, rec["weight"]))
@@ -171,8 +171,8 @@ class Correlator:
             st.remove(KERNEL, key)
             out.unmatched.append((node, pid, ks, KERNEL, SUPERSEDED, kern[2] - ks, 0))
         addrs, no, codes = self.stack_no(rec["user_addrs"], launch_codes(rec))
-        self._wait(st, LAUNCH, key, [0, t, rec["weight"], addrs, no, codes, nvtx, False, 0, 72 + len(node) + len(nvtx)],
-                   out)  # launch_size, inline
+        self._wait(st, LAUNCH, key, [0, t, rec["weight"], addrs, no, codes, nvtx, False, 0, rec.get("identity_id", 0),
+                                     82 + len(node) + len(nvtx)], out)  # launch_size, inline
 
     def _kernel(self, st: PartitionState, rec: dict, out: Outcome) -> None:
         cfg = self.config
@@ -205,7 +205,7 @@ class Correlator:
                         st.updated[launch[0]] = key
                 else:
                     st.remove(LAUNCH, key)
-                self._match(st, key, launch[2], (launch[3], launch[4], launch[5]), launch[6], kern, out)
+                self._match(st, key, launch[2], (launch[3], launch[4], launch[5]), launch[6], kern, out, launch[9])
                 return
             if lt > s:  # the launch belongs to a later process with this pid: this kernel is the stale one
                 out.unmatched.append((node, pid, s, KERNEL, SUPERSEDED, rec["end_ns"] - s, 0))
@@ -243,17 +243,17 @@ class Correlator:
             count_left(out, oldest, side, EVICTED, st.remove(side, oldest))
 
     def _match(self, st: PartitionState, key: tuple, weight: int, stack: tuple[tuple, int, tuple], nvtx: str,
-               kern: list, out: Outcome) -> None:
+               kern: list, out: Outcome, identity: int = 0) -> None:
         """One pair: (node, pid, mappings id, mappings, launch addresses leaf first, weight, kernel start, kernel
         duration, device, stream, kernel name (a copy's or set's label), stack number, the stack's code objects,
         whether the kernel record came from a simulated GPU library, the launch's NVTX range, activity, bytes,
-        memory kinds, graph id, graph node id, correlation id)."""
+        memory kinds, graph id, graph node id, correlation id, the launching process's identity id)."""
         node, pid, start, corr = key
         proc = st.procs.get((node, pid, start))
         mid, mappings = (proc[3], proc[2]) if proc is not None else (0, [])
         out.matches.append((node, pid, mid, mappings, stack[0], weight, kern[1], kern[2] - kern[1], kern[3], kern[4],
                             kern[5], stack[1], stack[2], kern[6], nvtx, kern[7], kern[8], kern[10], kern[11],
-                            kern[12], corr))
+                            kern[12], corr, identity))
 
     def _set_mappings(self, st: PartitionState, pkey: tuple, t: int, mappings: list[dict]) -> None:
         old = st.procs.get(pkey)

@@ -93,7 +93,8 @@ def _item(seq: int, kind: int, key: tuple | int, st: PartitionState) -> tuple[in
     if kind == LAUNCH:
         return kind, {"seq": seq, "node": key[0], "pid": key[1], "process_start_ns": key[2],
                       "correlation_id": key[3], "time_ns": e[1], "weight": e[2],
-                      "stack_seq": st.stacks[e[4]][0], "nvtx_range": e[6], "graph": e[7], "matches": e[8]}, e[-1]
+                      "stack_seq": st.stacks[e[4]][0], "nvtx_range": e[6], "graph": e[7], "matches": e[8],
+                      "identity_id": e[9]}, e[-1]
     if kind == STACK:
         return kind, {"seq": seq, "user_addrs": list(e[1]),
                       "code_objects": [{"qualname": q, "file": f, "first_line": n} for q, f, n in e[3]]}, e[-1]
@@ -207,7 +208,7 @@ def _apply(corr: Correlator, st: PartitionState, r: dict, where: dict[int, tuple
             stack[2] += 1
             nvtx = x.get("nvtx_range", "")
             entry = [seq, x["time_ns"], x["weight"], stack[1], held[1], stack[3], nvtx, x.get("graph", False),
-                     x.get("matches", 0), launch_size(key[0], nvtx)]
+                     x.get("matches", 0), x.get("identity_id", 0), launch_size(key[0], nvtx)]
         elif kind == KERNEL:
             key = (x["node"], x["pid"], x["process_start_ns"], x["correlation_id"])
             ck, mk = x.get("copy_kind", ""), x.get("memory_kinds", "")

@@ -58,7 +58,7 @@ def wait_graph_record(corr: Correlator, st: PartitionState, key: tuple, kern: li
 def graph_launch(corr: Correlator, st: PartitionState, key: tuple, rec: dict, nvtx: str, out: Outcome) -> None:
     """A graph launch: match every record waiting with its correlation id, then wait for the rest."""
     cfg = corr.config
-    t, weight, start = rec["time_ns"], rec["weight"], key[2]
+    t, weight, start, identity = rec["time_ns"], rec["weight"], key[2], rec.get("identity_id", 0)
     old = st.launches.get(key)
     if old is not None and old[7] and old[1] >= t:  # a duplicate of a waiting graph launch: that one keeps its count
         out.unmatched.append((key[0], key[1], t, LAUNCH, SUPERSEDED, 0, weight))
@@ -74,7 +74,7 @@ def graph_launch(corr: Correlator, st: PartitionState, key: tuple, rec: dict, nv
         ks = kern[1]
         if start or t - cfg.skew_ns <= ks <= t + cfg.horizon_ns:
             st.remove(KERNEL, k)
-            corr._match(st, key, weight, stack, nvtx, kern, out)
+            corr._match(st, key, weight, stack, nvtx, kern, out, identity)
             matched += 1
         elif ks > t:
             later = True  # a record of a later process with this pid (process_start_ns 0): it waits on for its own
@@ -85,4 +85,5 @@ def graph_launch(corr: Correlator, st: PartitionState, key: tuple, rec: dict, nv
         return
     out.graph_launches += int(matched > 0)  # joined with the records that waited for it
     addrs, no, codes = stack
-    corr._wait(st, LAUNCH, key, [0, t, weight, addrs, no, codes, nvtx, True, matched, launch_size(key[0], nvtx)], out)
+    corr._wait(st, LAUNCH, key, [0, t, weight, addrs, no, codes, nvtx, True, matched, identity,
+                                 launch_size(key[0], nvtx)], out)

@@ -1,7 +1,7 @@
 """GPU samples from the correlator's matches: each launch stack symbolized with the symbolize stage's machinery
 (symbolize_batch over the process's mappings, the same FrameMemo ids), the demangled kernel as the leaf frame, GPU
-time = kernel duration x launch weight, summed per (window, node, pid, device, stream, stack, kernel, NVTX range,
-memory kinds). Pure.
+time = kernel duration x launch weight, summed per (window, node, pid, identity, device, stream, stack, kernel, NVTX
+range, memory kinds). Pure. The identity is the launching process's (its GpuLaunch's identity_id).
 
 Copies and sets are rows like kernels: their label ('[memcpy HtoD]', '[memset]') is the kernel_name and the leaf
 frame (kind GPU_KERNEL: GpuFrameKind has no other GPU kind, and the label's brackets tell them apart), bytes x weight
@@ -123,7 +123,8 @@ def build_gpu_samples(matches: list[tuple], unmatched: list[tuple], window_ns: i
             timeline = timelines[(node, window)]
         if m[13]:
             simulated.add((node, window))
-        cell = sums[(node, window, pid, device, stream, sid, name, nvtx, m[17])]
+        ident = m[21] if len(m) > 21 else 0
+        cell = sums[(node, window, pid, ident, device, stream, sid, name, nvtx, m[17])]
         cell[0] += duration * weight
         cell[1] += weight
         cell[2] += nbytes * weight
@@ -132,7 +133,7 @@ def build_gpu_samples(matches: list[tuple], unmatched: list[tuple], window_ns: i
         timeline.append({"pid": pid, "device": device, "stream": stream, "start_ns": kstart,
                          "end_ns": kstart + duration, "activity": m[15], "name": name, "stack_id": sid,
                          "weight": weight, "bytes": nbytes, "nvtx_range": nvtx, "graph_id": m[18],
-                         "graph_node_id": m[19], "correlation_id": m[20]})
+                         "graph_node_id": m[19], "correlation_id": m[20], "identity_id": ident})
     lost: dict[tuple, list[int]] = defaultdict(lambda: [0, 0, 0])
     for node, pid, t, side, reason, duration, weight in unmatched:
         cell = lost[(node, clamp_long(t - t % window_ns), pid, side, reason)]  # times near -2^63 floor below it
@@ -150,9 +151,10 @@ def build_gpu_samples(matches: list[tuple], unmatched: list[tuple], window_ns: i
                                               "simulated": (node, window) in simulated}
         return rec
 
-    for (node, window, pid, device, stream, sid, name, nvtx, kinds), (ns, launches, nbytes) in sums.items():
+    for (node, window, pid, ident, device, stream, sid, name, nvtx, kinds), (ns, launches, nbytes) in sums.items():
         record(node, window)["samples"].append({
-            "pid": pid, "comm": "", "container_id": "", "device": device, "stream": stream, "stack_id": sid,
+            "pid": pid, "comm": "", "container_id": "", "identity_id": ident, "device": device, "stream": stream,
+            "stack_id": sid,
             "kernel_name": name, "duration_ns": clamp_long(ns), "launches": clamp_long(launches),
             "nvtx_range": nvtx, "bytes": clamp_long(nbytes), "memory_kinds": kinds})
     for (node, window, pid, side, reason), (events, ns, launches) in lost.items():
@@ -183,11 +185,11 @@ def _stack_bytes(s: dict) -> int:
 
 def _sample_bytes(s: dict) -> int:
     return 4 * (len(s["kernel_name"]) + len(s["comm"]) + len(s["container_id"]) + len(s.get("nvtx_range", "")) +
-                len(s.get("memory_kinds", ""))) + 80
+                len(s.get("memory_kinds", ""))) + 90
 
 
 def _timeline_bytes(t: dict) -> int:
-    return 4 * (len(t["name"]) + len(t["nvtx_range"])) + 120
+    return 4 * (len(t["name"]) + len(t["nvtx_range"])) + 130
 
 
 def estimated_bytes(rec: dict) -> int:
@@ -195,7 +197,7 @@ def estimated_bytes(rec: dict) -> int:
     timeline = rec.get("timeline", ())
     return (64 + 4 * len(rec["node"]) + sum(map(_frame_bytes, rec["frames"])) + sum(map(_stack_bytes, rec["stacks"]))
             + sum(map(_sample_bytes, rec["samples"])) + 48 * len(rec["unmatched"])
-            + 4 * sum([len(t["name"]) + len(t["nvtx_range"]) for t in timeline]) + 120 * len(timeline))
+            + 4 * sum([len(t["name"]) + len(t["nvtx_range"]) for t in timeline]) + 130 * len(timeline))
 
 
 def split_gpu_samples(rec: dict, max_bytes: int) -> list[dict]:

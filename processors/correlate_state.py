@@ -43,7 +43,7 @@ class PartitionState:
     their sequence number and event time and end with their estimated changelog size."""
 
     def __init__(self) -> None:
-        # [seq, time, weight, addrs, stack no, codes, nvtx range, graph, matches, size]
+        # [seq, time, weight, addrs, stack no, codes, nvtx range, graph, matches, identity id, size]
         self.launches: OrderedDict[tuple, list] = OrderedDict()
         # [seq, start, end, device, stream, name, simulated, activity, bytes, copy kind, memory kinds, graph id,
         #  graph node id, size], keyed (node, pid, process start, correlation id) or, for a record of a graph,
@@ -120,7 +120,7 @@ class PartitionState:
 
 def launch_size(node: str, nvtx: str = "") -> int:
     """Upper bound of a pending launch's encoded size (ASCII names; the chunk limit leaves room for others)."""
-    return 72 + len(node) + len(nvtx)
+    return 82 + len(node) + len(nvtx)  # 10 of them: the identity id
 
 
 def stack_size(addrs: tuple, codes: tuple = ()) -> int:

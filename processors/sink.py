@@ -7,23 +7,28 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from processors.messages import Message
-from schemas.wire import long_to_u64
+from schemas.wire import identity_key, long_to_u64
 
 FRAME_COLUMNS = ["frame_id", "function", "binary", "kind", "last_seen", "build_id"]
 STACK_COLUMNS = ["stack_id", "frame_ids", "last_seen"]
-CPU_SAMPLE_COLUMNS = ["ts", "node", "pid", "comm", "container_id", "stack_id", "count"]
+CPU_SAMPLE_COLUMNS = ["ts", "node", "pid", "comm", "container_id", "stack_id", "count", "identity"]
 DEVICE_COLUMNS = ["ts", "node", "gpu_index", "uuid", "name", "parent_uuid", "gpu_util_pct", "mem_util_pct",
                   "mem_used_bytes", "mem_total_bytes", "sm_clock_mhz", "mem_clock_mhz", "power_mw",
                   "power_limit_mw", "temperature_c", "pcie_tx_kbps", "pcie_rx_kbps", "clock_event_reasons",
-                  "xid_errors", "simulated"]
+                  "xid_errors", "simulated", "identity"]
 PROCESS_COLUMNS = ["ts", "node", "gpu_index", "pid", "comm", "container_id", "sm_util_pct", "mem_util_pct",
-                   "used_memory_bytes", "simulated"]
+                   "used_memory_bytes", "simulated", "identity"]
 GPU_SAMPLE_COLUMNS = ["ts", "node", "pid", "comm", "container_id", "device", "stream", "stack_id", "kernel_name",
-                      "duration_ns", "launches", "nvtx_range"]
+                      "duration_ns", "launches", "nvtx_range", "identity"]
 GPU_COPY_COLUMNS = ["ts", "node", "pid", "comm", "container_id", "device", "stream", "stack_id", "kernel_name",
-                    "memory_kinds", "nvtx_range", "duration_ns", "bytes", "launches"]
+                    "memory_kinds", "nvtx_range", "duration_ns", "bytes", "launches", "identity"]
 GPU_TIMELINE_COLUMNS = ["ts", "node", "pid", "comm", "device", "stream", "start_ns", "end_ns", "activity", "name",
-                        "stack_id", "weight", "bytes", "nvtx_range", "graph_id", "graph_node_id", "correlation_id"]
+                        "stack_id", "weight", "bytes", "nvtx_range", "graph_id", "graph_node_id", "correlation_id",
+                        "identity"]
+IDENTITY_COLUMNS = ["identity", "node", "updated", "kind", "container_runtime", "container_id", "container_name",
+                    "pod_name", "namespace", "pod_uid", "labels", "slurm_job_id", "slurm_step", "slurm_user",
+                    "slurm_array_job_id", "slurm_array_task_id", "slurm_account", "systemd_unit", "team", "simulated"]
+_IDENTITY_FIELDS = IDENTITY_COLUMNS[3:-1]  # the WorkloadIdentity fields stored as they are
 
 ALERT_COLUMNS = ["alert_id", "kind", "state", "node", "gpu_index", "gpu_uuid", "started", "time", "threshold",
                  "observed", "message", "evidence"]
@@ -118,7 +123,8 @@ def cpu_samples_rows(rec: dict) -> dict[str, Rows]:
     return {
         **_definitions(rec, ts),
         "cpu_samples": Rows(CPU_SAMPLE_COLUMNS, [[ts, rec["node"], s["pid"], s["comm"], s["container_id"],
-                                                  long_to_u64(s["stack_id"]), s["count"]]
+                                                  long_to_u64(s["stack_id"]), s["count"],
+                                                  identity_key(s.get("identity_id", 0))]
                                                  for s in rec["samples"]]),
         "profile_windows": _profile_window(rec, ts, "cpu"),
     }
@@ -131,11 +137,11 @@ def gpu_metrics_rows(rec: dict) -> dict[str, Rows]:
         [ts, rec["node"], d["index"], d["uuid"], d["name"], d["parent_uuid"], d["gpu_util_pct"], d["mem_util_pct"],
          d["mem_used_bytes"], d["mem_total_bytes"], d["sm_clock_mhz"], d["mem_clock_mhz"], d["power_mw"],
          d["power_limit_mw"], d["temperature_c"], d["pcie_tx_kbps"], d["pcie_rx_kbps"], d["clock_event_reasons"],
-         d["xid_errors"], sim]
+         d["xid_errors"], sim, identity_key(d.get("identity_id", 0))]
         for d in rec["devices"]])
     procs = Rows(PROCESS_COLUMNS, [
         [ts, rec["node"], p["device_index"], p["pid"], p["comm"], p["container_id"], p["sm_util_pct"],
-         p["mem_util_pct"], p["used_memory_bytes"], sim]
+         p["mem_util_pct"], p["used_memory_bytes"], sim, identity_key(p.get("identity_id", 0))]
         for p in rec["processes"]])
     return {"gpu_device_metrics": devices, "gpu_process_metrics": procs}
 
@@ -152,12 +158,13 @@ def gpu_samples_rows(rec: dict) -> dict[str, Rows]:
         **_definitions(rec, ts),
         "gpu_kernel_samples": Rows(GPU_SAMPLE_COLUMNS, [
             [ts, node, s["pid"], s["comm"], s["container_id"], s["device"], s["stream"],
-             long_to_u64(s["stack_id"]), s["kernel_name"], s["duration_ns"], s["launches"], s.get("nvtx_range", "")]
+             long_to_u64(s["stack_id"]), s["kernel_name"], s["duration_ns"], s["launches"], s.get("nvtx_range", ""),
+             identity_key(s.get("identity_id", 0))]
             for s in samples]),
         "gpu_copy_samples": Rows(GPU_COPY_COLUMNS, [
             [ts, node, s["pid"], s["comm"], s["container_id"], s["device"], s["stream"], long_to_u64(s["stack_id"]),
              s["kernel_name"], s.get("memory_kinds", ""), s.get("nvtx_range", ""), s["duration_ns"],
-             s.get("bytes", 0), s["launches"]]
+             s.get("bytes", 0), s["launches"], identity_key(s.get("identity_id", 0))]
             for s in copies]),
         "gpu_timeline": _timeline(rec, node),
         "gpu_unmatched": Rows(GPU_UNMATCHED_COLUMNS, [
@@ -178,8 +185,17 @@ def _timeline(rec: dict, node: str) -> Rows:
         [_ts(t["start_ns"]), node, t["pid"], comms.get(t["pid"], ""), t["device"], t["stream"], t["start_ns"],
          t["end_ns"], t["activity"], t["name"], long_to_u64(t["stack_id"]), t["weight"], t.get("bytes", 0),
          t.get("nvtx_range", ""), t.get("graph_id", 0), long_to_u64(t.get("graph_node_id", 0)),
-         t.get("correlation_id", 0)]
+         t.get("correlation_id", 0), identity_key(t.get("identity_id", 0))]
         for t in rec.get("timeline", [])])
+
+
+def identity_rows(rec: dict) -> dict[str, Rows]:
+    """One row of the workload_identities dimension table per WorkloadIdentity definition (migration 0015)."""
+    if not rec["identity_id"]:  # 0 means "none": a definition of it would name every unidentified row
+        raise ValueError("a WorkloadIdentity with identity_id 0")
+    return {"workload_identities": Rows(IDENTITY_COLUMNS, [[
+        identity_key(rec["identity_id"]), rec["node"], _ts_ms(rec["time_ns"]),
+        *(rec[name] for name in _IDENTITY_FIELDS), rec.get("simulated", False)]])}
 
 
 def alert_rows(rec: dict) -> dict[str, Rows]:
@@ -196,8 +212,9 @@ ROW_BUILDERS = {
     "fleetprof.GpuMetrics": gpu_metrics_rows,
     "fleetprof.GpuSamples": gpu_samples_rows,
     "fleetprof.Alert": alert_rows,
+    "fleetprof.WorkloadIdentity": identity_rows,
 }
-SINK_INPUTS = ("cpu.samples", "gpu.metrics", "gpu.samples", "alerts")
+SINK_INPUTS = ("cpu.samples", "gpu.metrics", "gpu.samples", "alerts", "identities")
 
 
 def rows_for(messages: list[Message], written_at: datetime | None = None) -> dict[str, Rows]:

@@ -274,13 +274,13 @@ def symbolize_batch(batch: dict, tables: TableLookup, memo: FrameMemo | None = N
     counts: dict[tuple, int] = {}
     i = 0
     for proc, st in procs:
-        pid, comm, cid = proc["pid"], proc["comm"], proc.get("container_id", "")
+        pid, comm, cid, ident = proc["pid"], proc["comm"], proc.get("container_id", ""), proc.get("identity_id", 0)
         for _ in range(len(st)):
             # leaf-first addresses become root-first frames: user root … user leaf, kernel entry … kernel leaf
             ids = tuple(ufr[ub[i]:ub[i + 1]][::-1] + kfr[kb[i]:kb[i + 1]][::-1])
             sid = memo.stack(ids)
             stacks[sid] = ids
-            key = (pid, comm, cid, sid)
+            key = (pid, comm, cid, ident, sid)
             counts[key] = counts.get(key, 0) + sample_counts[i]
             i += 1
     frames = [memo.by_id[f] for f in np.unique(np.concatenate([uids, kids])).tolist()]
@@ -294,8 +294,9 @@ def symbolize_batch(batch: dict, tables: TableLookup, memo: FrameMemo | None = N
                    for f in frames],
         "stacks": [{"stack_id": sid, "frame_ids": list(ids)} for sid, ids in stacks.items()],
         "samples": [
-            {"pid": pid, "comm": comm, "container_id": cid, "stack_id": sid, "count": clamp_long(n)}
-            for (pid, comm, cid, sid), n in counts.items()
+            {"pid": pid, "comm": comm, "container_id": cid, "identity_id": ident, "stack_id": sid,
+             "count": clamp_long(n)}
+            for (pid, comm, cid, ident, sid), n in counts.items()
         ],
     }
 
@@ -304,7 +305,7 @@ def estimated_bytes(rec: dict) -> int:
     """An upper-bound-ish size of the encoded CpuSamples record, without encoding it."""
     frames = sum(len(f["function"]) + len(f["binary"]) + len(f.get("build_id", "")) + 24 for f in rec["frames"])
     stacks = sum(10 * len(s["frame_ids"]) + 12 for s in rec["stacks"])
-    samples = sum(len(s["comm"]) + len(s["container_id"]) + 28 for s in rec["samples"])
+    samples = sum(len(s["comm"]) + len(s["container_id"]) + 38 for s in rec["samples"])  # 10: the identity id
     return 64 + len(rec["node"]) + frames + stacks + samples
 
 

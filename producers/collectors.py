@@ -13,6 +13,7 @@ from pathlib import Path
 from producers.agent import Collector
 from producers.cpu import CpuCollector
 from producers.cpu_sampler import DEFAULT_MAX_ENTRIES, BpfUnavailable, CpuSampler
+from producers.identity_refs import Identities
 from producers.process_info import KEEP_ALL, ProcessCache, ProcessFilter
 from producers.python_frames import PythonStacks
 from producers.python_procs import PythonProcs
@@ -51,8 +52,10 @@ class OpenedCollectors:
             c.close()
 
 
-def open_collectors(options: CollectorOptions, processes: ProcessCache) -> OpenedCollectors:
-    """Start what can run here: CPU stacks, then CUDA kernels, then NVML; one warning line for each that cannot."""
+def open_collectors(options: CollectorOptions, processes: ProcessCache,
+                    identities: Identities | None = None) -> OpenedCollectors:
+    """Start what can run here: CPU stacks, then CUDA kernels, then NVML; one warning line for each that cannot.
+    `identities`: the workload identity of each process and GPU their records carry (None: every id 0)."""
     found = OpenedCollectors()
     unwind = UnwindLoader(options.unwind_dir, options.unwind_rows) if options.unwind_dir is not None else None
     python = PythonProcs() if options.python_frames else None
@@ -61,7 +64,7 @@ def open_collectors(options: CollectorOptions, processes: ProcessCache) -> Opene
                              python)
         sampler.start()
         found.collectors.append(CpuCollector(sampler, processes, options.node, options.keep, options.kernel_build_id,
-                                             unwind if sampler.unwinding == TABLES else None, python))
+                                             unwind if sampler.unwinding == TABLES else None, python, identities))
     except BpfUnavailable as exc:
         _off(found, f"CPU sampling off: BPF unavailable: {exc}")
     if options.gpu:
@@ -69,7 +72,7 @@ def open_collectors(options: CollectorOptions, processes: ProcessCache) -> Opene
         shared = unwind if unwind is not None and unwind.shared else None
         cpu = found.collectors[0] if found.collectors else None
         _open_gpu(found, options, processes, bpf=bool(found.collectors), unwind=shared,
-                  python=cpu.python_stacks if isinstance(cpu, CpuCollector) else None)
+                  python=cpu.python_stacks if isinstance(cpu, CpuCollector) else None, identities=identities)
     return found
 
 
@@ -80,12 +83,12 @@ def _off(found: OpenedCollectors, note: str, said: bool = False) -> None:
 
 
 def _open_gpu(found: OpenedCollectors, options: CollectorOptions, processes: ProcessCache, bpf: bool,
-              unwind: UnwindLoader | None, python: PythonStacks | None) -> None:
+              unwind: UnwindLoader | None, python: PythonStacks | None, identities: Identities | None) -> None:
     if bpf:
         from producers.gpu_probes import GpuProbeCollector
 
         probes = GpuProbeCollector(options.node, processes, keep=options.keep, pid=options.pid, unwind=unwind,
-                                   python=python)
+                                   python=python, identities=identities)
         try:
             probes.start()
             found.collectors.append(probes)
@@ -98,7 +101,7 @@ def _open_gpu(found: OpenedCollectors, options: CollectorOptions, processes: Pro
     except ImportError as exc:  # nvidia-ml-py missing from this install
         _off(found, f"GPU metrics off: {exc}")
         return
-    nvml = NvmlCollector(options.node, period_s=options.nvml_period_s)
+    nvml = NvmlCollector(options.node, period_s=options.nvml_period_s, identities=identities)
     if nvml.open():
         found.collectors.append(nvml)
     else:

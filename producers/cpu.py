@@ -1,5 +1,6 @@
 """The CPU collector: the eBPF sampler's counts, per window, as one CpuStackBatch record
-(schemas/cpu_stack_batch.v2), with the metadata of every sampled process read while it runs."""
+(schemas/cpu_stack_batch.v3), with the metadata of every sampled process read while it runs and its workload
+identity id."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from producers.agent import Records, Window
 from producers.cpu_sampler import CpuSampler, Sample
+from producers.identity_refs import Identities, process_identity
 from producers.perf_map import is_anonymous
 from producers.process_info import KEEP_ALL, ProcessCache, ProcessFilter, ProcessInfo, batch_mappings
 from producers.python_frames import PythonStacks
@@ -42,8 +44,9 @@ class CpuCollector:
 
     def __init__(self, sampler: CpuSampler, processes: ProcessCache, node: str, keep: ProcessFilter = KEEP_ALL,
                  kernel_build_id: str = "", unwind: UnwindLoader | None = None,
-                 python: PythonProcs | None = None) -> None:
+                 python: PythonProcs | None = None, identities: Identities | None = None) -> None:
         self.sampler = sampler
+        self.identities = identities  # each process's workload identity id, per window (None: every id 0)
         self.unwind = unwind  # loads the call-frame tables of each process read
         self.python = python  # finds the CPython processes among those read, whose Python frames are walked
         self.python_stacks = PythonStacks(python) if python is not None else None
@@ -127,7 +130,7 @@ class CpuCollector:
         self.dropped_samples += self.sampler.dropped_samples
         batch = build_cpu_batch(samples, self.processes, self.node, window.start_ns, window.end_ns - window.start_ns,
                                 self.sampler.frequency_hz, self.kernel_build_id, self.keep, window.index,
-                                code_objects)
+                                code_objects, self.identities)
         return [Records("cpu", [batch])]
 
     def counters(self) -> dict[str, int]:
@@ -148,11 +151,12 @@ class CpuCollector:
 def build_cpu_batch(samples: list[Sample], processes: ProcessCache, node: str, window_start_ns: int,
                     window_ns: int, frequency_hz: int, kernel_build_id: str = "",
                     keep: ProcessFilter = KEEP_ALL, window_index: int | None = None,
-                    code_objects: dict[int, list[dict]] | None = None) -> dict:
+                    code_objects: dict[int, list[dict]] | None = None,
+                    identities: Identities | None = None) -> dict:
     """A CpuStackBatch record: per process its metadata, mappings, the code objects its Python frames name and
     (tid, stacks, count) tuples; processes the filter rejects are left out. A process with anonymous executable
     mappings has its perf map read (again, when the file changed), and the mappings holding its symbols refer to it
-    (see batch_mappings)."""
+    (see batch_mappings). `identities` gives each process's identity id (0 without it)."""
     by_pid: dict[int, list[dict]] = {}
     user_addrs: dict[int, set[int]] = {}
     for pid, tid, user, kernel, count in samples:
@@ -171,7 +175,7 @@ def build_cpu_batch(samples: list[Sample], processes: ProcessCache, node: str, w
         anonymous = any(is_anonymous(m.path) for m in info.mappings)
         procs.append({
             "pid": pid, "comm": info.comm, "exe": info.exe, "cgroup": info.cgroup,
-            "container_id": info.container_id,
+            "container_id": info.container_id, "identity_id": process_identity(identities, info),
             "mappings": batch_mappings(info, processes.perf_maps.get(pid) if anonymous else None),
             "code_objects": (code_objects or {}).get(pid, []), "stacks": by_pid[pid]})
     processes.end_window(window_index)

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from producers.agent import Records, Window
 from producers.cpu_sampler import BpfUnavailable, check_bpf
 from producers.gpu_records import RecordMaker
+from producers.identity_refs import Identities, process_identity
 from producers.memory import release_after_compile
 from producers.perf_map import is_anonymous
 from producers.probe_finder import ProbeFinder, ProbeObject
@@ -117,7 +118,7 @@ class GpuProbeCollector(RecordMaker):
                  idle_scans: int = 6, finder: ProbeFinder | None = None, max_pending: int = 200_000,
                  full_scan_every: int = 10, keep: ProcessFilter = KEEP_ALL, pid: int | None = None,
                  tick_s: float = 0.1, unwind: UnwindLoader | None = None,
-                 python: PythonStacks | None = None) -> None:
+                 python: PythonStacks | None = None, identities: Identities | None = None) -> None:
         if not 1 <= max_sites <= MAX_SITES_LIMIT:
             raise ValueError(f"max_sites must be 1..{MAX_SITES_LIMIT}, got {max_sites}")
         if ring_pages < 1 or ring_pages & (ring_pages - 1):
@@ -129,6 +130,7 @@ class GpuProbeCollector(RecordMaker):
         # the CPU sampler's CPython processes (their py_procs entries, which this program reads) and the agent's
         # code-object reader; None: launch stacks get native frames only
         self.python = python
+        self.identities = identities  # the launching process's workload identity on each launch (None: 0)
         self.unwinding = FRAME_POINTERS  # how launch stacks are walked, once started
         self.pid = pid  # only this process's records (None: all the filter keeps)
         self.tick_s = tick_s  # how often the rings are drained while something is attached (they are bounded)
@@ -342,7 +344,20 @@ class GpuProbeCollector(RecordMaker):
         launches, kernels = self._records(raw_launches, raw_kernels, raw_ranges, unix_offset_ns(),
                                           self.stats["polls_cut"] != cuts, max(self.max_pending, 65_536))
         self._add_mappings(launches)
+        self._add_identities(launches)
         return launches, kernels
+
+    def _add_identities(self, launches: list[dict]) -> None:
+        """Each launch carries its process's identity id (looked up once per process and poll)."""
+        if self.identities is None:
+            return
+        ids: dict[int, int] = {}
+        for rec in launches:
+            pid = rec["pid"]
+            found = ids.get(pid)
+            if found is None:
+                found = ids[pid] = process_identity(self.identities, self.processes.get(pid))
+            rec["identity_id"] = found
 
     def _add_mappings(self, launches: list[dict]) -> None:
         """The first launch of a process this window carries its mappings, and so does the first after they were

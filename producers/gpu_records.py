@@ -177,7 +177,7 @@ class RecordMaker:
         return {"node": self.node, "pid": pid, "tid": tid, "process_start_ns": self._start_ns(pid, starts),
                 "time_ns": t + offset, "correlation_id": corr, "callback_id": callback,
                 "api_name": api_name, "weight": weight, "nvtx_range": self._range_of((pid, tid, corr)),
-                "graph": graph, "user_addrs": stack, "mappings": [], "code_objects": code_objects,
+                "graph": graph, "identity_id": 0, "user_addrs": stack, "mappings": [], "code_objects": code_objects,
                 "simulated": self._simulated(site)}
 
     def _python_frames(self, pid: int, stack: list[int]) -> tuple[list[int], list[dict]]:

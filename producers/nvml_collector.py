@@ -1,4 +1,4 @@
-"""The agent's NVML collector: one GpuMetrics record (schemas/gpu_metrics.v1.avsc) per poll, through nvidia-ml-py.
+"""The agent's NVML collector: one GpuMetrics record (schemas/gpu_metrics.v2.avsc) per poll, through nvidia-ml-py.
 
 Per device (GPUs and MIG devices, which carry their GPU's index and uuid as parent_uuid): utilization, memory,
 clocks, power and its enforced limit, temperature, PCIe throughput, clock-event (throttle) reasons, and the XID
@@ -33,7 +33,8 @@ from typing import Any
 import pynvml
 
 from producers.agent import Records, Window
-from producers.process_info import container_id, parse_cgroup
+from producers.identity_refs import Identities, gpu_identity, process_identity
+from producers.process_info import read_process_info
 
 log = logging.getLogger("fleetprof.nvml")
 
@@ -94,17 +95,8 @@ def _unavailable_reason(exc: pynvml.NVMLError) -> str:
 
 def read_process(pid: int, proc_root: str = "/proc") -> tuple[str, str]:
     """(comm, container id) of a host pid; ("", "") when it is gone or unreadable."""
-    try:
-        with open(f"{proc_root}/{pid}/comm") as f:
-            comm = f.read().strip()
-    except OSError:
-        return "", ""
-    try:
-        with open(f"{proc_root}/{pid}/cgroup") as f:
-            cgroup = parse_cgroup(f.read())
-    except OSError:
-        cgroup = ""
-    return comm, container_id(cgroup)
+    info = read_process_info(pid, proc_root)
+    return ("", "") if info is None else (info.comm, info.container_id)
 
 
 class NvmlCollector:
@@ -115,7 +107,7 @@ class NvmlCollector:
     """
 
     def __init__(self, node: str, period_s: float = 1.0, deadline_s: float | None = None,
-                 proc_root: str = "/proc") -> None:
+                 proc_root: str = "/proc", identities: Identities | None = None) -> None:
         if period_s < UTIL_WINDOW_S:
             raise ValueError(f"the NVML poll period must be at least {UTIL_WINDOW_S:g} s (the driver's "
                              f"utilization window), got {period_s:g} s")
@@ -123,6 +115,8 @@ class NvmlCollector:
         self.period_ns = int(period_s * 1e9)
         self.deadline_s = 0.8 * period_s if deadline_s is None else deadline_s
         self.proc_root = proc_root
+        # a device row's identity is the pod holding the GPU, a process row's the process's (None: every id 0)
+        self.identities = identities
         self.reason = ""
         self.simulated = False
         self.driver = ""
@@ -364,6 +358,7 @@ class NvmlCollector:
         devices, processes, last_seen = [], [], {}
         for dev in self.devices:
             record = {"index": dev.index, "uuid": dev.uuid, "name": dev.name, "parent_uuid": dev.parent_uuid,
+                      "identity_id": gpu_identity(self.identities, dev.uuid),
                       "gpu_util_pct": None, "mem_util_pct": None, "mem_used_bytes": None, "mem_total_bytes": None,
                       "sm_clock_mhz": None, "mem_clock_mhz": None, "power_mw": None, "power_limit_mw": None,
                       "temperature_c": None, "pcie_tx_kbps": None, "pcie_rx_kbps": None,
@@ -429,9 +424,11 @@ class NvmlCollector:
             last_seen[dev.uuid] = max(s.timeStamp for s in newest.values())
         rows = []
         for pid in sorted(set(used) | set(newest)):
-            comm, container = read_process(pid, self.proc_root)
+            info = read_process_info(pid, self.proc_root)
             sample = newest.get(pid)
-            rows.append({"device_index": dev.index, "pid": pid, "comm": comm, "container_id": container,
+            rows.append({"device_index": dev.index, "pid": pid, "comm": info.comm if info else "",
+                         "container_id": info.container_id if info else "",
+                         "identity_id": process_identity(self.identities, info),
                          "sm_util_pct": _int(sample.smUtil) if sample else None,
                          "mem_util_pct": _int(sample.memUtil) if sample else None,
                          "used_memory_bytes": used.get(pid)})

@@ -6,6 +6,10 @@ container's file (a deleted one through /proc/PID/map_files); the kernel's table
 boot. A file that cannot be read (process gone, permission, not ELF) is skipped quietly and counted: its frames stay
 `[unknown] <binary>+0x…` downstream. A perf map's table (id `perfmap:…`, JIT code and CPython's `-X perf`) comes
 from the PerfMapCache that read it for the batch, not from a file.
+
+Workload identities are tables too, per node: the WorkloadIdentity record of each id a CPU batch, a launch or an
+NVML poll references goes out (topic identities, key the id's 16 hex digits) in a symbols unit before the first
+record unit that references it, named `identity:<key>` among its tables, and again if that unit was dropped.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from producers.elf_symbols import ElfError, read_elf_symbols, symbol_chunks
+from producers.identity_refs import Identities, identity_record
 from producers.kallsyms import KernelSymbols, kernel_symbol_chunks
 from producers.outbox_units import Message, Unit
 from producers.perf_map import DEFAULT_PERF_MAPS, PerfMapCache, is_perf_map_id
@@ -24,7 +29,7 @@ from schemas import topics
 from schemas.cpu_batch_writer import encode_cpu_batch, encode_cpu_batches, split_cpu_batch
 from schemas.gpu_launch_writer import LaunchEncoder
 from schemas.single_object import encode
-from schemas.wire import DEFAULT_MAX_BYTES
+from schemas.wire import DEFAULT_MAX_BYTES, identity_key
 
 log = logging.getLogger("fleetprof.agent")
 
@@ -40,7 +45,8 @@ class OutboxEncoder:
     """Turns records of each kind into Units; remembers which build ids' tables went out, until told they did not."""
 
     def __init__(self, kernel: KernelSymbols | None = None, max_bytes: Limits = lambda topic: DEFAULT_MAX_BYTES,
-                 read_chunks: ChunkReader = _read_file_chunks, perf_maps: PerfMapCache | None = None) -> None:
+                 read_chunks: ChunkReader = _read_file_chunks, perf_maps: PerfMapCache | None = None,
+                 identities: Identities | None = None) -> None:
         self.kernel = kernel
         self.max_bytes = max_bytes
         self._read_chunks = read_chunks
@@ -50,12 +56,41 @@ class OutboxEncoder:
         self.unreadable = 0  # mapped files (or perf maps) whose symbols could not be read
         self.new_build_ids = 0
         self._launches = LaunchEncoder()
+        self.identities = identities  # the records of the identity ids records carry (None: none are sent)
+        self.sent_identities: set[str] = set()  # their table names (identity_table), queued
+        self.unknown_identities = 0  # ids a record carried whose definition the resolver did not have
 
     def forget(self, build_ids: Iterable[str]) -> None:
         """These tables were dropped before they reached Kafka: send them again when next needed."""
         for bid in build_ids:
             self.sent_build_ids.discard(bid)
             self._sent_perf_ids.discard(bid)
+            self.sent_identities.discard(bid)
+
+    # identity tables
+
+    def identity_units(self, ids: Iterable[int]) -> tuple[list[Unit], frozenset[str]]:
+        """The symbols unit with the definitions of `ids` (identity_id longs) no earlier unit carried ([] when none),
+        and the table names of every id that has one, for the needs of the records that reference them."""
+        if len(self.sent_identities) > 100_000:  # months of short jobs: start over (the topic is compacted)
+            self.sent_identities.clear()
+        names: set[str] = set()  # every id's that has a definition
+        new: set[str] = set()  # those sent now
+        messages: list[Message] = []
+        for ident in set(ids):
+            if not ident or self.identities is None:
+                continue
+            name = identity_table(ident)
+            if name not in self.sent_identities:
+                record = identity_record(self.identities, ident)
+                if record is None:
+                    self.unknown_identities += 1  # the record goes with an id the store cannot name (yet)
+                    continue
+                self.sent_identities.add(name)
+                new.add(name)
+                messages.append((topics.IDENTITIES.name, identity_key(ident), encode("WorkloadIdentity", record), 1))
+            names.add(name)
+        return ([Unit("symbols", messages, tables=frozenset(new))] if messages else []), frozenset(names)
 
     # symbol tables
 
@@ -117,6 +152,7 @@ class OutboxEncoder:
         units = self.tables_for(hit, kid)
         if not batch["processes"]:
             return units
+        id_units, id_needs = self.identity_units(p.get("identity_id", 0) for p in batch["processes"])
         node, limit = batch["node"], self.max_bytes(topics.CPU_STACKS.name)
         encoded = encode_cpu_batches(batch, limit)
         if len(encoded) == 1:
@@ -124,23 +160,30 @@ class OutboxEncoder:
         else:  # rare: a window larger than a message; each part's samples are counted on their own
             messages = [(topics.CPU_STACKS.name, node, encode_cpu_batch(part), _samples(part))
                         for part in split_cpu_batch(batch, limit)]
-        return [*units, Unit("cpu", messages, needs=_build_ids(hit, kid))]
+        return [*units, *id_units, Unit("cpu", messages, needs=_build_ids(hit, kid) | id_needs)]
 
     def gpu_launches(self, launches: list[dict]) -> list[Unit]:
         """GpuLaunch records keyed node/pid, after the tables of new build ids in their mappings."""
         with_maps = [{"pid": r["pid"], "mappings": r["mappings"]} for r in launches if r["mappings"]]
         units = self.tables_for(with_maps)
+        if not launches:
+            return units
+        id_units, id_needs = self.identity_units(r.get("identity_id", 0) for r in launches)
         messages = [(topics.GPU_LAUNCHES.name, f"{r['node']}/{r['pid']}", self._launches.encode(r), 1)
                     for r in launches]
-        return [*units, Unit("gpu_launches", messages, needs=_build_ids(with_maps))] if messages else units
+        return [*units, *id_units, Unit("gpu_launches", messages, needs=_build_ids(with_maps) | id_needs)]
 
     def gpu_kernels(self, kernels: list[dict]) -> list[Unit]:
         messages = [(topics.GPU_KERNELS.name, f"{r['node']}/{r['pid']}", encode("GpuKernel", r), 1) for r in kernels]
         return [Unit("gpu_kernels", messages)] if messages else []
 
     def gpu_metrics(self, polls: list[dict]) -> list[Unit]:
+        if not polls:
+            return []
+        id_units, id_needs = self.identity_units([d.get("identity_id", 0) for r in polls for d in r["devices"]] +
+                                                 [p.get("identity_id", 0) for r in polls for p in r["processes"]])
         messages = [(topics.GPU_METRICS.name, r["node"], encode("GpuMetrics", r), 1) for r in polls]
-        return [Unit("gpu_metrics", messages)] if messages else []
+        return [*id_units, Unit("gpu_metrics", messages, needs=id_needs)]
 
     def dead_letters(self, letters: list[dict]) -> list[Unit]:
         """Records the agent would not send as they are (producers/kernel_records.py), with the reason."""
@@ -154,6 +197,11 @@ class OutboxEncoder:
             return [u for batch in records for u in self.cpu(batch)]
         return {"gpu_launches": self.gpu_launches, "gpu_kernels": self.gpu_kernels,
                 "gpu_metrics": self.gpu_metrics, "dead_letters": self.dead_letters}[kind](records)
+
+
+def identity_table(identity_id: int) -> str:
+    """The name an identity's definition has among a symbols unit's tables and a record unit's needs."""
+    return f"identity:{identity_key(identity_id)}"
 
 
 def _samples(batch: dict) -> int:

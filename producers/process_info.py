@@ -88,6 +88,21 @@ def parse_cgroup(text: str) -> str:
     return next(iter(paths.values()), "")
 
 
+def read_process_info(pid: int, proc_root: str = "/proc") -> ProcessInfo | None:
+    """A pid's comm, cgroup and container id, without its mappings (NVML's rows need none); None when it is gone."""
+    try:
+        with open(f"{proc_root}/{pid}/comm") as f:
+            comm = f.read().strip()
+    except OSError:
+        return None
+    try:
+        with open(f"{proc_root}/{pid}/cgroup") as f:
+            cgroup = parse_cgroup(f.read())
+    except OSError:
+        cgroup = ""
+    return ProcessInfo(pid, comm, "", cgroup, container_id(cgroup))
+
+
 def parse_maps(text: str) -> list[tuple[int, int, int, str]]:
     """(start, limit, file offset, path) of each executable mapping in /proc/PID/maps text; path "" if anonymous."""
     out = []

@@ -12,7 +12,9 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 
-from schemas.wire import u64_to_long
+from schemas.wire import identity_key, u64_to_long  # identity_key: said once, for every stage
+
+__all__ = ["KINDS", "NO_IDENTITY", "Identity", "identity_key"]
 
 NO_IDENTITY = 0  # records that reference none (the process was gone before it was read)
 KINDS = ("pod", "container", "slurm", "systemd", "host")
@@ -55,11 +57,6 @@ class Identity:
         fields["labels"] = dict(self.labels)
         return {"identity_id": u64_to_long(self.identity_id), "node": node, "time_ns": time_ns, **fields,
                 "simulated": simulated}
-
-
-def identity_key(identity_id: int) -> str:
-    """The id as the store and the topic key write it: 16 lower-case hex digits ('' for NO_IDENTITY)."""
-    return f"{identity_id & 0xFFFF_FFFF_FFFF_FFFF:016x}" if identity_id else ""
 
 
 def _fields(identity: Identity) -> dict:

@@ -29,6 +29,12 @@ def u32_to_int(value: int) -> int:
     return value - (1 << 32) if value >= 1 << 31 else value
 
 
+def identity_key(identity_id: int) -> str:
+    """A workload identity id (either sign: the long on the wire or the unsigned id) as the store and the identities
+    topic's key write it: 16 lower-case hex digits ('' for 0, no identity)."""
+    return f"{identity_id & U64_MAX:016x}" if identity_id else ""
+
+
 def hex_u64(value: int) -> str:
     """An address as people read it: unsigned hex, whatever the sign of the long that carried it."""
     return f"0x{value & U64_MAX:x}"

@@ -48,10 +48,12 @@ def stack(path: list[str], count: int, tid: int = 1) -> dict:
             "count": count}
 
 
-def cpu_batch(node: str, build_id: str, window_start_ns: int, stacks: list[dict], pid: int = 100) -> dict:
+def cpu_batch(node: str, build_id: str, window_start_ns: int, stacks: list[dict], pid: int = 100,
+              identity_id: int = 0) -> dict:
     return {"node": node, "window_start_ns": window_start_ns, "window_ns": 1_000_000_000, "frequency_hz": 99,
             "kernel_build_id": "", "simulated": True,
             "processes": [{"pid": pid, "comm": "app", "exe": "/opt/app", "cgroup": "", "container_id": "",
+                           "identity_id": identity_id,
                            "mappings": [{"start": APP_BASE, "limit": APP_BASE + 0x10000, "file_offset": 0,
                                          "path": "/opt/app", "build_id": build_id}],
                            "stacks": stacks}]}

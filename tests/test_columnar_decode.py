@@ -20,7 +20,7 @@ from schemas.packed_stacks import PackedStacks
 from simulate.synthetic_binaries import KERNEL_BUILD_ID
 from simulate.synthetic_fleet import FREQUENCY_HZ, SyntheticFleet
 
-V2_DIR = Path(__file__).parent / "schemas"
+NEXT_DIR = Path(__file__).parent / "schemas"  # a next version of the schemas
 READER = CpuBatchReader(LAYOUT)
 HEADER = single_object.MARKER + LAYOUT.schema.fingerprint
 I64 = st.integers(-(2**63), 2**63 - 1)
@@ -31,7 +31,7 @@ INT = st.integers(-(2**31), 2**31 - 1)
 TEXT = st.text(max_size=12)  # non-ASCII too: the decoder must keep its place after multi-byte characters
 
 
-# ---- an Avro writer for CpuStackBatch v2 that can split every array into blocks, as other Avro writers may ----
+# ---- an Avro writer for CpuStackBatch v3 that can split every array into blocks, as other Avro writers may ----
 
 def _string(s: str) -> bytes:
     b = s.encode()
@@ -65,7 +65,7 @@ def write_batch(batch: dict, rnd: random.Random | None = None) -> bytes:
 
     def process(p: dict) -> bytes:
         return b"".join([long_bytes(p["pid"]), *(_string(p[k]) for k in ("comm", "exe", "cgroup", "container_id")),
-                         _array([mapping(m) for m in p["mappings"]], rnd),
+                         long_bytes(p.get("identity_id", 0)), _array([mapping(m) for m in p["mappings"]], rnd),
                          _array([code(c) for c in p["code_objects"]], rnd),
                          _array([stack(s) for s in p["stacks"]], rnd)])
 
@@ -81,6 +81,7 @@ mapping_st = st.fixed_dictionaries({"start": ADDR, "limit": ADDR, "file_offset":
                                     "build_id": TEXT})
 code_st = st.fixed_dictionaries({"qualname": TEXT, "file": TEXT, "first_line": INT})
 process_st = st.fixed_dictionaries({"pid": INT, "comm": TEXT, "exe": TEXT, "cgroup": TEXT, "container_id": TEXT,
+                                    "identity_id": st.one_of(st.just(0), I64),
                                     "mappings": st.lists(mapping_st, max_size=3),
                                     "code_objects": st.lists(code_st, max_size=2),
                                     "stacks": st.lists(stacks_st, max_size=6)})
@@ -104,8 +105,8 @@ def columnar(data: bytes) -> dict:
     return as_records(decode_cpu_batch_columnar(data))
 
 
-def test_the_reader_takes_the_v2_schema_file():
-    schema = json.loads((single_object.SCHEMA_DIR / "cpu_stack_batch.v2.avsc").read_text())
+def test_the_reader_takes_the_v3_schema_file():
+    schema = json.loads((single_object.SCHEMA_DIR / "cpu_stack_batch.v3.avsc").read_text())
     assert single_object.crc64_avro(schema) == LAYOUT.schema.fingerprint
     assert single_object.default_registry().latest("CpuStackBatch") is LAYOUT.schema
 
@@ -147,8 +148,8 @@ def test_deep_stacks_and_many_stacks():
     """Counts over 63 take two varint bytes; a process with thousands of stacks spans several decode chunks."""
     stacks = [{"tid": i, "user_addrs": list(range(0x7F0000000000, 0x7F0000000000 + 200 + i % 7)),
                "kernel_addrs": [-(2**63)] * (i % 3), "count": i} for i in range(3000)]
-    proc = {"pid": 1, "comm": "c", "exe": "", "cgroup": "", "container_id": "", "mappings": [], "code_objects": [],
-            "stacks": stacks}
+    proc = {"pid": 1, "comm": "c", "exe": "", "cgroup": "", "container_id": "", "identity_id": 0, "mappings": [],
+            "code_objects": [], "stacks": stacks}
     batch = {"node": "n", "window_start_ns": 0, "window_ns": 1, "frequency_hz": 1, "kernel_build_id": "",
              "simulated": False, "processes": [proc, {**proc, "pid": 2, "stacks": []}, proc]}
     data = single_object.encode("CpuStackBatch", batch)
@@ -165,9 +166,11 @@ def _small_messages() -> list[bytes]:
     batch = {"node": "nœud-1", "window_start_ns": 10**18, "window_ns": 10**10, "frequency_hz": 19,
              "kernel_build_id": "k", "simulated": True,
              "processes": [{"pid": 5, "comm": "app", "exe": "/app", "cgroup": "", "container_id": "c",
-                            "mappings": maps, "code_objects": [{"qualname": "Model.forward", "file": "/m.py",
-                                                                "first_line": 10}], "stacks": stacks},
-                           {"pid": 6, "comm": "idle", "exe": "", "cgroup": "", "container_id": "", "mappings": [],
+                            "identity_id": -(2**63), "mappings": maps,
+                            "code_objects": [{"qualname": "Model.forward", "file": "/m.py", "first_line": 10}],
+                            "stacks": stacks},
+                           {"pid": 6, "comm": "idle", "exe": "", "cgroup": "", "container_id": "", "identity_id": 0,
+                            "mappings": [],
                             "code_objects": [], "stacks": []}]}
     return [single_object.encode("CpuStackBatch", batch), write_batch(batch, random.Random(3)),
             single_object.encode("CpuStackBatch", {**batch, "processes": []})]
@@ -213,7 +216,7 @@ def _body(batch_fields: bytes, processes: bytes) -> bytes:
 
 
 FIELDS = _string("n") + long_bytes(1) + long_bytes(2) + long_bytes(3) + _string("k") + b"\x01"
-PROC_HEAD = long_bytes(7) + _string("c") * 4 + b"\x00\x00"  # no mappings, no code objects
+PROC_HEAD = long_bytes(7) + _string("c") * 4 + b"\x00" + b"\x00\x00"  # identity 0, no mappings, no code objects
 
 
 def _one_stack(tid: bytes, count: bytes = long_bytes(1)) -> bytes:
@@ -254,21 +257,21 @@ def test_other_writers_and_records_go_through_fastavro():
                       "graph_node_id": 0}
     assert decode_columnar(single_object.encode("GpuKernel", kernel)) == ("fleetprof.GpuKernel",
                                                                           {**kernel, **outside_graphs})
-    with pytest.raises(single_object.DecodeError, match="not a CpuStackBatch v2"):
+    with pytest.raises(single_object.DecodeError, match="not a CpuStackBatch v3"):
         decode_cpu_batch_columnar(single_object.encode("GpuKernel", kernel))
     reg = single_object.SchemaRegistry().load_dir()
-    for path in sorted(V2_DIR.glob("*.avsc")):
+    for path in sorted(NEXT_DIR.glob("*.avsc")):
         reg.register_file(path)
     batch = {"node": "n", "window_start_ns": 1, "window_ns": 2, "frequency_hz": 19, "kernel_build_id": "k",
              "simulated": True, "processes": [{"pid": 1, "comm": "c", "exe": "", "cgroup": "", "container_id": "",
                                                "mappings": [], "stacks": [{"tid": 1, "user_addrs": [-1, 5],
                                                                            "kernel_addrs": [], "count": 3}]}]}
-    # v1 and v2 bytes read by a registry whose newest CpuStackBatch is v3: fastavro resolves the fields, no columns
-    for version in (1, 2):
+    # v1 to v3 bytes read by a registry whose newest CpuStackBatch is v4: fastavro resolves the fields, no columns
+    for version in (1, 2, 3):
         older = single_object.encode("CpuStackBatch", batch, version=version)
         _, rec = decode_columnar(older, registry=reg)
         assert rec["agent_version"] == "unknown" and rec["processes"][0]["stacks"][0]["user_addrs"] == [-1, 5]
-    # a v3 writer: another fingerprint, read by fastavro
-    v3 = single_object.encode("CpuStackBatch", {**batch, "agent_version": "3.0"}, registry=reg)
-    _, rec = decode_columnar(v3, registry=reg)
+    # a v4 writer: another fingerprint, read by fastavro
+    v4 = single_object.encode("CpuStackBatch", {**batch, "agent_version": "3.0"}, registry=reg)
+    _, rec = decode_columnar(v4, registry=reg)
     assert isinstance(rec["processes"][0]["stacks"], list) and rec["agent_version"] == "3.0"

@@ -80,8 +80,9 @@ def test_the_timeline_has_every_matched_record_one_by_one():
     stacks = {s["stack_id"]: s["frame_ids"] for s in rec["stacks"]}
     frames = {f["frame_id"]: f["function"] for f in rec["frames"]}
     sample_of = {(s["kernel_name"], s["nvtx_range"]): s["stack_id"] for s in rec["samples"]}
-    got = [{k: v for k, v in t.items() if k != "stack_id"} | {"stack": [frames[f] for f in stacks[t["stack_id"]]]}
-           for t in rec["timeline"]]
+    got = [{k: v for k, v in t.items() if k not in ("stack_id", "identity_id")}
+           | {"stack": [frames[f] for f in stacks[t["stack_id"]]]} for t in rec["timeline"]]
+    assert {t["identity_id"] for t in rec["timeline"]} == {0}  # launches without one
     assert got == [
         {"pid": PID, "device": 1, "stream": 3, "start_ns": T0 + MS, "end_ns": T0 + MS + 20, "activity": "KERNEL",
          "name": GEMM, "weight": 1, "bytes": 0, "nvtx_range": "", "graph_id": 0, "graph_node_id": 0,
@@ -168,7 +169,7 @@ def test_a_pending_copy_and_range_survive_the_changelog_and_v3_records_still_res
     fresh = Correlator()
     restore(fresh, 0, records)
     assert list(fresh.parts[0].kernels.items()) == list(live.parts[0].kernels.items())
-    assert [e[6:] for e in fresh.parts[0].launches.values()] == [[TRAIN, True, 1, 72 + len(NODE) + len(TRAIN)]]
+    assert [e[6:] for e in fresh.parts[0].launches.values()] == [[TRAIN, True, 1, 0, 82 + len(NODE) + len(TRAIN)]]
     out = Outcome()
     fresh.process(0, LAUNCH, 1, launch(1, T0, ["main"]) | {"graph": True}, out)
     fresh.process(0, KERNEL, 2, kernel(2, T0 + 7, 4), out)
@@ -186,7 +187,7 @@ def test_a_pending_copy_and_range_survive_the_changelog_and_v3_records_still_res
     again = Correlator()
     restore(again, 0, [back])
     assert list(again.parts[0].kernels.items()) == list(old.parts[0].kernels.items())
-    assert [e[6:] for e in again.parts[0].launches.values()] == [["", False, 0, 72 + len(NODE)]]
+    assert [e[6:] for e in again.parts[0].launches.values()] == [["", False, 0, 0, 82 + len(NODE)]]
     assert {state_key(back, 4096)} == {"g/0/log/0"}
 
 

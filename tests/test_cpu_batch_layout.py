@@ -18,7 +18,7 @@ from schemas.cpu_batch_writer import CpuBatchWriter
 from schemas.packed_stacks import ADDRESS_COLUMNS, NUMBER_COLUMNS, PackedStacks
 
 V1 = json.loads((single_object.SCHEMA_DIR / "cpu_stack_batch.v1.avsc").read_text())
-V2 = json.loads((single_object.SCHEMA_DIR / "cpu_stack_batch.v2.avsc").read_text())  # the newest
+V3 = json.loads((single_object.SCHEMA_DIR / "cpu_stack_batch.v3.avsc").read_text())  # the newest
 
 
 def _expected(fields: list[dict], last: str | None) -> list[tuple]:
@@ -42,9 +42,9 @@ def _listed(record: Record) -> list[tuple]:
 
 def test_the_layout_is_the_schema_file_field_by_field():
     assert LAYOUT.schema is single_object.default_registry().latest("CpuStackBatch")
-    assert LAYOUT.schema.fingerprint == single_object.crc64_avro(V2)
-    assert _listed(LAYOUT.batch) == _expected(V2["fields"], "processes")
-    processes = V2["fields"][-1]["type"]["items"]
+    assert LAYOUT.schema.fingerprint == single_object.crc64_avro(V3)
+    assert _listed(LAYOUT.batch) == _expected(V3["fields"], "processes")
+    processes = V3["fields"][-1]["type"]["items"]
     assert _listed(LAYOUT.process) == _expected(processes["fields"], "stacks")
     stack = processes["fields"][-1]["type"]["items"]["fields"]
     assert [(f.name, f.kind) for f in LAYOUT.stack] == [
@@ -53,7 +53,7 @@ def test_the_layout_is_the_schema_file_field_by_field():
         **{n: (c, "") for n, c in NUMBER_COLUMNS.items()}, **ADDRESS_COLUMNS}
     assert LAYOUT.stack_gaps() == (1, 0, 1)  # tid | user_addrs | | kernel_addrs | count
     assert (LAYOUT.batch.min_bytes, LAYOUT.process.min_bytes, LAYOUT.process.fields[-3].items.min_bytes,
-            LAYOUT.process.fields[-2].items.min_bytes) == (7, 8, 5, 3)
+            LAYOUT.process.fields[-2].items.min_bytes) == (7, 9, 5, 3)
 
 
 def _variant() -> dict:

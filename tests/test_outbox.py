@@ -69,3 +69,62 @@ def test_a_message_kafka_refuses_is_counted_and_the_rest_delivered(kafka_bootstr
     assert box.unsendable["cpu"] == 1 and box.sent["cpu"].records == 3 and box.sent["gpu_kernels"].records == 1
     got = read_topic(kafka_bootstrap, topic.name, lambda m: True, want=2, timeout=30)
     assert sorted(m.value()[0] for m in got) == [1, 3]
+
+
+CID = "ab" * 32
+
+
+def _batch(*procs: tuple[int, int]) -> dict:
+    """A CpuStackBatch of (pid, identity_id) processes, one stack each."""
+    return {"node": "n1", "window_start_ns": 0, "window_ns": 1, "frequency_hz": 19, "kernel_build_id": "",
+            "simulated": False, "processes": [
+                {"pid": pid, "comm": "c", "exe": "", "cgroup": "", "container_id": "", "identity_id": ident,
+                 "mappings": [], "code_objects": [],
+                 "stacks": [{"tid": pid, "user_addrs": [1], "kernel_addrs": [], "count": 1}]}
+                for pid, ident in procs]}
+
+
+def test_identity_definitions_go_once_before_the_records_and_again_when_their_unit_was_dropped() -> None:
+    from producers.identity_refs import process_identity
+    from producers.outbox_encoder import identity_table
+    from producers.process_info import ProcessInfo
+    from schemas import single_object
+    from schemas.wire import identity_key
+    from tests.identity_doubles import CgroupIdentities
+
+    ids = CgroupIdentities("n1", gpu_pods={"GPU-1": CID})
+    pod = process_identity(ids, ProcessInfo(7, "train", "", f"/kubepods/pod1/{CID}", CID))
+    host = process_identity(ids, ProcessInfo(8, "sshd", "", "/system.slice/ssh.service", ""))
+    encoder = OutboxEncoder(identities=ids)
+    first = encoder.units("cpu", [_batch((7, pod), (8, host), (9, 0))])
+    assert [u.kind for u in first] == ["symbols", "cpu"]
+    names = {identity_table(pod), identity_table(host)}
+    assert first[0].tables == names and names <= first[1].needs
+    assert sorted((t, k) for t, k, _, _ in first[0].messages) == sorted(
+        [("identities", identity_key(pod)), ("identities", identity_key(host))])
+    sent = {single_object.decode(v)[1]["pod_name"] for _, _, v, _ in first[0].messages}
+    assert sent == {f"pod-{CID[:6]}", ""}
+    again = encoder.units("cpu", [_batch((7, pod))])  # known now: the records only, still needing the table
+    assert [u.kind for u in again] == ["cpu"] and again[0].needs == {identity_table(pod)}
+    poll = {"node": "n1", "time_ns": 1, "simulated": False,
+            "devices": [{"index": 0, "uuid": "GPU-1", "name": "g", "parent_uuid": "",
+                         "identity_id": ids.gpu_owner("GPU-1")}],
+            "processes": [{"device_index": 0, "pid": 8, "identity_id": host}]}
+    (metrics,) = encoder.units("gpu_metrics", [poll])  # the GPU's pod and the process's host: both sent already
+    assert metrics.kind == "gpu_metrics" and metrics.needs == names
+    assert [u.needs for u in encoder.units("gpu_kernels", [{"node": "n1", "pid": 7, "process_start_ns": 0,
+                                                            "correlation_id": 1, "start_ns": 1, "end_ns": 2,
+                                                            "device_id": 0, "stream_id": 0,
+                                                            "kernel_name": "k"}])] == [frozenset()]
+    # the outbox drops the table unit (Kafka away, over the bound) and what needs it: the definitions go again
+    box = _away_outbox(first[0].size + first[1].size + 10, encoder)
+    box.add(first)
+    box.add([_unit("gpu_kernels", first[0].size + 20)])
+    assert [u.kind for u in box.held] == ["gpu_kernels"] and box.dropped["symbols"].units == 1
+    assert encoder.sent_identities == set()
+    resent = encoder.units("cpu", [_batch((7, pod))])
+    assert [u.kind for u in resent] == ["symbols", "cpu"] and resent[0].tables == {identity_table(pod)}
+    # no resolver: every id stays 0 and nothing is sent
+    plain = OutboxEncoder()
+    assert [u.kind for u in plain.units("cpu", [_batch((7, pod))])] == ["cpu"]
+    assert process_identity(None, ProcessInfo(7, "train", "", "", CID)) == 0

@@ -2,8 +2,11 @@
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from processors.messages import Message
-from processors.sink import cpu_samples_rows, gpu_metrics_rows, rows_for
+from processors.sink import cpu_samples_rows, gpu_metrics_rows, identity_rows, rows_for
+from producers.workload_identity import Identity
 
 T = 1_764_000_000_123_456_789
 
@@ -12,12 +15,15 @@ def test_cpu_samples_rows():
     rec = {"node": "n", "window_start_ns": T, "window_ns": 10**10,
            "frames": [{"frame_id": -1, "function": "f", "binary": "b", "kind": "NATIVE"}],
            "stacks": [{"stack_id": -2, "frame_ids": [-1, 5]}],
-           "samples": [{"pid": 3, "comm": "c", "container_id": "k", "stack_id": -2, "count": 9}]}
+           "samples": [{"pid": 3, "comm": "c", "container_id": "k", "stack_id": -2, "count": 9},
+                       {"pid": 4, "comm": "c", "container_id": "", "identity_id": -2, "stack_id": -2, "count": 1}]}
     rows = cpu_samples_rows(rec)
     ts = datetime.fromtimestamp(T // 10**9, tz=UTC)
     assert rows["frames"].rows == [[2**64 - 1, "f", "b", "NATIVE", ts, ""]]
     assert rows["stacks"].rows == [[2**64 - 2, [2**64 - 1, 5], ts]]
-    assert rows["cpu_samples"].rows == [[ts, "n", 3, "c", "k", 2**64 - 2, 9]]
+    # a v2 sample (no identity_id) stores '', an id its 16 hex digits of the unsigned value
+    assert rows["cpu_samples"].rows == [[ts, "n", 3, "c", "k", 2**64 - 2, 9, ""],
+                                        [ts, "n", 4, "c", "", 2**64 - 2, 1, "fffffffffffffffe"]]
 
 
 def test_gpu_metrics_rows_keep_nulls_and_the_simulated_label():
@@ -26,12 +32,26 @@ def test_gpu_metrics_rows_keep_nulls_and_the_simulated_label():
            "power_mw": 3, "power_limit_mw": 4, "temperature_c": 40, "pcie_tx_kbps": None, "pcie_rx_kbps": 6,
            "clock_event_reasons": 0, "xid_errors": [79]}
     proc = {"device_index": 1, "pid": 9, "comm": "python", "container_id": "", "sm_util_pct": 50,
-            "mem_util_pct": None, "used_memory_bytes": 100}
-    rows = gpu_metrics_rows({"node": "n", "time_ns": T, "simulated": True, "devices": [dev], "processes": [proc]})
+            "mem_util_pct": None, "used_memory_bytes": 100, "identity_id": 0x1234}
+    rows = gpu_metrics_rows({"node": "n", "time_ns": T, "simulated": True, "devices": [dev, dev | {"identity_id": 5}],
+                             "processes": [proc]})
     ts = datetime.fromtimestamp(1_764_000_000.123, tz=UTC)
-    assert rows["gpu_device_metrics"].rows == [[ts, "n", 1, "GPU-1", "H100 (simulated)", "", None, 5, 7, 8, 1, 2, 3,
-                                                4, 40, None, 6, 0, [79], True]]
-    assert rows["gpu_process_metrics"].rows == [[ts, "n", 1, 9, "python", "", 50, None, 100, True]]
+    device = [ts, "n", 1, "GPU-1", "H100 (simulated)", "", None, 5, 7, 8, 1, 2, 3, 4, 40, None, 6, 0, [79], True]
+    assert rows["gpu_device_metrics"].rows == [device + [""], device + ["0000000000000005"]]
+    assert rows["gpu_process_metrics"].rows == [[ts, "n", 1, 9, "python", "", 50, None, 100, True,
+                                                 "0000000000001234"]]
+
+
+def test_identity_rows_are_the_dimension_table_row():
+    ident = Identity("pod", container_runtime="containerd", container_id="ab" * 32, container_name="trainer",
+                     pod_name="train-0", namespace="ml", pod_uid="u-1", labels=(("team", "vision"),), team="vision")
+    rec = ident.record("node-1", T, simulated=True)
+    (row,) = identity_rows(rec)["workload_identities"].rows
+    assert row == [f"{ident.identity_id:016x}", "node-1", datetime.fromtimestamp(1_764_000_000.123, tz=UTC), "pod",
+                   "containerd", "ab" * 32, "trainer", "train-0", "ml", "u-1", {"team": "vision"}, "", "", "", "", "",
+                   "", "", "vision", True]
+    with pytest.raises(ValueError, match="identity_id 0"):
+        identity_rows(rec | {"identity_id": 0})
 
 
 def test_rows_for_merges_tables_in_message_order():

@@ -1,5 +1,6 @@
 """The symbolize stage sends each stack and frame definition once per commit, and again after an abort; CpuStackBatch
-v1 and v2 side by side: an older agent feeds newer processors, a newer batch to older processors is dead-lettered."""
+v1 to v3 side by side: an older agent feeds newer processors, a newer batch to older processors is dead-lettered;
+each sample keeps its process's identity id (0 from an agent before identities)."""
 
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ def _nothing():
     return contextlib.nullcontext()
 
 
-def test_a_v1_agent_feeds_v2_processors_and_a_v2_batch_is_dead_lettered_by_a_v1_only_one():
+def test_a_v1_agent_feeds_v3_processors_and_a_v3_batch_is_dead_lettered_by_a_v1_only_one():
     from schemas import single_object
     from schemas.wire import python_frame, u64_to_long
 
@@ -73,7 +74,7 @@ def test_a_v1_agent_feeds_v2_processors_and_a_v2_batch_is_dead_lettered_by_a_v1_
     batch = cpu_batch("n1", bid, 10**18, [stack(p, 2, tid=i) for i, p in enumerate(paths)])
     v1 = single_object.encode("CpuStackBatch", batch, version=1)
     v2 = single_object.encode("CpuStackBatch", batch)
-    assert v1[2:10] != v2[2:10]  # two writer schemas
+    assert v1[2:10] != v2[2:10]  # two writer schemas (v2 stands for the newest here)
     old, new = _decode(v1, 0), _decode(v2, 1)
     assert isinstance(old, Message) and isinstance(new, Message)
     (from_v1,) = stage.process([old])
@@ -87,8 +88,29 @@ def test_a_v1_agent_feeds_v2_processors_and_a_v2_batch_is_dead_lettered_by_a_v1_
     value = single_object.encode("CpuStackBatch", py)
     v1_only = single_object.SchemaRegistry()
     for path in sorted(single_object.SCHEMA_DIR.glob("*.v*.avsc")):
-        if path.name != "cpu_stack_batch.v2.avsc":
+        if not path.name.startswith("cpu_stack_batch.") or path.name == "cpu_stack_batch.v1.avsc":
             v1_only.register_file(path)
     dead = _decode(value, 2, v1_only)
     assert dead.topic == "deadletter" and dead.record["value"] == value
     assert dead.record["reason"] == f"unknown schema fingerprint {value[2:10][::-1].hex()}"
+
+
+def test_each_sample_keeps_its_process_identity_and_a_v2_batch_reads_as_none():
+    from schemas import single_object
+    from schemas.wire import identity_key
+
+    stage, bid = _stage()
+    batch = cpu_batch("n1", bid, 10**18, [stack(["main", "run"], 3)])
+    proc = batch["processes"][0]
+    twin = dict(proc, pid=proc["pid"] + 1, identity_id=-5)  # a negative long: an id of 2**64 - 5
+    with_ids = dict(batch, processes=[dict(proc, identity_id=77), twin])
+    (out,) = stage.process([_decode(single_object.encode("CpuStackBatch", with_ids), 0)])
+    assert sorted((s["pid"], s["identity_id"], s["count"]) for s in out.record["samples"]) == [
+        (proc["pid"], 77, 3), (proc["pid"] + 1, -5, 3)]
+    assert {identity_key(s["identity_id"]) for s in out.record["samples"]} == {"000000000000004d", "fffffffffffffffb"}
+    stage.after_commit()
+    old = single_object.encode("CpuStackBatch", batch, version=2)  # an agent before identities
+    (out,) = stage.process([_decode(old, 1)])
+    assert [(s["pid"], s["identity_id"], s["count"]) for s in out.record["samples"]] == [(proc["pid"], 0, 3)]
+    back = single_object.decode(single_object.encode("CpuSamples", out.record))[1]
+    assert back["samples"][0]["identity_id"] == 0

@@ -129,7 +129,7 @@ class NothingToCollect(click.ClickException):
 
 
 def _open(options: CollectorOptions, processes: ProcessCache, identities: IdentityResolver) -> OpenedCollectors:
-    opened = open_collectors(options, processes)  # ISSUE17-JOIN: pass identities=identities (helper "wire")
+    opened = open_collectors(options, processes, identities)
     if not opened.collectors:
         raise NothingToCollect("nothing to collect on this node: " + "; ".join(opened.notes or ["no GPU"]))
     if options.pid is not None:
@@ -173,14 +173,14 @@ def _publish(settings: Settings, options: CollectorOptions, window_s: float, onc
     opened = _open(options, processes, identities)
     if metrics[1]:
         _serve_metrics(opened, *metrics, identities)
-    wanted = [topics.SYMBOLS.name, topics.CPU_STACKS.name]
+    wanted = [topics.SYMBOLS.name, topics.IDENTITIES.name, topics.CPU_STACKS.name]
     if "gpu" in opened.names():
         wanted += [topics.GPU_LAUNCHES.name, topics.GPU_KERNELS.name]
     if "nvml" in opened.names():
         wanted.append(topics.GPU_METRICS.name)
     link = KafkaLink(config, wanted)
     publisher = Publisher({**config, "log_level": 0})  # connection trouble: the link says it, once per change
-    encoder = OutboxEncoder(kernel, max_bytes=link.max_bytes, perf_maps=processes.perf_maps)  # ISSUE17-JOIN: identities
+    encoder = OutboxEncoder(kernel, max_bytes=link.max_bytes, perf_maps=processes.perf_maps, identities=identities)
     outbox = Outbox(publisher, link, encoder, buffer_bytes)
     lines = WindowLines(outbox, opened)
     agent = Agent(opened.collectors, outbox, window_s, on_window=lines.print, align=not once)
