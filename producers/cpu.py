@@ -111,6 +111,10 @@ class CpuCollector:
 
     def _load(self, info: ProcessInfo) -> None:
         """A process read (new, or with new mappings): its tables loaded, and its interpreter found if it has one."""
+        if self.identities is not None:
+            # asked now, not first at the window's end: what the resolver's thread must fetch for it (the kubelet's
+            # pod list for a new container, a Slurm job's environment) is then there for this window's batch
+            self.identities.identify(info)
         if self.unwind is not None:
             self.unwind.load(info.pid, info.mappings)
         if self.python is not None:

@@ -126,7 +126,7 @@ def test_processes_in_pod_slurm_and_docker_cgroups_are_profiled_as_their_workloa
                                             "labels": {"team": "vision", "job-name": "train-llm"}, "team": "vision"}
         assert defined[ids["slurm_spin"]] == {**blank, "kind": "slurm", "slurm_job_id": job, "slurm_step": "0",
                                               "slurm_user": "root", "slurm_account": "physics",
-                                              "systemd_unit": "slurmstepd.scope", "team": "physics"}
+                                              "team": "physics"}
         assert defined[ids["docker_spin"]] == {**blank, "kind": "container", "container_runtime": "docker",
                                                "container_id": docker_cid}
 
@@ -165,6 +165,10 @@ def test_processes_in_pod_slurm_and_docker_cgroups_are_profiled_as_their_workloa
     by_pod = _cli(store, "report", "cost", *window, "--node", node, "--by", "pod", "--format", "csv").splitlines()
     by_job = _cli(store, "report", "cost", *window, "--node", node, "--by", "job", "--format", "csv").splitlines()
     by_team = _cli(store, "report", "cost", *window, "--node", node, "--by", "team", "--format", "csv").splitlines()
-    assert [line.split(",")[0] for line in by_pod[1:]] == ["ml-train/trainer-0", "unattributed"], by_pod
-    assert {line.split(",")[0] for line in by_job[1:]} == {job, "unattributed"}, by_job
-    assert {line.split(",")[0] for line in by_team[1:]} == {"vision", "physics"}, by_team
+    def groups(lines: list[str]) -> dict[str, str]:  # group -> gpu_hours; both GPUs were polled together
+        return {line.split(",")[0]: line.split(",")[1] for line in lines[1:]}
+    pods, jobs, teams = groups(by_pod), groups(by_job), groups(by_team)
+    assert list(pods) == ["ml-train/trainer-0", "unattributed", "total"], by_pod
+    assert pods["ml-train/trainer-0"] == pods["unattributed"] == jobs[job] == teams["vision"] == teams["physics"]
+    assert set(jobs) == {job, "ml-train/train-llm", "total"}, by_job  # a Kubernetes Job is a job too
+    assert set(teams) == {"vision", "physics", "total"}, by_team
