@@ -16,7 +16,6 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from producers.workload_identity import identity_key
 from simulate.nvml import Segment, SimDevice, SimProcess, sim_env, write_scenario
 from tests.cgroup_helpers import cgroup_tree
 from tests.kubelet_double import KubeletDouble, PodResourcesDouble, make_tls, pod, pod_list
@@ -145,20 +144,15 @@ def test_processes_in_pod_slurm_and_docker_cgroups_are_profiled_as_their_workloa
                               {"n": node})
     samples = dict(rows)
     by_name = {name: samples[key] for name, key in ids.items()}
+    window = ["--since", since.replace(" ", "T"), "--until", until.replace(" ", "T"), "--node", node]
     for flag, value, name in (("pod", "trainer-0", "pod_spin"), ("pod", "ml-train/trainer-0", "pod_spin"),
                               ("namespace", "ml-train", "pod_spin"), ("container", "trainer", "pod_spin"),
                               ("container", docker_cid[:12], "docker_spin"), ("job", job, "slurm_spin"),
                               ("job", "train-llm", "pod_spin")):
-        cols, rows = store.query_named("top_functions_cpu", {"since": since, "until": until, "node": node,
-                                                            flag: value, "limit": 1000})
-        functions = {r[cols.index("function")]: int(r[cols.index("total")]) for r in rows}
-        spins = {f for f in functions if f.endswith("_spin") or f in pids}
-        assert spins <= {name}, (flag, value, spins)
-        _, total = store.query_sql("SELECT sum(count) FROM cpu_samples WHERE node = {n:String} AND identity IN "
-                                   "(SELECT identity FROM workload_identities WHERE identity = {i:String})",
-                                   {"n": node, "i": ids[name]})
-        assert int(total[0][0]) == by_name[name]
-    assert identity_key(0) == ""
+        folded = _cli(store, "query", "flamegraph", *window, f"--{flag}", value, "--merge-processes")
+        assert sum(int(line.rsplit(" ", 1)[1]) for line in folded.splitlines()) == by_name[name], (flag, value)
+        top = _cli(store, "query", "top", *window, f"--{flag}", value, "--format", "csv", "--limit", "1000")
+        assert top.splitlines()[0].startswith("function,") and len(top.splitlines()) > 1, top
 
     # the cost report: the pod's GPU to the pod, the job's to its Slurm job, teams from the label and the account
     window = ["--since", since.replace(" ", "T"), "--until", until.replace(" ", "T"), "--price-per-gpu-hour", "2"]
