@@ -5,6 +5,7 @@ tests expect of their records."""
 
 from __future__ import annotations
 
+import ctypes as ct
 import os
 import subprocess
 import sys
@@ -220,6 +221,30 @@ def _collector(procs: Procs, node: str = "n1", **kw: object) -> GpuProbeCollecto
     return c
 
 
+def fresh(c: GpuProbeCollector, procs: Procs, node: str = "n1", **kw: object) -> GpuProbeCollector:
+    """`c` as `_collector(procs, node, **kw)` would start it, without compiling the program again (~12 s a compile):
+    every object detached, the rings drained, the kernel-side counters and pending weights cleared, and the user side
+    built anew by the collector's own __init__. `kw` may lower max_sites (the slots are handed out in user space) but
+    not change ring_pages, which the program was compiled with."""
+    compiled = getattr(c, "compiled_sites", c.max_sites)
+    assert kw.get("max_sites", compiled) <= compiled and "ring_pages" not in kw
+    for key in list(c._objects):
+        c._detach(key)
+    while any(c.poll(0)):
+        pass
+    loaded = c._bpf, c._bcc, c._attach, c.unwinding
+    c.__init__(node, ProcessCache(), finder=ProbeFinder(proc=str(procs.view)), ring_pages=c.ring_pages,
+               **{"max_sites": compiled, **kw})
+    c._bpf, c._bcc, c._attach, c.unwinding = loaded
+    c.compiled_sites = compiled
+    counters = c._bpf[b"counters"]
+    for i in range(len(counters)):
+        counters[ct.c_int(i)] = counters.Leaf(0)
+    c._bpf[b"weights"].clear()
+    assert set(c.counters().values()) == {0} and c.attached() == {} and not c._dead_letters
+    return c
+
+
 def own_gpusim(build: Path) -> Path:
     """A build of the GPU simulator of the test's own (FLEETPROF_NATIVE_BUILD=build): another file than the one other
     tests load, so attaching to it turns on no probes in their processes. Skips the test where it does not build."""
@@ -232,10 +257,12 @@ def own_gpusim(build: Path) -> Path:
 
 
 @contextmanager
-def attached_to(procs: Procs, lib: Path, node: str = "sim") -> Iterator[GpuProbeCollector]:
+def attached_to(procs: Procs, lib: Path, node: str = "sim",
+                shared: GpuProbeCollector | None = None) -> Iterator[GpuProbeCollector]:
     """A collector attached to the simulator `lib` before any of the test's processes maps it (a process that holds
-    the library is there for the block's time), so every launch they make is decided with all the probes on."""
-    c = _collector(procs, node)
+    the library is there for the block's time), so every launch they make is decided with all the probes on.
+    `shared`: a started collector to use, made fresh (see fresh()) and left open; else one of its own, closed."""
+    c = _collector(procs, node) if shared is None else fresh(shared, procs, node)
     holder = subprocess.Popen([sys.executable, "-c", f"import ctypes, sys; ctypes.CDLL({str(lib)!r}); "
                                "print('ready', flush=True); sys.stdin.read()"],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -247,7 +274,8 @@ def attached_to(procs: Procs, lib: Path, node: str = "sim") -> Iterator[GpuProbe
     finally:
         holder.stdin.close()
         holder.wait(10)
-        c.close()
+        if shared is None:
+            c.close()
 
 
 def _launches(n: int, base: int) -> list[tuple]:

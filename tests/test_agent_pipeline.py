@@ -68,7 +68,8 @@ def test_agent_loops_until_sigterm_and_sends_each_table_once(kafka_bootstrap, wo
     started_ms = int(time.time() * 1000)  # tests run one at a time: later symbols are this agent's
     agent = subprocess.Popen([sys.executable, "-m", "fleetprof", "agent", "--window", "1s", "--frequency", "99",
                               "--pid", str(workload.pid), "--node", f"agent-{uuid.uuid4().hex[:8]}", "--format",
-                              "json"], env=dict(os.environ, FLEETPROF_KAFKA=kafka_bootstrap),
+                              "json", "--no-gpu"],  # a CPU workload: no GPU probe compile (~12 s) before window 1
+                             env=dict(os.environ, FLEETPROF_KAFKA=kafka_bootstrap),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         lines = []

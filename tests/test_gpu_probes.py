@@ -11,12 +11,15 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from processors.symbol_tables import table_from_chunks
 from producers.agent import Records
 from producers.elf_symbols import read_build_id
-from producers.gpu_probes import COUNTERS
+from producers.gpu_probes import COUNTERS, GpuProbeCollector
 from producers.gpu_records import (
     KERNEL_FIELDS,
     KERNEL_HEADER,
@@ -46,32 +49,47 @@ from tests.probe_emitters import (
     _launches,
     _tables,
     attached_to,
+    fresh,
     own_gpusim,
 )
 
 
-def test_record_layouts_match_the_bpf_structs(procs: Procs, bpf_ok: None) -> None:
-    c = _collector(procs)
+@pytest.fixture(scope="module")
+def loaded(bpf_ok: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GpuProbeCollector]:
+    """One started collector, compiled once, for the tests that need no program of their own: each takes it through
+    fresh(). The tests of a ring of one page and of what close() does start their own."""
+    c = _collector(Procs(tmp_path_factory.mktemp("proc")))
     try:
-        for table, header, names in ((b"launch_scratch", LAUNCH_HEADER, LAUNCH_FIELDS),
-                                     (b"kernel_scratch", KERNEL_HEADER, KERNEL_FIELDS),
-                                     (b"range_scratch", RANGE_HEADER, RANGE_FIELDS)):
-            leaf = c._bpf[table].Leaf._type_  # per-CPU: an array of the struct
-            fields = [f[0] for f in leaf._fields_][:len(names)]
-            assert fields == list(names)
-            offsets = [getattr(leaf, n).offset for n in names]
-            sizes = [getattr(leaf, n).size for n in names]
-            assert [o + s for o, s in zip(offsets, sizes, strict=True)][-1] == header.size
-            assert offsets == [header.size - sum(sizes[i:]) for i in range(len(names))]  # packed in this order
-        launch, kernel, ranges = (dict(c._bpf[t].Leaf._type_._fields_)
-                                  for t in (b"launch_scratch", b"kernel_scratch", b"range_scratch"))
-        assert launch["stack"]._length_ == MAX_STACK
-        assert kernel["name"]._length_ == KERNEL_NAME_MAX + 2  # one more than kept, and the NUL
-        assert ranges["path"]._length_ == RANGE_PATH_MAX
-        assert c._bpf[b"sites"].Leaf._fields_[0][1]._length_ == 9  # memory_executed's nine arguments
-        assert len(c._bpf[b"counters"]) == len(COUNTERS)
+        yield c
     finally:
         c.close()
+
+
+@pytest.fixture
+def collector(loaded: GpuProbeCollector, procs: Procs) -> GpuProbeCollector:
+    """`loaded`, as fresh as a collector just started on this test's processes."""
+    return fresh(loaded, procs)
+
+
+def test_record_layouts_match_the_bpf_structs(collector: GpuProbeCollector) -> None:
+    c = collector
+    for table, header, names in ((b"launch_scratch", LAUNCH_HEADER, LAUNCH_FIELDS),
+                                 (b"kernel_scratch", KERNEL_HEADER, KERNEL_FIELDS),
+                                 (b"range_scratch", RANGE_HEADER, RANGE_FIELDS)):
+        leaf = c._bpf[table].Leaf._type_  # per-CPU: an array of the struct
+        fields = [f[0] for f in leaf._fields_][:len(names)]
+        assert fields == list(names)
+        offsets = [getattr(leaf, n).offset for n in names]
+        sizes = [getattr(leaf, n).size for n in names]
+        assert [o + s for o, s in zip(offsets, sizes, strict=True)][-1] == header.size
+        assert offsets == [header.size - sum(sizes[i:]) for i in range(len(names))]  # packed in this order
+    launch, kernel, ranges = (dict(c._bpf[t].Leaf._type_._fields_)
+                              for t in (b"launch_scratch", b"kernel_scratch", b"range_scratch"))
+    assert launch["stack"]._length_ == MAX_STACK
+    assert kernel["name"]._length_ == KERNEL_NAME_MAX + 2  # one more than kept, and the NUL
+    assert ranges["path"]._length_ == RANGE_PATH_MAX
+    assert c._bpf[b"sites"].Leaf._fields_[0][1]._length_ == 9  # memory_executed's nine arguments
+    assert len(c._bpf[b"counters"]) == len(COUNTERS)
 
 
 def test_launches_and_kernels_are_seen_once_with_exact_values(emitters: dict[str, Path], procs: Procs,
@@ -115,42 +133,37 @@ def test_launches_and_kernels_are_seen_once_with_exact_values(emitters: dict[str
 
 
 def test_later_processes_are_covered_and_memory_arguments_read(emitters: dict[str, Path], procs: Procs,
-                                                              bpf_ok: None) -> None:
-    c = _collector(procs)
-    try:
-        procs.start(emitters["emitter"])
-        assert c.rescan() == [str(emitters["libfpemit.so"])]
-        o0 = procs.start(emitters["emitter_o0"])  # not attached until the next rescan: its probes stay off
-        second = procs.start(emitters["emitter"])  # maps the attached library: covered without a rescan
-        assert o0.semaphores() == (0, 0, 0) and second.semaphores() == (1, 1, 1)
-        o0.cmd("launch 3 10")
-        second.cmd("launch 3 20")
-        second.cmd("kernel 2 20")
-        launches, kernels = _drain(c, {second.pid, o0.pid}, 3, 2)  # o0 fired too: unseen
-        _check_launches(launches, second, _launches(3, 20))
-        assert len(kernels) == 2 and {k["pid"] for k in kernels} == {second.pid}
+                                                              collector: GpuProbeCollector) -> None:
+    c = collector
+    procs.start(emitters["emitter"])
+    assert c.rescan() == [str(emitters["libfpemit.so"])]
+    o0 = procs.start(emitters["emitter_o0"])  # not attached until the next rescan: its probes stay off
+    second = procs.start(emitters["emitter"])  # maps the attached library: covered without a rescan
+    assert o0.semaphores() == (0, 0, 0) and second.semaphores() == (1, 1, 1)
+    o0.cmd("launch 3 10")
+    second.cmd("launch 3 20")
+    second.cmd("kernel 2 20")
+    launches, kernels = _drain(c, {second.pid, o0.pid}, 3, 2)  # o0 fired too: unseen
+    _check_launches(launches, second, _launches(3, 20))
+    assert len(kernels) == 2 and {k["pid"] for k in kernels} == {second.pid}
 
-        assert c.rescan() == [str(emitters["emitter_o0"])]  # within one rescan
-        o0.cmd("launch 6 30")
-        o0.cmd("kernel 3 30")
-        launches, kernels = _drain(c, {o0.pid}, 6, 3)
-        _check_launches(launches, o0, _launches(6, 30))
-        assert sorted((k["start_ns"], k["end_ns"], k["correlation_id"], k["device_id"], k["stream_id"],
-                       k["kernel_name"]) for k in kernels) == _kernels(3, 30)
-    finally:
-        c.close()
+    assert c.rescan() == [str(emitters["emitter_o0"])]  # within one rescan
+    o0.cmd("launch 6 30")
+    o0.cmd("kernel 3 30")
+    launches, kernels = _drain(c, {o0.pid}, 6, 3)
+    _check_launches(launches, o0, _launches(6, 30))
+    assert sorted((k["start_ns"], k["end_ns"], k["correlation_id"], k["device_id"], k["stream_id"],
+                   k["kernel_name"]) for k in kernels) == _kernels(3, 30)
 
 
-def test_deep_stacks_are_walked_whole_up_to_the_bound(emitters: dict[str, Path], procs: Procs, bpf_ok: None) -> None:
-    c = _collector(procs)
-    try:
-        e = procs.start(emitters["emitter"])
-        c.rescan()
-        e.cmd("deep 60 1")  # 61 frames of ~230 bytes: the walk crosses several stack pages
-        e.cmd("deep 200 2")  # more frames than the bound
-        launches, _ = _drain(c, {e.pid}, 2, 0)
-    finally:
-        c.close()
+def test_deep_stacks_are_walked_whole_up_to_the_bound(emitters: dict[str, Path], procs: Procs,
+                                                     collector: GpuProbeCollector) -> None:
+    c = collector
+    e = procs.start(emitters["emitter"])
+    c.rescan()
+    e.cmd("deep 60 1")  # 61 frames of ~230 bytes: the walk crosses several stack pages
+    e.cmd("deep 200 2")  # more frames than the bound
+    launches, _ = _drain(c, {e.pid}, 2, 0)
     by_corr = {r["correlation_id"]: r for r in launches}
     assert sorted(by_corr) == [1, 2]
     mappings = next(r["mappings"] for r in launches if r["mappings"])
@@ -163,70 +176,61 @@ def test_deep_stacks_are_walked_whole_up_to_the_bound(emitters: dict[str, Path],
 
 
 def test_kernel_names_are_bounded_and_cuts_counted(emitters: dict[str, Path], procs: Procs,
-                                                   bpf_ok: None) -> None:
-    c = _collector(procs)
-    try:
-        e = procs.start(emitters["emitter"])
-        c.rescan()
-        for n in (KERNEL_NAME_MAX - 1, KERNEL_NAME_MAX, KERNEL_NAME_MAX + 1, 5000):
-            e.cmd(f"name {n}")
-        _, kernels = _drain(c, {e.pid}, 0, 4)
-        assert sorted((k["correlation_id"], len(k["kernel_name"])) for k in kernels) == [
-            (KERNEL_NAME_MAX - 1, KERNEL_NAME_MAX - 1), (KERNEL_NAME_MAX, KERNEL_NAME_MAX),
-            (KERNEL_NAME_MAX + 1, KERNEL_NAME_MAX), (5000, KERNEL_NAME_MAX)]
-        assert all(set(k["kernel_name"]) == {"k"} for k in kernels)
-        assert c.counters()["names_truncated"] == 2
-    finally:
-        c.close()
+                                                   collector: GpuProbeCollector) -> None:
+    c = collector
+    e = procs.start(emitters["emitter"])
+    c.rescan()
+    for n in (KERNEL_NAME_MAX - 1, KERNEL_NAME_MAX, KERNEL_NAME_MAX + 1, 5000):
+        e.cmd(f"name {n}")
+    _, kernels = _drain(c, {e.pid}, 0, 4)
+    assert sorted((k["correlation_id"], len(k["kernel_name"])) for k in kernels) == [
+        (KERNEL_NAME_MAX - 1, KERNEL_NAME_MAX - 1), (KERNEL_NAME_MAX, KERNEL_NAME_MAX),
+        (KERNEL_NAME_MAX + 1, KERNEL_NAME_MAX), (5000, KERNEL_NAME_MAX)]
+    assert all(set(k["kernel_name"]) == {"k"} for k in kernels)
+    assert c.counters()["names_truncated"] == 2
 
 
 def test_bad_probe_arguments_are_counted_not_fatal(emitters: dict[str, Path], procs: Procs,
-                                                   bpf_ok: None) -> None:
-    c = _collector(procs)
-    try:
-        e = procs.start(emitters["emitter"])
-        c.rescan()
-        e.cmd("bad")
-        launches, kernels = _drain(c, {e.pid}, 1, 1)
-        assert [(r["api_name"], r["weight"]) for r in launches] == [("", 1)]
-        assert [(k["kernel_name"], k["correlation_id"], k["stream_id"]) for k in kernels] == [
-            (UNREADABLE_NAME, 5, 7)]
-        counts = c.counters()
-        assert (counts["api_names_unreadable"], counts["weights_invalid"], counts["names_unreadable"]) == (1, 1, 1)
-    finally:
-        c.close()
+                                                   collector: GpuProbeCollector) -> None:
+    c = collector
+    e = procs.start(emitters["emitter"])
+    c.rescan()
+    e.cmd("bad")
+    launches, kernels = _drain(c, {e.pid}, 1, 1)
+    assert [(r["api_name"], r["weight"]) for r in launches] == [("", 1)]
+    assert [(k["kernel_name"], k["correlation_id"], k["stream_id"]) for k in kernels] == [
+        (UNREADABLE_NAME, 5, 7)]
+    counts = c.counters()
+    assert (counts["api_names_unreadable"], counts["weights_invalid"], counts["names_unreadable"]) == (1, 1, 1)
 
 
 def test_names_in_untouched_pages_are_read_from_the_process_and_bad_times_dead_lettered(
-        emitters: dict[str, Path], procs: Procs, bpf_ok: None) -> None:
-    c = _collector(procs)
-    try:
-        e = procs.start(emitters["emitter"])
-        c.rescan()
-        now = time.time_ns()
-        for command in ("untouched", "gone", f"times {now} {now + 5000}", "times 1000 2000",
-                        f"times {now} {now - 1}", f"times {now + 2 * 86_400 * 10**9} {now + 2 * 86_400 * 10**9 + 1}",
-                        f"times {now - 2 * 86_400 * 10**9} {now}"):
-            e.cmd(command)
-        _, kernels = _drain(c, {e.pid}, 0, 3)
-        t0 = 1_700_000_000_000_000_000  # the emitter's T0
-        assert sorted((k["correlation_id"], k["kernel_name"], k["start_ns"], k["end_ns"]) for k in kernels) == [
-            (41, "kernel_in_an_untouched_page", t0 + 10, t0 + 20), (42, UNREADABLE_NAME, t0 + 30, t0 + 40),
-            (43, "kernel_with_these_times", now, now + 5000)]
-        counts = c.counters()
-        assert (counts["names_read_from_process"], counts["names_unreadable"], counts["kernel_times_implausible"]) \
-            == (1, 1, 4), counts
-        letters = c.take_dead_letters()
-        assert [d["source_topic"] for d in letters] == ["gpu.kernels"] * 4
-        assert all(d["stage"] == "agent" and d["key"] == f"{c.node}/{e.pid}".encode() for d in letters)
-        assert [decode(d["value"])[1]["kernel_name"] for d in letters] == ["kernel_with_these_times"] * 4
-        assert len(letters) == 4 and any("before 2000-01-01" in d["reason"] for d in letters) \
-            and any("is before start_ns" in d["reason"] for d in letters) \
-            and any("more than a day after now" in d["reason"] for d in letters) \
-            and any("over a day" in d["reason"] for d in letters), [d["reason"] for d in letters]
-        assert c.take_dead_letters() == []
-    finally:
-        c.close()
+        emitters: dict[str, Path], procs: Procs, collector: GpuProbeCollector) -> None:
+    c = collector
+    e = procs.start(emitters["emitter"])
+    c.rescan()
+    now = time.time_ns()
+    for command in ("untouched", "gone", f"times {now} {now + 5000}", "times 1000 2000",
+                    f"times {now} {now - 1}", f"times {now + 2 * 86_400 * 10**9} {now + 2 * 86_400 * 10**9 + 1}",
+                    f"times {now - 2 * 86_400 * 10**9} {now}"):
+        e.cmd(command)
+    _, kernels = _drain(c, {e.pid}, 0, 3)
+    t0 = 1_700_000_000_000_000_000  # the emitter's T0
+    assert sorted((k["correlation_id"], k["kernel_name"], k["start_ns"], k["end_ns"]) for k in kernels) == [
+        (41, "kernel_in_an_untouched_page", t0 + 10, t0 + 20), (42, UNREADABLE_NAME, t0 + 30, t0 + 40),
+        (43, "kernel_with_these_times", now, now + 5000)]
+    counts = c.counters()
+    assert (counts["names_read_from_process"], counts["names_unreadable"], counts["kernel_times_implausible"]) \
+        == (1, 1, 4), counts
+    letters = c.take_dead_letters()
+    assert [d["source_topic"] for d in letters] == ["gpu.kernels"] * 4
+    assert all(d["stage"] == "agent" and d["key"] == f"{c.node}/{e.pid}".encode() for d in letters)
+    assert [decode(d["value"])[1]["kernel_name"] for d in letters] == ["kernel_with_these_times"] * 4
+    assert len(letters) == 4 and any("before 2000-01-01" in d["reason"] for d in letters) \
+        and any("is before start_ns" in d["reason"] for d in letters) \
+        and any("more than a day after now" in d["reason"] for d in letters) \
+        and any("over a day" in d["reason"] for d in letters), [d["reason"] for d in letters]
+    assert c.take_dead_letters() == []
 
 
 def test_ring_buffer_overflow_is_counted_exactly(emitters: dict[str, Path], procs: Procs,
@@ -245,62 +249,50 @@ def test_ring_buffer_overflow_is_counted_exactly(emitters: dict[str, Path], proc
 
 
 def test_a_poll_reads_at_most_its_budget_and_leaves_the_rest(emitters: dict[str, Path], procs: Procs,
-                                                              bpf_ok: None) -> None:
-    c = _collector(procs, max_pending=5)
-    try:
-        e = procs.start(emitters["emitter"])
-        c.rescan()
-        e.cmd("launch 12 0")
-        sizes = [len(c.poll(0)[0]) for _ in range(4)]
-        assert sizes == [5, 5, 2, 0]
-        assert c.counters()["polls_cut"] == 2 and c.counters()["lost_launches"] == 0
-    finally:
-        c.close()
+                                                              loaded: GpuProbeCollector) -> None:
+    c = fresh(loaded, procs, max_pending=5)
+    e = procs.start(emitters["emitter"])
+    c.rescan()
+    e.cmd("launch 12 0")
+    sizes = [len(c.poll(0)[0]) for _ in range(4)]
+    assert sizes == [5, 5, 2, 0]
+    assert c.counters()["polls_cut"] == 2 and c.counters()["lost_launches"] == 0
 
 
 def test_objects_without_slots_and_unmapped_objects(emitters: dict[str, Path], procs: Procs,
-                                                    bpf_ok: None) -> None:
-    small = _collector(procs, max_sites=2)  # the library has three probe sites
-    try:
-        lib_user = procs.start(emitters["emitter"])
-        assert small.rescan() == [] and small.attached() == {}
-        assert small.counters()["objects_without_slots"] == 1
-        assert small.rescan() == [] and small.counters()["objects_without_slots"] == 1  # not tried every second
-    finally:
-        small.close()
+                                                    loaded: GpuProbeCollector) -> None:
+    small = fresh(loaded, procs, max_sites=2)  # the library has three probe sites
+    lib_user = procs.start(emitters["emitter"])
+    assert small.rescan() == [] and small.attached() == {}
+    assert small.counters()["objects_without_slots"] == 1
+    assert small.rescan() == [] and small.counters()["objects_without_slots"] == 1  # not tried every second
     lib_user.close()
-    c = _collector(procs, idle_scans=1, full_scan_every=1)
-    try:
-        o0 = procs.start(emitters["emitter_o0"])
-        assert c.rescan() == [str(emitters["emitter_o0"])]
-        o0.close()  # the object is mapped nowhere now
-        c.rescan()
-        assert list(c.attached()) == [str(emitters["emitter_o0"])]  # one idle rescan is allowed
-        c.rescan()
-        assert c.attached() == {} and c.counters()["objects_detached"] == 1
-        again = procs.start(emitters["emitter_o0"])  # its slots were freed: it attaches again
-        assert c.rescan() == [str(emitters["emitter_o0"])]
-        again.cmd("launch 2 40")
-        launches, _ = _drain(c, {again.pid}, 2, 0)
-        assert sorted(r["correlation_id"] for r in launches) == [40, 41]
-    finally:
-        c.close()
+    c = fresh(loaded, procs, idle_scans=1, full_scan_every=1)
+    o0 = procs.start(emitters["emitter_o0"])
+    assert c.rescan() == [str(emitters["emitter_o0"])]
+    o0.close()  # the object is mapped nowhere now
+    c.rescan()
+    assert list(c.attached()) == [str(emitters["emitter_o0"])]  # one idle rescan is allowed
+    c.rescan()
+    assert c.attached() == {} and c.counters()["objects_detached"] == 1
+    again = procs.start(emitters["emitter_o0"])  # its slots were freed: it attaches again
+    assert c.rescan() == [str(emitters["emitter_o0"])]
+    again.cmd("launch 2 40")
+    launches, _ = _drain(c, {again.pid}, 2, 0)
+    assert sorted(r["correlation_id"] for r in launches) == [40, 41]
 
 
 def test_records_reach_the_broker_keyed_node_and_pid_after_their_symbols(
-        kafka_bootstrap: str, emitters: dict[str, Path], procs: Procs, bpf_ok: None) -> None:
+        kafka_bootstrap: str, emitters: dict[str, Path], procs: Procs, loaded: GpuProbeCollector) -> None:
     node = f"gpu-{uuid.uuid4().hex[:8]}"
-    c = _collector(procs, node)
-    try:
-        e = procs.start(emitters["emitter"])
-        c.rescan()
-        e.cmd("launch 6 50")
-        e.cmd("kernel 4 50")
-        e.cmd("times 1000 2000")  # not Unix ns: a dead letter
-        launches, kernels = _drain(c, {e.pid}, 6, 4)
-        letters = c.take_dead_letters()
-    finally:
-        c.close()
+    c = fresh(loaded, procs, node)
+    e = procs.start(emitters["emitter"])
+    c.rescan()
+    e.cmd("launch 6 50")
+    e.cmd("kernel 4 50")
+    e.cmd("times 1000 2000")  # not Unix ns: a dead letter
+    launches, kernels = _drain(c, {e.pid}, 6, 4)
+    letters = c.take_dead_letters()
     assert len(launches) == 6 and len(kernels) == 4 and len(letters) == 1
     config = {"bootstrap.servers": kafka_bootstrap}
     link = KafkaLink(config, ["symbols", "gpu.launches", "gpu.kernels", "deadletter"])
@@ -342,7 +334,7 @@ def test_records_reach_the_broker_keyed_node_and_pid_after_their_symbols(
 
 
 def test_simulated_workload_every_sampled_launch_and_fired_kernel_once(procs: Procs, tmp_path: Path,
-                                                                         bpf_ok: None) -> None:
+                                                                         loaded: GpuProbeCollector) -> None:
     """The GPU simulator and its workload (simulate/gpu_workload.py): the records match the simulator's
     own counts exactly, weights add up to the launches they stand for, and native launches symbolize to the C path
     the simulator names."""
@@ -350,7 +342,7 @@ def test_simulated_workload_every_sampled_launch_and_fired_kernel_once(procs: Pr
     env = dict(os.environ, FLEETPROF_NATIVE_BUILD=str(tmp_path / "native"), FLEETPROF_LAUNCH_RATE="40")
     lib = own_gpusim(tmp_path / "native")
     # attached before the workload starts: every launch it makes is decided with all three probes on
-    with attached_to(procs, lib) as c:
+    with attached_to(procs, lib, shared=loaded) as c:
         work = subprocess.Popen([sys.executable, "-m", "simulate.gpu_workload", "--seconds", "3",
                                  "--launches-per-s", "400"], stdout=subprocess.PIPE, text=True, env=env)
         launches, kernels = [], []
