@@ -8,10 +8,21 @@ from urllib.parse import urlsplit
 
 import click
 
+from fleetprof.commands import SUBCOMMANDS, load_command
 from fleetprof.settings import ConfigError, Settings
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+class LazyGroup(click.Group):
+    """Subcommands from fleetprof.commands.SUBCOMMANDS, each imported when it is asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*SUBCOMMANDS, *(name for name in super().list_commands(ctx) if name not in SUBCOMMANDS)]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return super().get_command(ctx, cmd_name) or load_command(cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="TOML config file with [kafka] (bootstrap and any librdkafka setting, SASL/TLS included) and "
                    "[clickhouse] (url, user, password, database); the environment overrides it. "
@@ -45,15 +56,7 @@ def cli(ctx: click.Context, config_path: Path | None, data_dir: Path | None, kaf
     ctx.obj = settings
 
 
-def _register() -> None:
-    from fleetprof.commands import COMMANDS
-
-    for command in COMMANDS:
-        cli.add_command(command)
-
-
 def main() -> None:
-    _register()
     try:
         cli.main(prog_name="fleetprof", standalone_mode=True)
     except KeyboardInterrupt:

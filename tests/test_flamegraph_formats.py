@@ -9,7 +9,7 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from fleetprof.cli import _register, cli
+from fleetprof.cli import cli
 from fleetprof.flamegraph_formats import folded, html_page, speedscope, tree
 from fleetprof.pprof import Profile, pprof_bytes
 from tests.pprof_tool import pprof
@@ -87,7 +87,6 @@ def test_html_page_embeds_the_tree_safely():
 
 @pytest.mark.parametrize("fmt", ["pprof", "speedscope", "html", "folded", "json"])
 def test_query_flamegraph_formats_from_the_store(cpu_store, tmp_path, fmt):
-    _register()
     out = tmp_path / f"flame.{fmt}"
     data_dir = tmp_path / "data"
     result = CliRunner().invoke(cli, [

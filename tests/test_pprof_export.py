@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-from fleetprof.cli import _register, cli
+from fleetprof.cli import cli
 from fleetprof.pprof import Profile, Sample, pprof_bytes
 from tests.pprof_tool import lines, pprof
 
@@ -55,7 +55,6 @@ def py_store(store):
 
 
 def export(st, tmp_path: Path, fmt: str, *extra: str) -> bytes:
-    _register()
     out = tmp_path / f"flame.{fmt}"
     result = CliRunner().invoke(cli, [
         "--clickhouse", f"chdb://{st.store.location}", "--database", st.store.database,

@@ -142,9 +142,8 @@ def test_flags_override_the_config_file(monkeypatch, tmp_path):
 def test_a_bad_config_file_is_a_one_line_error_without_its_values(monkeypatch, tmp_path, text, reason):
     from click.testing import CliRunner
 
-    from fleetprof.cli import _register, cli
+    from fleetprof.cli import cli
 
-    _register()
     for name in _ENV:
         monkeypatch.delenv(name, raising=False)
     result = CliRunner().invoke(cli, ["--config", str(_config(tmp_path, text)), "db", "migrate"])

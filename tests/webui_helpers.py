@@ -14,7 +14,7 @@ from types import SimpleNamespace
 from click.testing import CliRunner
 
 from fleetprof.api import serve_api
-from fleetprof.cli import _register, cli
+from fleetprof.cli import cli
 from fleetprof.pprof import Profile
 from tests.test_query_cli import silent_address
 
@@ -125,7 +125,6 @@ def stacks_of(payload: dict) -> dict[str, int]:
 
 def cli_export(ui, fmt: str, since: int, until: int, *extra: str) -> bytes:
     """`fleetprof query flamegraph` in this process (it owns the chDB directory, so it opens the store itself)."""
-    _register()
     args = ["--data-dir", os.path.dirname(ui.store.location), "--database", ui.store.database, "query",
             "flamegraph", "--since", str(since), "--until", str(until), "--format", fmt, *extra]
     result = CliRunner().invoke(cli, args, env={"FLEETPROF_API": silent_address(), "FLEETPROF_CLICKHOUSE": ""})
