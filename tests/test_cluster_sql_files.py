@@ -171,7 +171,7 @@ def test_creates_run_on_the_cluster_and_each_replicated_table_has_its_own_keeper
             assert whole == (table in ("frames", "schema_migrations", "sink_state")), table
             assert path not in paths, f"{table} and {paths.get(path)} share {path}"
             paths[path] = table
-    assert len(paths) == 15
+    assert len(paths) == 16  # workload_identities_local (0015) the last
 
 
 def _replicated(statement: str) -> dict[str, tuple[str, str, str]]:
