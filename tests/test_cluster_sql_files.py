@@ -195,6 +195,8 @@ def test_distributed_tables_front_their_local_tables_with_the_documented_keys():
         # copies are rows of gpu_kernel_samples with their bytes (0014); the timeline keeps a node together
         "gpu_copy_samples": ("gpu_copy_samples_local", "stack_id"),
         "gpu_timeline": ("gpu_timeline_local", "cityHash64(node)"),
+        # the workload identity dimension table (0015), like stacks: by its key
+        "workload_identities": ("workload_identities_local", "cityHash64(identity)"),
         # the hourly rollups sit with the window rows they sum
         "cpu_samples_1h": ("cpu_samples_1h_local", "stack_id"),
         "gpu_kernel_samples_1h": ("gpu_kernel_samples_1h_local", "stack_id"),
