@@ -234,7 +234,7 @@ def test_materialized_views_are_the_single_node_ones_over_the_local_tables():
     local = {"cpu_samples", "gpu_kernel_samples", "cpu_samples_1h", "gpu_kernel_samples_1h"}
     single = [localized(s, local) for s in single_node_creates("MATERIALIZED VIEW")]
     cluster = [ON_CLUSTER_RE.sub("", s) for _, s in cluster_statements() if s.startswith("CREATE MATERIALIZED VIEW")]
-    assert len(cluster) == 3  # 0014 recreates gpu_kernel_samples_1h_mv with nvtx_range
+    assert len(cluster) == 5  # 0014 recreates gpu_kernel_samples_1h_mv with nvtx_range, 0015 both with identity
     assert cluster == single
 
 
