@@ -40,6 +40,8 @@ COPY_LABEL_PREFIXES = ("[memcpy ", "[memset")
 
 # Tables whose rows are keyed by content (ReplacingMergeTree): safe to write again, no dedup token needed.
 DEFINITION_TABLES = ("frames", "stacks")
+# Definitions with a TTL from their time column: never written older than the write (see _not_older_than)
+REFRESHED = {"frames": "last_seen", "stacks": "last_seen", "workload_identities": "updated"}
 
 
 @dataclass
@@ -224,8 +226,8 @@ def rows_for(messages: list[Message], written_at: datetime | None = None) -> dic
     for m in messages:
         for table, rows in ROW_BUILDERS[m.name](m.record).items():
             check_ranges(table, rows)
-            if written_at is not None and table in DEFINITION_TABLES:
-                _not_older_than(rows, written_at)
+            if written_at is not None and table in REFRESHED:
+                _not_older_than(rows, written_at, REFRESHED[table])
             if table in out:
                 out[table].rows.extend(rows.rows)
             else:
@@ -233,12 +235,13 @@ def rows_for(messages: list[Message], written_at: datetime | None = None) -> dic
     return out
 
 
-def _not_older_than(rows: Rows, written_at: datetime) -> None:
+def _not_older_than(rows: Rows, written_at: datetime, column: str = "last_seen") -> None:
     """A definition's last_seen is its window's start, but never older than the write. Frame and stack ids are
     content hashes shared by every node and window, and a definition goes out once an hour: one first carried by an
     old window (a replay, a node with a wrong clock) would otherwise reach the table already past its 90-day TTL,
-    be dropped on insert, and leave every newer sample of that frame unnamed until it is sent again."""
-    at = rows.columns.index("last_seen")
+    be dropped on insert, and leave every newer sample of that frame unnamed until it is sent again. An identity's
+    definition likewise: an agent sends it when first seen and then only every few hours."""
+    at = rows.columns.index(column)
     for row in rows.rows:
         if row[at] < written_at:
             row[at] = written_at

@@ -15,6 +15,7 @@ record unit that references it, named `identity:<key>` among its tables, and aga
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -35,6 +36,9 @@ log = logging.getLogger("fleetprof.agent")
 
 ChunkReader = Callable[[str, int], list[dict]]  # (file path, max bytes) -> SymbolChunk records; ElfError / OSError
 Limits = Callable[[str], int]  # topic name -> the largest message value it takes
+# An identity's definition goes again this often while records reference it: the store keeps a definition 90 days
+# from when it was last written (migration 0015), and an agent runs for longer
+IDENTITY_RESEND_S = 6 * 3600.0
 
 
 def _read_file_chunks(path: str, max_bytes: int) -> list[dict]:
@@ -57,7 +61,7 @@ class OutboxEncoder:
         self.new_build_ids = 0
         self._launches = LaunchEncoder()
         self.identities = identities  # the records of the identity ids records carry (None: none are sent)
-        self.sent_identities: set[str] = set()  # their table names (identity_table), queued
+        self.sent_identities: dict[str, float] = {}  # their table names (identity_table) -> when queued
         self.unknown_identities = 0  # ids a record carried whose definition the resolver did not have
 
     def forget(self, build_ids: Iterable[str]) -> None:
@@ -65,13 +69,14 @@ class OutboxEncoder:
         for bid in build_ids:
             self.sent_build_ids.discard(bid)
             self._sent_perf_ids.discard(bid)
-            self.sent_identities.discard(bid)
+            self.sent_identities.pop(bid, None)
 
     # identity tables
 
     def identity_units(self, ids: Iterable[int]) -> tuple[list[Unit], frozenset[str]]:
         """The symbols unit with the definitions of `ids` (identity_id longs) no earlier unit carried ([] when none),
         and the table names of every id that has one, for the needs of the records that reference them."""
+        now = time.monotonic()
         if len(self.sent_identities) > 100_000:  # months of short jobs: start over (the topic is compacted)
             self.sent_identities.clear()
         names: set[str] = set()  # every id's that has a definition
@@ -81,12 +86,12 @@ class OutboxEncoder:
             if not ident or self.identities is None:
                 continue
             name = identity_table(ident)
-            if name not in self.sent_identities:
+            if now - self.sent_identities.get(name, -IDENTITY_RESEND_S) >= IDENTITY_RESEND_S:
                 record = identity_record(self.identities, ident)
                 if record is None:
                     self.unknown_identities += 1  # the record goes with an id the store cannot name (yet)
                     continue
-                self.sent_identities.add(name)
+                self.sent_identities[name] = now
                 new.add(name)
                 messages.append((topics.IDENTITIES.name, identity_key(ident), encode("WorkloadIdentity", record), 1))
             names.add(name)

@@ -33,6 +33,7 @@ import pytest
 
 from fleetprof.cluster_sql import CLUSTER_DIR
 from fleetprof.store import migration_files, split_statements
+from processors.sink import IDENTITY_COLUMNS
 
 PROFILES = CLUSTER_DIR / "fleetprof-profiles.xml"
 CLUSTER = "fleet"
@@ -245,6 +246,9 @@ def known_rows(base: datetime) -> dict[str, tuple[list[str], list[list]]]:
     unmatched = [[t[0], "n1", 10, "LAUNCH", "EXPIRED", 2, 0, 2], [t[0], "n3", 30, "KERNEL", "LATE", 1, 500, 0]]
     windows = [[t[0], "n1", "cpu", False, 19], [t[1], "n1", "cpu", False, 19], [t[2], "n2", "cpu", True, 99],
                [t[1], "n3", "cpu", False, 19], [t[1], "n1", "gpu", False, 0], [t[1], "n3", "gpu", True, 0]]
+    identities = [[f"{i:016x}", "n1" if i % 2 else "n3", t[0], "pod", "containerd", f"{i:02x}" * 32, "main",
+                   f"train-{i}", "ml", f"uid-{i}", {"team": "vision"}, "", "", "", "", "", "", "", "vision", False]
+                  for i in range(1, 7)]
     state = [["gpu.samples", 0, 0, 9, "BEFORE", t[0]], ["gpu.samples", 0, 0, 9, "AFTER", t[0] + timedelta(seconds=1)],
              ["gpu.samples", 1, 10, 19, "BEFORE", t[1]]]
     return {
@@ -269,6 +273,8 @@ def known_rows(base: datetime) -> dict[str, tuple[list[str], list[list]]]:
         "gpu_unmatched": (["ts", "node", "pid", "side", "reason", "events", "duration_ns", "launches"], unmatched),
         "sink_state": (["topic", "partition", "min_offset", "max_offset", "state", "updated"], state),
         "profile_windows": (["ts", "node", "kind", "simulated", "frequency_hz"], windows),
+        # workload identities (0015): the dimension table, sharded by the id's key
+        "workload_identities": (IDENTITY_COLUMNS, identities),
     }
 
 

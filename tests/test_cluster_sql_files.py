@@ -171,7 +171,7 @@ def test_creates_run_on_the_cluster_and_each_replicated_table_has_its_own_keeper
             assert whole == (table in ("frames", "schema_migrations", "sink_state")), table
             assert path not in paths, f"{table} and {paths.get(path)} share {path}"
             paths[path] = table
-    assert len(paths) == 15
+    assert len(paths) == 16  # workload_identities_local (0015) the last
 
 
 def _replicated(statement: str) -> dict[str, tuple[str, str, str]]:
@@ -195,6 +195,8 @@ def test_distributed_tables_front_their_local_tables_with_the_documented_keys():
         # copies are rows of gpu_kernel_samples with their bytes (0014); the timeline keeps a node together
         "gpu_copy_samples": ("gpu_copy_samples_local", "stack_id"),
         "gpu_timeline": ("gpu_timeline_local", "cityHash64(node)"),
+        # the workload identity dimension table (0015), like stacks: by its key
+        "workload_identities": ("workload_identities_local", "cityHash64(identity)"),
         # the hourly rollups sit with the window rows they sum
         "cpu_samples_1h": ("cpu_samples_1h_local", "stack_id"),
         "gpu_kernel_samples_1h": ("gpu_kernel_samples_1h_local", "stack_id"),
@@ -232,7 +234,7 @@ def test_materialized_views_are_the_single_node_ones_over_the_local_tables():
     local = {"cpu_samples", "gpu_kernel_samples", "cpu_samples_1h", "gpu_kernel_samples_1h"}
     single = [localized(s, local) for s in single_node_creates("MATERIALIZED VIEW")]
     cluster = [ON_CLUSTER_RE.sub("", s) for _, s in cluster_statements() if s.startswith("CREATE MATERIALIZED VIEW")]
-    assert len(cluster) == 3  # 0014 recreates gpu_kernel_samples_1h_mv with nvtx_range
+    assert len(cluster) == 5  # 0014 recreates gpu_kernel_samples_1h_mv with nvtx_range, 0015 both with identity
     assert cluster == single
 
 

@@ -20,6 +20,7 @@ import pytest
 from fleetprof.settings import REPO_ROOT
 from producers.native_build import NativeBuildError
 from producers.nvml_collector import NvmlCollector, read_process
+from schemas.wire import identity_key
 from simulate.nvml import SCENARIO_ENV, Segment, SimDevice, SimProcess, library_dir, sim_env, write_scenario
 from tests.elf_helpers import unavailable
 from tests.pipeline_helpers import sink, wait_for
@@ -34,7 +35,12 @@ logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s
 from producers.nvml_collector import NvmlCollector
 from schemas.single_object import encode
 plan = json.loads(sys.argv[1])
-c = NvmlCollector(plan["node"], deadline_s=plan.get("deadline"), proc_root=plan.get("proc_root", "/proc"))
+ids = None
+if plan.get("gpu_pods") is not None:  # the identities double: a GPU's pod, a process's pod from its cgroup
+    from tests.identity_doubles import CgroupIdentities
+    ids = CgroupIdentities(plan["node"], gpu_pods=plan["gpu_pods"])
+c = NvmlCollector(plan["node"], deadline_s=plan.get("deadline"), proc_root=plan.get("proc_root", "/proc"),
+                  identities=ids)
 t0 = time.time_ns()
 out = {"open": c.open(), "reason": c.reason, "simulated": c.simulated, "driver": c.driver, "polls": []}
 publisher = None
@@ -76,19 +82,20 @@ def collect(sim_dir: Path, scenario: Path, at: list[float], timeout: float = 60,
     return json.loads(done.stdout), done.stderr.splitlines()
 
 
-def device(index: int, uuid_: str, name: str, parent_uuid: str = "", xids: tuple[int, ...] = (), **values) -> dict:
+def device(index: int, uuid_: str, name: str, parent_uuid: str = "", xids: tuple[int, ...] = (), identity: int = 0,
+           **values) -> dict:
     """An expected DeviceMetrics: the named values, None for the rest."""
     fields = ["gpu_util_pct", "mem_util_pct", "mem_used_bytes", "mem_total_bytes", "sm_clock_mhz", "mem_clock_mhz",
               "power_mw", "power_limit_mw", "temperature_c", "pcie_tx_kbps", "pcie_rx_kbps", "clock_event_reasons"]
     assert set(values) <= set(fields)
-    return {"index": index, "uuid": uuid_, "name": name, "parent_uuid": parent_uuid,
+    return {"index": index, "uuid": uuid_, "name": name, "parent_uuid": parent_uuid, "identity_id": identity,
             **{f: values.get(f) for f in fields}, "xid_errors": list(xids)}
 
 
 def proc(device_index: int, pid: int, comm: str, container: str, sm: int | None, mem: int | None,
-         used: int | None) -> dict:
-    return {"device_index": device_index, "pid": pid, "comm": comm, "container_id": container, "sm_util_pct": sm,
-            "mem_util_pct": mem, "used_memory_bytes": used}
+         used: int | None, identity: int = 0) -> dict:
+    return {"device_index": device_index, "pid": pid, "comm": comm, "container_id": container,
+            "identity_id": identity, "sm_util_pct": sm, "mem_util_pct": mem, "used_memory_bytes": used}
 
 
 def fake_proc(root: Path, pids: dict[int, tuple[str, str]]) -> Path:
@@ -322,7 +329,9 @@ def test_polls_reach_the_store_exactly(sim_dir, tmp_path, kafka_bootstrap, store
         Segment(2, "g0", {"gpu_util": 0, "temp": None}, []),
     ])
     root = fake_proc(tmp_path / "proc", {TRAIN: ("train", CONTAINER)})
-    out, _ = collect(sim_dir, scenario, [0.5, 1.5, 2.5], proc_root=str(root), kafka=kafka_bootstrap, node=node)
+    owner = "0a" * 32  # the container of the pod that holds the GPU (the kubelet's pod-resources says so)
+    out, _ = collect(sim_dir, scenario, [0.5, 1.5, 2.5], proc_root=str(root), kafka=kafka_bootstrap, node=node,
+                     gpu_pods={G0: owner})
     times = [p["record"]["time_ns"] for p in out["polls"]]
     with sink(store, kafka_bootstrap, f"nvml-{node}") as running:
         def stored() -> int:
@@ -348,3 +357,11 @@ def test_polls_reach_the_store_exactly(sim_dir, tmp_path, kafka_bootstrap, store
         [ms[0], 0, TRAIN, "train", CONTAINER, 90, 45, 60 * GIB, True],
         [ms[1], 0, TRAIN, "train", CONTAINER, 90, 45, 60 * GIB, True],
     ]
+    # a device row's identity is the pod holding the GPU, a process row's its own (the double: from its cgroup)
+    from tests.identity_doubles import CgroupIdentities
+
+    gpu_key, train_key = (identity_key(CgroupIdentities.pod(c).identity_id) for c in (owner, CONTAINER))
+    _, keys = store.query_sql("SELECT 'device', identity FROM gpu_device_metrics WHERE node = {n:String} UNION ALL "
+                              "SELECT 'process', identity FROM gpu_process_metrics WHERE node = {n:String}",
+                              {"n": node})
+    assert sorted(tuple(r) for r in keys) == [("device", gpu_key)] * 3 + [("process", train_key)] * 2

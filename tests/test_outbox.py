@@ -85,7 +85,7 @@ def _batch(*procs: tuple[int, int]) -> dict:
 
 
 def test_identity_definitions_go_once_before_the_records_and_again_when_their_unit_was_dropped() -> None:
-    from producers.identity_refs import process_identity
+    from producers.identity_refs import gpu_identity, process_identity
     from producers.outbox_encoder import identity_table
     from producers.process_info import ProcessInfo
     from schemas import single_object
@@ -108,7 +108,7 @@ def test_identity_definitions_go_once_before_the_records_and_again_when_their_un
     assert [u.kind for u in again] == ["cpu"] and again[0].needs == {identity_table(pod)}
     poll = {"node": "n1", "time_ns": 1, "simulated": False,
             "devices": [{"index": 0, "uuid": "GPU-1", "name": "g", "parent_uuid": "",
-                         "identity_id": ids.gpu_owner("GPU-1")}],
+                         "identity_id": gpu_identity(ids, "GPU-1")}],
             "processes": [{"device_index": 0, "pid": 8, "identity_id": host}]}
     (metrics,) = encoder.units("gpu_metrics", [poll])  # the GPU's pod and the process's host: both sent already
     assert metrics.kind == "gpu_metrics" and metrics.needs == names
@@ -121,7 +121,7 @@ def test_identity_definitions_go_once_before_the_records_and_again_when_their_un
     box.add(first)
     box.add([_unit("gpu_kernels", first[0].size + 20)])
     assert [u.kind for u in box.held] == ["gpu_kernels"] and box.dropped["symbols"].units == 1
-    assert encoder.sent_identities == set()
+    assert encoder.sent_identities == {}
     resent = encoder.units("cpu", [_batch((7, pod))])
     assert [u.kind for u in resent] == ["symbols", "cpu"] and resent[0].tables == {identity_table(pod)}
     # no resolver: every id stays 0 and nothing is sent

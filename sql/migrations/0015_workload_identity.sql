@@ -46,8 +46,7 @@ GROUP BY hour, node, pid, comm, container_id, device, stream, stack_id, kernel_n
 
 ALTER TABLE gpu_copy_samples
     ADD COLUMN IF NOT EXISTS identity LowCardinality(String) CODEC(ZSTD(1)),
-    MODIFY ORDER BY (node, ts, pid, comm, container_id, device, stream, stack_id, kernel_name, memory_kinds, nvtx_range,
-                     identity);
+    MODIFY ORDER BY (node, ts, pid, comm, container_id, device, stream, stack_id, kernel_name, memory_kinds, nvtx_range, identity);
 
 ALTER TABLE gpu_timeline ADD COLUMN IF NOT EXISTS identity LowCardinality(String) CODEC(ZSTD(1));
 
