@@ -169,11 +169,13 @@ def stop_all(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
-def run_agent(bootstrap: str, freq: int, duration: float, window: str, tmp: Path) -> dict:
+def run_agent(bootstrap: str, freq: int, duration: float, window: str, tmp: Path, extra: tuple[str, ...] = (),
+              root: Path = ROOT, label: str = "") -> dict:
+    """The agent (of the checkout at `root`, with `extra` flags) measured over `duration` steady seconds."""
     env = dict(os.environ, FLEETPROF_KAFKA=bootstrap)
-    log = tmp / f"agent{freq}.log"
+    log = tmp / f"agent{freq}{label}.log"
     proc = subprocess.Popen([sys.executable, "-m", "fleetprof", "agent", "--window", window, "--frequency", str(freq),
-                             "--format", "json"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                             "--format", "json", *extra], cwd=root, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     first = threading.Event()
     lines: list[str] = []
