@@ -38,19 +38,26 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from bench.fleet_report import extrapolate, lag_summary, latency_summary, throughput  # noqa: E402
+from bench.fleet_report import (  # noqa: E402
+    extrapolate,
+    kafka_bytes_per_sample,
+    lag_summary,
+    latency_summary,
+    throughput,
+)
 from bench.local_ports import free_ports  # noqa: E402
 from fleetprof.broker import LocalBroker, create_topics  # noqa: E402
 from fleetprof.durations import Duration  # noqa: E402
 from schemas import topics  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
-RAW = [topics.CPU_STACKS.name, topics.GPU_LAUNCHES.name, topics.GPU_KERNELS.name, topics.GPU_METRICS.name]
+RAW = [topics.CPU_STACKS.name, topics.GPU_LAUNCHES.name, topics.GPU_KERNELS.name, topics.GPU_METRICS.name,
+       topics.IDENTITIES.name]
 GROUPS = {  # stage -> (consumer group, input topics)
     "symbolize": ("fleetprof-symbolize", [topics.CPU_STACKS.name]),
     "correlate": ("fleetprof-correlate", [topics.GPU_LAUNCHES.name, topics.GPU_KERNELS.name]),
     "sink": ("fleetprof-sink", [topics.CPU_SAMPLES.name, topics.GPU_METRICS.name, topics.GPU_SAMPLES.name,
-                                topics.ALERTS.name]),
+                                topics.ALERTS.name, topics.IDENTITIES.name]),
     "peer": ("bench-raw-peer", RAW),
 }
 QUERY_PHASE = BENCH / "fleet_query.py"
@@ -310,6 +317,7 @@ def main() -> None:
             "idle_cpu_per_s": idle,
         }
         result["extrapolation"] = extrapolate(result, final, args)
+        result["kafka_bytes_per_cpu_sample"] = kafka_bytes_per_sample(result["sent"])
         if args.query_phase:
             result["query_phase"] = query_phase(console)
         args.out.parent.mkdir(exist_ok=True)

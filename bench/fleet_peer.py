@@ -20,7 +20,7 @@ from collections import Counter
 
 from confluent_kafka import Consumer
 
-TOPICS = ["cpu.stacks", "gpu.launches", "gpu.kernels", "gpu.metrics"]
+TOPICS = ["cpu.stacks", "gpu.launches", "gpu.kernels", "gpu.metrics", "identities"]
 GROUP = "bench-raw-peer"
 HEADER = 10  # C3 01 + 8-byte schema fingerprint
 

@@ -10,7 +10,8 @@ from rich.table import Table
 
 GOAL_LATENCY_AFTER_WINDOW_S = 5.0  # issue 6: p95 from sample taken to queryable <= window + 5 s
 GOAL_BYTES_PER_SAMPLE = 1.0
-DEFINITION_TABLES = ("frames", "stacks")
+DEFINITION_TABLES = ("frames", "stacks", "workload_identities")
+RAW_TOPICS = ("cpu.stacks", "gpu.launches", "gpu.kernels", "gpu.metrics", "identities")  # what agents send
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -160,6 +161,17 @@ def bytes_per_sample(store: dict, launches_stored: float) -> dict:
             "by_kind": by_kind, "goal": GOAL_BYTES_PER_SAMPLE, "goal_met": total / samples <= GOAL_BYTES_PER_SAMPLE}
 
 
+def kafka_bytes_per_sample(sent: dict) -> dict:
+    """Message bytes loadgen sent per CPU sample sent: per topic, the raw topics together (identities included), and
+    with the symbol tables (sent once per build id: their share falls with the run's length)."""
+    samples = max(1, sent["total_samples"])
+    by_topic = sent["bytes_by_topic"]
+    raw = sum(by_topic.get(t, 0) for t in RAW_TOPICS)
+    return {"topics": {t: round(b / samples, 4) for t, b in sorted(by_topic.items())},
+            "raw_per_cpu_sample": round(raw / samples, 4),
+            "all_per_cpu_sample": round(sum(by_topic.values()) / samples, 4)}
+
+
 def extrapolate(r: dict, final: dict, args) -> dict:
     """Cores per stage for args.target_nodes from CPU seconds per node-second of input each stage processed here.
 
@@ -271,6 +283,10 @@ def render(r: dict) -> list[Table]:
     for name, v in sorted(b["tables"].items()):
         bt.add_row(name, f"{v['rows']:,}", str(v["parts"]), f"{v['bytes']:,}", f"{v['bytes_per_cpu_sample']:.4f}")
     bt.add_row("all", "", "", f"{b['total_bytes']:,}", f"{b['bytes_per_cpu_sample_all_tables']:.4f}")
+    kafka = kafka_bytes_per_sample(r["sent"])
+    for topic, v in kafka["topics"].items():
+        bt.add_row(f"Kafka {topic}", "", "", "", f"{v:.4f}")
+    bt.add_row("Kafka raw topics (identities included)", "", "", "", f"{kafka['raw_per_cpu_sample']:.4f}")
     for kind, v in b["by_kind"].items():
         bt.add_row(f"{kind} tables per {kind} sample", f"{v['units']:,} samples", "", f"{v['bytes']:,}",
                    f"{v['bytes_per_unit']:.4f}")

@@ -2,8 +2,10 @@
 
 The data source for end-to-end tests before real collectors exist and for the fleet benchmark. Per window and node:
 one CpuStackBatch (split if it would pass the message size limit) with exactly round(rate * window) samples, the
-trainers' sampled launches and kernels, and one GpuMetrics per second. Symbol tables go out first, durably. The
-report holds exact totals of what was sent, so tests can compare stored results with it: for the GPU side, the GPU
+trainers' sampled launches and kernels, and one GpuMetrics per second. Symbol tables and each node's workload
+identities (the WorkloadIdentity definitions of every id its records carry, once per run and node, as the agent sends
+them before the first record that references them) go out first, durably. The report holds exact totals of what was
+sent, so tests can compare stored results with it: for the GPU side, the GPU
 time the correlator must attribute (kernel duration x launch weight) per kernel, per launching leaf function and per
 function anywhere in the launching stacks.
 """
@@ -23,7 +25,7 @@ from schemas import topics
 from schemas.cpu_batch_writer import encode_cpu_batches, process_head
 from schemas.gpu_launch_writer import LaunchEncoder
 from schemas.single_object import encode
-from schemas.wire import DEFAULT_MAX_BYTES
+from schemas.wire import DEFAULT_MAX_BYTES, identity_key
 from simulate.synthetic_fleet import FREQUENCY_HZ, KERNEL_BUILD_ID, SimNode, SyntheticFleet
 
 SECOND_NS = 1_000_000_000
@@ -45,6 +47,8 @@ class LoadgenReport:
     batches: int  # cpu.stacks messages
     build_ids: list[str]
     symbol_chunks: int
+    identities: int = 0  # WorkloadIdentity definitions sent (one per node and identity its records reference)
+    samples_by_identity: dict[str, int] = field(default_factory=dict)  # identity key (16 hex digits) -> CPU samples
     launches: int = 0
     launch_weight: int = 0  # sum of the launches' weights
     kernels: int = 0
@@ -92,6 +96,7 @@ class _Run:
         self.heads: dict[tuple[int, int], bytes] = {}  # a process's metadata and mappings never change: encode once
         self.launch_encoder = LaunchEncoder()
         self.pair_counts = np.zeros(len(fleet.probs), dtype=np.int64)
+        self.proc_counts: dict[int, np.ndarray] = {}  # node index -> CPU samples per process
         self.launch_weight = self.kernel_ns = 0
         self.kernels_node: Counter[str] = Counter()
         self.kernel_ns_node: Counter[str] = Counter()
@@ -109,9 +114,29 @@ class _Run:
             self.send(topics.SYMBOLS, f"{build_id}/{chunk['chunk_index']}", encode("SymbolChunk", chunk))
         return len(chunks)
 
+    def identities(self, nodes: list[SimNode], time_ns: int) -> int:
+        """Each node's identity definitions, as its agent would send them (the same id from two nodes: twice)."""
+        sent = 0
+        for node in nodes:
+            for identity in node.identities:
+                self.send(topics.IDENTITIES, identity_key(identity.identity_id),
+                          encode("WorkloadIdentity", identity.record(node.name, time_ns, simulated=True)))
+                sent += 1
+        return sent
+
+    def samples_by_identity(self, nodes: list[SimNode]) -> dict[str, int]:
+        out: Counter[str] = Counter()
+        for n, counts in self.proc_counts.items():
+            for proc, c in zip(nodes[n].processes, counts.tolist(), strict=True):
+                if c:
+                    out[identity_key(proc.identity_id)] += c
+        return dict(out)
+
     def cpu(self, n: int, node: SimNode, start: int, samples: int) -> None:
         used, procs, counts = self.fleet.cpu_window(node, samples)
         self.pair_counts += counts
+        per_proc = np.bincount(self.fleet.pair_proc, counts, len(node.processes)).astype(np.int64)
+        self.proc_counts[n] = self.proc_counts[n] + per_proc if n in self.proc_counts else per_proc
         batch = {"node": node.name, "window_start_ns": start, "window_ns": self.window_ns,
                  "frequency_hz": FREQUENCY_HZ, "kernel_build_id": KERNEL_BUILD_ID, "simulated": True,
                  "processes": procs}
@@ -165,8 +190,9 @@ def run_loadgen(config: dict, nodes: int, rate: float, duration: float, window: 
     per_window = round(rate * window)
     run = _Run(fleet, Publisher(config), window_ns, max_message_bytes)
     chunks = run.symbols()
-    if run.publisher.flush(flush_timeout):  # durable before any batch refers to them
-        raise PublishError(f"symbol tables not delivered within {flush_timeout:.0f} s")
+    identities = run.identities(sim, time.time_ns())
+    if run.publisher.flush(flush_timeout):  # durable before any record refers to them
+        raise PublishError(f"symbol tables and identities not delivered within {flush_timeout:.0f} s")
 
     t_windows, waited = time.perf_counter(), 0.0
     first = time.time_ns() // window_ns * window_ns - (0 if pace else n_windows * window_ns)
@@ -194,7 +220,8 @@ def run_loadgen(config: dict, nodes: int, rate: float, duration: float, window: 
         nodes=names, windows=n_windows, window_ns=window_ns, first_window_start_ns=first,
         end_ns=first + n_windows * window_ns, samples_per_node={name: per_window * n_windows for name in names},
         samples_by_leaf=leaf, samples_by_function=inclusive, batches=run.messages[topics.CPU_STACKS.name],
-        build_ids=[b.build_id for b in fleet.binaries], symbol_chunks=chunks,
+        build_ids=[b.build_id for b in fleet.binaries], symbol_chunks=chunks, identities=identities,
+        samples_by_identity=run.samples_by_identity(sim),
         launches=run.messages[topics.GPU_LAUNCHES.name], launch_weight=run.launch_weight,
         kernels=run.messages[topics.GPU_KERNELS.name], kernel_ns=run.kernel_ns,
         kernels_per_node=dict(run.kernels_node), kernel_ns_per_node=dict(run.kernel_ns_node),

@@ -2,7 +2,9 @@
 
 Binaries with stable build ids, symbol tables and PT_LOAD segments (simulate/synthetic_binaries.py); per node
 torchrun-style trainers (one per GPU), their DataLoader workers and a Rust log shipper, with realistic mappings;
-call paths whose popularity is Zipf-distributed; sampled CUDA launches with their kernels; NVML-like metrics.
+call paths whose popularity is Zipf-distributed; sampled CUDA launches with their kernels; NVML-like metrics; the
+Kubernetes pods and Slurm jobs the processes and GPUs belong to (simulate/synthetic_identity.py), whose ids every
+record carries.
 
 The symbolization contract the symbolize processor relies on: a user address `a` of process P lies in exactly one
 mapping m of P; file_off = a - m.start + m.file_offset; the PT_LOAD segment s of m.build_id with s.file_offset <=
@@ -20,9 +22,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from producers.workload_identity import Identity
 from schemas.packed_stacks import PackedStacks, concat_ranges
-from schemas.wire import KERNEL_BINARY
+from schemas.wire import KERNEL_BINARY, u64_to_long
 from simulate.synthetic_binaries import KERNEL_BUILD_ID, PAGE, Binary, catalogue
+from simulate.synthetic_identity import NodeWorkloads, Placement, node_workloads
 from simulate.synthetic_workload import KIND_BINARIES, build_paths, gpu_window, metrics
 
 FREQUENCY_HZ = 19
@@ -62,11 +66,12 @@ class SimProcess:
     bias: np.ndarray  # load bias per binary index (0 where unmapped)
     device: int = -1  # GPU index of a trainer
     start_ns: int = 0  # boot-relative start time (/proc/PID/stat starttime): tells a reused pid apart
+    identity_id: int = 0  # the process's workload identity id, as records carry it (a long)
 
     def record(self) -> dict:
         """ProcessStacks fields other than stacks."""
         return {"pid": self.pid, "comm": self.comm, "exe": self.exe, "cgroup": self.cgroup,
-                "container_id": self.container_id, "mappings": self.mappings}
+                "container_id": self.container_id, "identity_id": self.identity_id, "mappings": self.mappings}
 
 
 @dataclass
@@ -82,6 +87,13 @@ class SimNode:
     correlation: dict[int, int] = field(default_factory=dict)  # last correlation id per pid
     gpu_uuids: list[str] = field(default_factory=list)
     launch_stacks: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (process, path) -> addresses
+    workloads: NodeWorkloads | None = None  # who its processes and GPUs belong to
+    gpu_owner_ids: list[int] = field(default_factory=list)  # per GPU: the holding pod's identity id (a long; 0: none)
+
+    @property
+    def identities(self) -> list[Identity]:
+        """Every identity the node's records reference, each once."""
+        return self.workloads.identities() if self.workloads is not None else []
 
 
 def node_name(index: int, prefix: str = "sim-node") -> str:
@@ -169,9 +181,7 @@ class SyntheticFleet:
         """Node `index` (0-based): processes, pids, ASLR layout, GPU profile."""
         name = node_name(index, self.node_prefix)
         rng = np.random.default_rng([self.seed, index])
-        pod, shipper_pod = (uuid.UUID(int=_stable_seed(self.seed, name, x) << 64 | index) for x in ("job", "ds"))
-        cids = [hashlib.sha256(f"{name}/{x}".encode()).hexdigest() for x in ("trainer", "vector")]
-        cg = "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{}.scope"
+        work = node_workloads(self.seed, self.node_prefix, name, index, self.gpus)
         pids = np.unique(rng.integers(1000, 4_000_000, len(self.process_kinds)))
         while len(pids) < len(self.process_kinds):  # sorted, so forked workers come after their parents
             pids = np.unique(np.append(pids, rng.integers(1000, 4_000_000)))
@@ -180,29 +190,30 @@ class SyntheticFleet:
         for p, kind in enumerate(self.process_kinds):
             pid = int(pids[p])
             if kind == "shipper":
-                procs.append(self._process(rng, pid, "vector", "/usr/bin/vector", kind,
-                                           cg.format(str(shipper_pod).replace("-", "_"), cids[1]), cids[1]))
+                procs.append(self._process(rng, pid, "vector", "/usr/bin/vector", kind, work.shipper))
                 continue
             exe = "/opt/conda/bin/python3.11"
-            cgroup = cg.format(str(pod).replace("-", "_"), cids[0])
             if kind == "trainer":
-                trainer = self._process(rng, pid, "pt_main_thread", exe, kind, cgroup, cids[0])
+                trainer = self._process(rng, pid, "pt_main_thread", exe, kind, work.trainers[p])
                 trainer.device = p
                 trainer.start_ns = boot + p * 1_000_000  # torchrun starts one per GPU, a millisecond apart
                 procs.append(trainer)
-            else:  # a forked DataLoader worker keeps its parent's address space layout
+            else:  # a forked DataLoader worker keeps its parent's address space layout, cgroup and identity
                 owner = procs[(p - self.gpus) // self.workers]
-                procs.append(SimProcess(pid, "pt_data_worker", exe, kind, cgroup, cids[0], owner.mappings,
-                                        owner.bias, start_ns=owner.start_ns + 5 * 10**9))
+                procs.append(SimProcess(pid, "pt_data_worker", exe, kind, owner.cgroup, owner.container_id,
+                                        owner.mappings, owner.bias, start_ns=owner.start_ns + 5 * 10**9,
+                                        identity_id=owner.identity_id))
         starved = index % 10 == 9  # every tenth node is input-bound: the alerting demo has something to find
         util = float(rng.uniform(25, 45) if starved else rng.uniform(82, 97))
         return SimNode(name, index, rng, procs, np.stack([p.bias for p in procs]),
                        np.array([p.pid for p in procs], dtype=np.int64), util,
                        rng.uniform(55e9, 78e9, self.gpus).astype(np.int64),
-                       gpu_uuids=[f"GPU-{uuid.UUID(int=_stable_seed(name, g) << 64 | g)}" for g in range(self.gpus)])
+                       gpu_uuids=[f"GPU-{uuid.UUID(int=_stable_seed(name, g) << 64 | g)}" for g in range(self.gpus)],
+                       workloads=work, gpu_owner_ids=[0 if o is None else u64_to_long(o.identity_id)
+                                                      for o in work.gpu_owners])
 
-    def _process(self, rng: np.random.Generator, pid: int, comm: str, exe: str, kind: str, cgroup: str,
-                 cid: str) -> SimProcess:
+    def _process(self, rng: np.random.Generator, pid: int, comm: str, exe: str, kind: str,
+                 where: Placement) -> SimProcess:
         """A process with its executable mappings: the PIE executable at 0x55…/0x56…, libraries below 0x7f…."""
         names = KIND_BINARIES[kind]
         bias = np.zeros(len(self.binaries), dtype=np.int64)
@@ -221,7 +232,8 @@ class SyntheticFleet:
             mappings.append({"start": start, "limit": base + -(-(vaddr + memsz) // PAGE) * PAGE,
                              "file_offset": off // PAGE * PAGE, "path": b.path, "build_id": b.build_id})
         mappings.sort(key=lambda m: m["start"])
-        return SimProcess(pid, comm, exe, kind, cgroup, cid, mappings, bias)
+        return SimProcess(pid, comm, exe, kind, where.cgroup, where.container_id, mappings, bias,
+                          identity_id=u64_to_long(where.identity.identity_id))
 
     # --- per window -----------------------------------------------------------------------------------------
     def cpu_window(self, node: SimNode, samples: int) -> tuple[list[int], list[dict], np.ndarray]:

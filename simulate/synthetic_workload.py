@@ -268,6 +268,7 @@ def gpu_window(fleet: SyntheticFleet, node: SimNode, start_ns: int, window_ns: i
             launches.append({"node": node.name, "pid": proc.pid, "tid": proc.pid + int(t.thread[tpl]),
                              "process_start_ns": proc.start_ns, "time_ns": times[i], "correlation_id": corr[i],
                              "callback_id": LAUNCH_CALLBACK_ID, "api_name": "cudaLaunchKernel",
+                             "identity_id": proc.identity_id,
                              "weight": stand_for[i], "user_addrs": fleet.launch_stack(node, p, tpl),
                              "mappings": proc.mappings if i == 0 else [], "simulated": True})
             kernels.append({"node": node.name, "pid": proc.pid, "process_start_ns": proc.start_ns,
@@ -292,10 +293,11 @@ def metrics(fleet: SyntheticFleet, node: SimNode, time_ns: int) -> dict:
                 "mem_total_bytes": GPU_MEM_BYTES, "sm_clock_mhz": 1980 if u > 5 else 345, "mem_clock_mhz": 2619,
                 "power_mw": min(700_000, int(90_000 + u * 6_000 + noise[2, i] * 5_000)), "power_limit_mw": 700_000,
                 "temperature_c": int(32 + u * 0.4 + noise[3, i]), "pcie_tx_kbps": pcie[0][i],
-                "pcie_rx_kbps": pcie[1][i], "clock_event_reasons": 0 if u > 5 else 1, "xid_errors": []}
+                "pcie_rx_kbps": pcie[1][i], "clock_event_reasons": 0 if u > 5 else 1, "xid_errors": [],
+                "identity_id": node.gpu_owner_ids[i] if node.gpu_owner_ids else 0}
                for i, u in enumerate(util)]
     procs = [{"device_index": p.device, "pid": p.pid, "comm": p.comm, "container_id": p.container_id,
               "sm_util_pct": util[p.device], "mem_util_pct": devices[p.device]["mem_util_pct"],
-              "used_memory_bytes": mem[p.device] - 512 * 1024 * 1024}
+              "used_memory_bytes": mem[p.device] - 512 * 1024 * 1024, "identity_id": p.identity_id}
              for p in node.processes if p.kind == "trainer"]
     return {"node": node.name, "time_ns": time_ns, "simulated": True, "devices": devices, "processes": procs}

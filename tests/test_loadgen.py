@@ -19,11 +19,13 @@ from producers.publisher import PublishError, check_broker
 from schemas import topics
 from schemas.gpu_launch_writer import LaunchEncoder
 from schemas.single_object import decode, encode
+from schemas.wire import identity_key
 from simulate.loadgen import LoadgenReport, run_loadgen
 from simulate.synthetic_fleet import SyntheticFleet
 from tests.test_synthetic_fleet import reference_symbolize, reference_symbolize_kernel, tables_from_chunks
 
-TOPICS = [topics.SYMBOLS, topics.CPU_STACKS, topics.GPU_LAUNCHES, topics.GPU_KERNELS, topics.GPU_METRICS]
+TOPICS = [topics.SYMBOLS, topics.IDENTITIES, topics.CPU_STACKS, topics.GPU_LAUNCHES, topics.GPU_KERNELS,
+          topics.GPU_METRICS]
 
 
 def _ends(consumer: Consumer) -> dict[tuple[str, int], int]:
@@ -146,6 +148,56 @@ def test_gpu_records_match_the_report(sent) -> None:
     assert report.messages_by_topic[topics.GPU_METRICS.name] == 9
 
 
+def test_identities_are_defined_once_per_node_and_every_reference_is_defined(sent) -> None:
+    report, got = sent
+    fleet = SyntheticFleet(seed=5, node_prefix=report.nodes[0].rsplit("-", 1)[0])
+    sim = {node.name: node for node in (fleet.node(i) for i in range(3))}
+    assert [n.workloads.scheduler for n in sim.values()] == ["kubernetes", "kubernetes", "slurm"]
+    definitions = [(k.decode(), decode(v, expect="WorkloadIdentity")[1]) for k, v in got[topics.IDENTITIES.name]]
+    ours = [(k, d) for k, d in definitions if d["node"] in sim]
+    assert len(ours) == report.identities == 6  # per node: its training pod or Slurm step, and its log shipper
+    sent_at = ours[0][1]["time_ns"]  # when the run resolved them
+    assert abs(sent_at - time.time_ns()) < 600 * 10**9
+    want = [(identity_key(i.identity_id), i.record(name, sent_at, simulated=True))
+            for name, node in sim.items() for i in node.identities]
+    assert sorted(ours, key=repr) == sorted(want, key=repr)
+    defined = {name: {d["identity_id"] for _, d in ours if d["node"] == name} for name in sim}
+
+    # every id a record carries is one its node defined; the trainers' are on every record kind
+    referenced: dict[str, set[int]] = {name: set() for name in sim}
+    sampled: dict[str, set[int]] = {name: set() for name in sim}  # pids with CPU samples
+    samples: Counter[str] = Counter()
+    for _, value in got[topics.CPU_STACKS.name]:
+        batch = decode(value)[1]
+        if batch["node"] in sim:
+            procs = {p.pid: p.identity_id for p in sim[batch["node"]].processes}
+            for p in batch["processes"]:
+                assert p["identity_id"] == procs[p["pid"]] != 0
+                referenced[batch["node"]].add(p["identity_id"])
+                sampled[batch["node"]].add(p["pid"])
+                samples[identity_key(p["identity_id"])] += sum(s["count"] for s in p["stacks"])
+    assert dict(samples) == report.samples_by_identity and samples.total() == report.total_samples
+    for _, value in got[topics.GPU_LAUNCHES.name]:
+        launch = decode(value)[1]
+        if launch["node"] in sim:
+            assert launch["identity_id"] == next(p.identity_id for p in sim[launch["node"]].processes
+                                                 if p.pid == launch["pid"])
+            referenced[launch["node"]].add(launch["identity_id"])
+    for _, value in got[topics.GPU_METRICS.name]:
+        poll = decode(value)[1]
+        if poll["node"] in sim:
+            node = sim[poll["node"]]
+            assert [d["identity_id"] for d in poll["devices"]] == node.gpu_owner_ids
+            assert [p["identity_id"] for p in poll["processes"]] == [p.identity_id for p in node.processes
+                                                                     if p.kind == "trainer"]
+            referenced[poll["node"]] |= {d["identity_id"] for d in poll["devices"]} - {0}
+    assert referenced == {name: {p.identity_id for p in node.processes if p.kind == "trainer" or
+                                 p.pid in sampled[name]} for name, node in sim.items()}
+    assert all(referenced[name] <= defined[name] for name in sim)
+    assert sim[report.nodes[2]].gpu_owner_ids == [0] * 8  # the Slurm node: no pod holds its GPUs
+    assert sim[report.nodes[0]].gpu_owner_ids == [p.identity_id for p in sim[report.nodes[0]].processes[:8]]
+
+
 def test_launch_encoder_matches_the_codec() -> None:
     fleet = SyntheticFleet(seed=1)
     node = fleet.node(0)
@@ -164,6 +216,7 @@ def test_cli_json_report(kafka_bootstrap: str) -> None:
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["total_samples"] == 2 * 2 * 152 and report["batches"] == 4 and report["launches"] == 0
+    assert report["identities"] == 4 and sum(report["samples_by_identity"].values()) == 2 * 2 * 152
     assert report["samples_by_leaf"][0][2] >= report["samples_by_leaf"][-1][2]
     assert report["nodes"] == [f"{prefix}-0001", f"{prefix}-0002"]
 

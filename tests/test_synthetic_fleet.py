@@ -152,7 +152,7 @@ def test_every_address_symbolizes_to_its_function(fleet: SyntheticFleet, tables:
 
 
 def test_processes_and_mappings_are_realistic(fleet: SyntheticFleet, tables: dict[str, dict]) -> None:
-    node = fleet.node(2)
+    node = fleet.node(3)  # a Kubernetes node: every process in a container (tests/test_synthetic_identity.py)
     comms = Counter(p.comm for p in node.processes)
     assert comms == {"pt_main_thread": 8, "pt_data_worker": 16, "vector": 1}
     assert len({p.pid for p in node.processes}) == len(node.processes)

@@ -31,14 +31,14 @@ from fleetprof.settings import Settings
 @click.pass_obj
 def loadgen(settings: Settings, nodes: int, rate: float, duration: float, window: float, seed: int, no_pace: bool,
             no_gpu: bool, launch_rate: float, node_prefix: str, fmt: str) -> None:
-    """Send simulated nodes' CPU stacks, CUDA launches/kernels, GPU metrics and symbol tables (all marked
-    simulated) to Kafka, then print exact totals of what was sent."""
+    """Send simulated nodes' CPU stacks, CUDA launches/kernels, GPU metrics, symbol tables and workload identities
+    (Kubernetes pods, Slurm jobs; all marked simulated) to Kafka, then print exact totals of what was sent."""
     from producers.publisher import PublishError, check_broker
     from schemas import topics
     from simulate.loadgen import run_loadgen
 
     kafka = settings.kafka_config()
-    wanted = [topics.SYMBOLS.name, topics.CPU_STACKS.name]
+    wanted = [topics.SYMBOLS.name, topics.IDENTITIES.name, topics.CPU_STACKS.name]
     if not no_gpu:
         wanted += [topics.GPU_LAUNCHES.name, topics.GPU_KERNELS.name, topics.GPU_METRICS.name]
     console = Console(stderr=True)
@@ -68,6 +68,8 @@ def loadgen(settings: Settings, nodes: int, rate: float, duration: float, window
         click.echo(f"  gpu.kernels   {report.kernels:>9,} kernels, {report.kernel_ns / 1e9:,.3f} s of GPU time")
         click.echo(f"  gpu.metrics   {report.metrics:>9,} polls")
     click.echo(f"  symbols       {report.symbol_chunks:>9,} chunks for {len(report.build_ids)} build ids")
+    click.echo(f"  identities    {report.identities:>9,} workload definitions "
+               f"({len(report.samples_by_identity):,} workloads sampled)")
     click.echo(f"  {report.bytes / 1e6:,.1f} MB in all")
     top = sorted(report.samples_by_leaf.items(), key=lambda kv: -kv[1])[:5]
     click.echo("top leaf functions: " + "; ".join(f"{fn[:60]} ({binary}) {n:,}" for (binary, fn), n in top))
