@@ -211,16 +211,19 @@ def known_rows(base: datetime) -> dict[str, tuple[list[str], list[list]]]:
     stacks = [[100, [1, 2, 3], t[0]], [101, [1, 2, 2, 4], t[0]], [102, [1, 5], t[0]], [103, [1, 6, 7], t[0]],
               [104, [1, 2, 6, 8], t[0]], [105, [1, 99], t[0]], [105, [1, 2, 99], t[1]], [107, [1, 6, 9], t[0]],
               [108, [1, 2, 6, 9], t[0]]]
+    ident = {"n1": f"{1:016x}", "n2": "", "n3": f"{2:016x}"}  # 0015: n1's process is pod ml/a of Job 7
     cpu = [[t[0], "n1", 10, "train", "", 100, 5], [t[0], "n1", 10, "train", "", 100, 1],
            [t[1], "n1", 10, "train", "", 101, 3], [t[2], "n1", 10, "train", "", 105, 2],
            [t[3], "n1", 10, "train", "", 106, 1], [t[2], "n2", 20, "serve", "", 102, 2],
            [t[1], "n3", 30, "train", "", 102, 4]]
+    cpu = [[*row, ident[row[1]]] for row in cpu]
     # copies and sets are GPU time too (0014), each also a row of gpu_copy_samples with its bytes
     gpu = [[t[1], "n1", 10, "", "", 0, 7, 103, "gemm", 6000, 6, "step > forward"],
            [t[2], "n1", 10, "", "", 0, 7, 104, ALL_REDUCE_MANGLED, 3000, 3, "step > backward"],
            [t[1], "n3", 30, "", "", 0, 7, 103, "gemm", 7000, 7, ""],
            [t[1], "n1", 10, "", "", 0, 7, 107, "[memcpy HtoD]", 500, 1, "step > forward"],
            [t[2], "n3", 30, "", "", 0, 7, 108, "[memcpy HtoD]", 300, 1, ""]]
+    gpu = [[*row, ident[row[1]]] for row in gpu]
     copies = [[t[1], "n1", 10, "", "", 0, 7, 107, "[memcpy HtoD]", "pinned>device", "step > forward", 500, 4096, 1],
               [t[2], "n3", 30, "", "", 0, 7, 108, "[memcpy HtoD]", "pageable>device", "", 300, 1024, 1]]
     start = int(t[1].timestamp()) * 10**9
@@ -236,7 +239,8 @@ def known_rows(base: datetime) -> dict[str, tuple[list[str], list[list]]]:
                            8 << 30, 80 << 30, 1500, 2600, 300_000 + 1000 * util, 700_000, 60, 100, 200, 0, [], False])
     device.append([t[0] + timedelta(seconds=1), "n2", 0, "GPU-n2", "H100", "", None, None, None, 80 << 30, None, None,
                    None, 700_000, None, None, None, None, [79], True])
-    process = [[t[i] + timedelta(seconds=1), node, 0, pid, "train", "", 40, 10, 1 << 30, False]
+    device = [[*row, ident[row[1]] if row[1] == "n1" else ""] for row in device]  # n3's GPU: held by no pod
+    process = [[t[i] + timedelta(seconds=1), node, 0, pid, "train", "", 40, 10, 1 << 30, False, ident[node]]
                for i in range(6) for node, pid in (("n1", 10), ("n3", 30))]
     alerts = [["a-n1-1", "gpu_util_drop", "FIRING", "n1", 0, "GPU-n1", t[2], t[2], 20.0, 5.0, "drop", "[]"],
               ["a-n1-1", "gpu_util_drop", "FIRING", "n1", 0, "GPU-n1", t[2], t[2] + timedelta(seconds=1), 20.0, 5.0,
@@ -247,16 +251,17 @@ def known_rows(base: datetime) -> dict[str, tuple[list[str], list[list]]]:
     windows = [[t[0], "n1", "cpu", False, 19], [t[1], "n1", "cpu", False, 19], [t[2], "n2", "cpu", True, 99],
                [t[1], "n3", "cpu", False, 19], [t[1], "n1", "gpu", False, 0], [t[1], "n3", "gpu", True, 0]]
     identities = [[f"{i:016x}", "n1" if i % 2 else "n3", t[0], "pod", "containerd", f"{i:02x}" * 32, "main",
-                   f"train-{i}", "ml", f"uid-{i}", {"team": "vision"}, "", "", "", "", "", "", "", "vision", False]
-                  for i in range(1, 7)]
+                   "a" if i == 1 else f"train-{i}", "ml", f"uid-{i}",
+                   {"team": "vision", **({"job-name": "7"} if i == 1 else {})}, "", "", "", "", "", "", "", "vision",
+                   False] for i in range(1, 7)]
     state = [["gpu.samples", 0, 0, 9, "BEFORE", t[0]], ["gpu.samples", 0, 0, 9, "AFTER", t[0] + timedelta(seconds=1)],
              ["gpu.samples", 1, 10, 19, "BEFORE", t[1]]]
     return {
         "frames": (["frame_id", "function", "binary", "kind", "last_seen", "build_id"], frames),
         "stacks": (["stack_id", "frame_ids", "last_seen"], stacks),
-        "cpu_samples": (["ts", "node", "pid", "comm", "container_id", "stack_id", "count"], cpu),
+        "cpu_samples": (["ts", "node", "pid", "comm", "container_id", "stack_id", "count", "identity"], cpu),
         "gpu_kernel_samples": (["ts", "node", "pid", "comm", "container_id", "device", "stream", "stack_id",
-                                "kernel_name", "duration_ns", "launches", "nvtx_range"], gpu),
+                                "kernel_name", "duration_ns", "launches", "nvtx_range", "identity"], gpu),
         "gpu_copy_samples": (["ts", "node", "pid", "comm", "container_id", "device", "stream", "stack_id",
                               "kernel_name", "memory_kinds", "nvtx_range", "duration_ns", "bytes", "launches"], copies),
         "gpu_timeline": (["ts", "node", "pid", "comm", "device", "stream", "start_ns", "end_ns", "activity", "name",
@@ -265,9 +270,9 @@ def known_rows(base: datetime) -> dict[str, tuple[list[str], list[list]]]:
         "gpu_device_metrics": (["ts", "node", "gpu_index", "uuid", "name", "parent_uuid", "gpu_util_pct",
                                 "mem_util_pct", "mem_used_bytes", "mem_total_bytes", "sm_clock_mhz", "mem_clock_mhz",
                                 "power_mw", "power_limit_mw", "temperature_c", "pcie_tx_kbps", "pcie_rx_kbps",
-                                "clock_event_reasons", "xid_errors", "simulated"], device),
+                                "clock_event_reasons", "xid_errors", "simulated", "identity"], device),
         "gpu_process_metrics": (["ts", "node", "gpu_index", "pid", "comm", "container_id", "sm_util_pct",
-                                 "mem_util_pct", "used_memory_bytes", "simulated"], process),
+                                 "mem_util_pct", "used_memory_bytes", "simulated", "identity"], process),
         "alerts": (["alert_id", "kind", "state", "node", "gpu_index", "gpu_uuid", "started", "time", "threshold",
                     "observed", "message", "evidence"], alerts),
         "gpu_unmatched": (["ts", "node", "pid", "side", "reason", "events", "duration_ns", "launches"], unmatched),

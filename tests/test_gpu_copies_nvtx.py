@@ -184,7 +184,8 @@ def test_the_ui_flame_graph_takes_what_and_nvtx(job):
         assert stacks_of(level) == {line.rsplit(" ", 1)[0]: int(line.rsplit(" ", 1)[1])
                                     for line in export.decode().splitlines()}
         assert level["filters"] == {"node": "n1", "pid": 0, "comm": "", "collectives": "all", "what": "all",
-                                    "nvtx_range": "", "nvtx_level": 1}
+                                    "nvtx_range": "", "nvtx_level": 1, "namespace": "", "pod": "", "job": "",
+                                    "container": ""}
         languages = dict(zip(level["frames"], (level["languages"][i] for i in level["frame_language"]), strict=True))
         assert languages["[nvtx] forward"] == "nvtx" and languages["gemm"] != "nvtx"
         assert stacks_of(get(what="copies", nvtx_range="forward")) == {
