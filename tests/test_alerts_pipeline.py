@@ -94,7 +94,7 @@ def _cpu_rows(store, node: str, base: int) -> None:
         rows += [[w, node, GPU_PID, "train", "", 11, 10], [w, node, GPU_PID, "train", "", 12, 5],
                  [w, node, OTHER_PID, "other", "", 11, 100]]
     rows.append([ts[4], node, GPU_PID, "train", "", 11, 10])  # only in the resolved alert's range
-    store.insert("cpu_samples", rows, CPU_SAMPLE_COLUMNS)
+    store.insert("cpu_samples", [[*row, ""] for row in rows], CPU_SAMPLE_COLUMNS)  # identity: none
 
 
 def _alerts_runner(bootstrap: str, group: str, store, cls=TopicRunner) -> Running:

@@ -107,7 +107,7 @@ def expected_device(s: SimpleNamespace, t: datetime, node: str, record: dict) ->
     return {"ts": stamp(t), "node": node, "gpu_index": record["index"], "uuid": record["uuid"],
             "name": record["name"], "parent_uuid": record["parent_uuid"],
             **{k: v for k, v in record.items() if k not in ("index", "uuid", "name", "parent_uuid")},
-            "simulated": True}
+            "simulated": True, "identity": ""}  # polls of an agent without identities
 
 
 def test_device_rows_of_one_node_over_time(stored):
@@ -153,7 +153,7 @@ def test_process_rows(stored):
     result = run_here([*base_args(stored), "query", "metrics", *window(stored), "--processes", "--format", "json"])
     assert result.exit_code == 0, result.output
     common = {"node": stored.a, "comm": "train", "container_id": "", "mem_util_pct": 20,
-              "used_memory_bytes": 4 * GIB, "simulated": True}
+              "used_memory_bytes": 4 * GIB, "simulated": True, "identity": ""}
     assert json.loads(result.stdout) == [
         {"ts": stamp(stored.t0), "gpu_index": 0, "pid": 100, "sm_util_pct": 85, **common},
         {"ts": stamp(stored.t0), "gpu_index": 1, "pid": 200, "sm_util_pct": None, **common},

@@ -39,7 +39,7 @@ CREATE TABLE IF NOT EXISTS cpu_samples_1h ON CLUSTER '{cluster}'
 )
 ENGINE = Distributed('{cluster}', currentDatabase(), cpu_samples_1h_local, stack_id);
 
-INSERT INTO cpu_samples_1h
+INSERT INTO cpu_samples_1h (hour, node, pid, comm, container_id, stack_id, count)
 SELECT toStartOfHour(ts, 'UTC') AS hour, node, pid, comm, container_id, stack_id, sum(count) AS count
 FROM cpu_samples
 GROUP BY hour, node, pid, comm, container_id, stack_id;

@@ -56,7 +56,7 @@ ORDER BY (node, hour, pid, comm, container_id, stack_id)
 TTL hour + INTERVAL 1 HOUR + INTERVAL 30 DAY
 SETTINGS non_replicated_deduplication_window = 10000, ttl_only_drop_parts = 1;
 
-INSERT INTO cpu_samples_1h
+INSERT INTO cpu_samples_1h (hour, node, pid, comm, container_id, stack_id, count)
 SELECT toStartOfHour(ts, 'UTC') AS hour, node, pid, comm, container_id, stack_id, sum(count) AS count
 FROM cpu_samples
 GROUP BY hour, node, pid, comm, container_id, stack_id;

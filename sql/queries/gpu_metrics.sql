@@ -12,7 +12,7 @@
 -- @default container =
 SELECT ts, node, gpu_index, uuid, name, parent_uuid, gpu_util_pct, mem_util_pct, mem_used_bytes, mem_total_bytes,
        sm_clock_mhz, mem_clock_mhz, power_mw, power_limit_mw, temperature_c, pcie_tx_kbps, pcie_rx_kbps,
-       clock_event_reasons, xid_errors, simulated
+       clock_event_reasons, xid_errors, simulated, identity
 FROM gpu_device_metrics
 WHERE ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)}
   AND ({node:String} = '' OR node = {node:String})
