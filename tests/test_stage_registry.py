@@ -56,7 +56,8 @@ def test_the_registry_holds_the_four_stages_in_order():
         ("symbolize", ("cpu.stacks",), Runner.TOPIC, UpMode.SCALED_CHILDREN),
         ("correlate", ("gpu.launches", "gpu.kernels"), Runner.TOPIC, UpMode.ONE_CHILD),
         ("alerts", ("gpu.metrics",), Runner.TOPIC, UpMode.ONE_CHILD),
-        ("sink", ("cpu.samples", "gpu.metrics", "gpu.samples", "alerts"), Runner.STORE, UpMode.IN_PROCESS),
+        ("sink", ("cpu.samples", "gpu.metrics", "gpu.samples", "alerts", "identities"), Runner.STORE,
+         UpMode.IN_PROCESS),
     ]
     assert all(name in topics.BY_NAME for e in STAGES for name in e.inputs)
 
@@ -73,7 +74,7 @@ def test_process_help_lists_every_stage_of_the_registry():
         "  symbolize  cpu.stacks → cpu.samples: frames named from the symbols topic (and debuginfod)",
         "  correlate  gpu.launches + gpu.kernels → gpu.samples: GPU kernel time by launching CPU stack",
         "  alerts     gpu.metrics → alerts: GPU utilization drops, with CPU evidence from the store, and the webhook",
-        "  sink       cpu.samples + gpu.metrics + gpu.samples + alerts → ClickHouse tables",
+        "  sink       cpu.samples + gpu.metrics + gpu.samples + alerts + identities → ClickHouse tables",
     ]
 
 
