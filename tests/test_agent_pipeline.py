@@ -50,7 +50,7 @@ def test_agent_once_publishes_what_the_pipeline_stores_and_symbolizes(kafka_boot
     summary = json.loads(out.stdout.splitlines()[-1])
     assert summary["node"] == node and summary["windows"] == 1
     assert summary["lost_stacks"] == 0 and summary["dropped_samples"] == 0
-    assert summary["samples"] > 0 and summary["kernel_build_id"].startswith("kernel-")
+    assert summary["samples"] > 0 and summary["kernel_build_id"].startswith("kernel-"), out.stderr
     assert summary["symbol_chunks"] >= 2  # the workload's table and the kernel's, at least
     assert "window 1:" in out.stderr
 
@@ -93,7 +93,8 @@ def test_agent_loops_until_sigterm_and_sends_each_table_once(kafka_bootstrap, wo
     # which a busy loop may take windows to show), and never again
     sent = sum(int(re.search(r" (\d+) symbol chunks", line).group(1)) for line in windows)
     assert " 0 symbol chunks" not in windows[0] and sent > 0
-    keys = [m.key() for m in messages_to_end(kafka_bootstrap, "symbols", started_ms)]
+    # the tables: symbol chunks, and the workload identities the batches reference (issue 17)
+    keys = [m.key() for topic in ("symbols", "identities") for m in messages_to_end(kafka_bootstrap, topic, started_ms)]
     assert len(keys) == sent and Counter(keys).most_common(1)[0][1] == 1, "".join(windows)
     summary = json.loads(out.splitlines()[-1])
     assert summary["windows"] == len(windows) and summary["samples"] > 0

@@ -36,7 +36,7 @@ __attribute__((noinline)) void tick(void) { extra++; }
 __attribute__((noinline)) void leaf(void) { tick(); for (int i = 0; i < 100000; i++) sink += i; }
 __attribute__((noinline)) void outer(void) { leaf(); extra++; }
 int main(void) {
-    alarm(30);  /* never outlive the test run, whatever happens to the test */
+    alarm(120);  /* never outlive the test run; outlive an agent that compiles under load */
     for (;;) outer();
 }
 """

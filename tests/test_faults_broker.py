@@ -42,9 +42,9 @@ CPU_ONLY = "--no-gpu"
 def long_workload_binary(bpf_ok, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tests/test_cpu_sampler.py's C workload, alive for 4 minutes instead of 30 s: these tests run agents longer."""
     need("gcc")
-    assert "alarm(30);" in WORKLOAD_C
+    assert "alarm(120);" in WORKLOAD_C
     folder = tmp_path_factory.mktemp("fault_workload")
-    (folder / "busy.c").write_text(WORKLOAD_C.replace("alarm(30);", "alarm(240);"))
+    (folder / "busy.c").write_text(WORKLOAD_C.replace("alarm(120);", "alarm(240);"))
     subprocess.run(["gcc", "-O1", "-fno-omit-frame-pointer", "-o", str(folder / "busy"), str(folder / "busy.c")],
                    check=True)
     return folder / "busy"
