@@ -65,7 +65,7 @@ def test_oversize_empty_wrong_schema_and_garbage_are_dead_letters():
 def test_columnar_cpu_batches_keep_the_raw_bytes():
     batch = {"node": "n", "window_start_ns": 1, "window_ns": 2, "frequency_hz": 19, "kernel_build_id": "",
              "simulated": True, "processes": [{"pid": 1, "comm": "c", "exe": "", "cgroup": "", "container_id": "",
-                                               "mappings": [], "code_objects": [],
+                                               "identity_id": 0, "mappings": [], "code_objects": [],
                                                "stacks": [{"tid": 1, "user_addrs": [-1, 5],
                                                            "kernel_addrs": [], "count": 3}]}]}
     value = single_object.encode("CpuStackBatch", batch)
