@@ -12,7 +12,10 @@ device_readings AS
 (
     -- the readings up to until + window_s: the last window starting before until ends after it
     SELECT node, gpu_index, toUnixTimestamp64Milli(ts) AS ts_ms, max(gpu_util_pct) AS util
-    FROM gpu_device_metrics
+    FROM
+    (
+        -- @include nvml_device_readings
+    )
     WHERE ts >= {since:DateTime} AND ts < {until:DateTime} + toIntervalMillisecond(window_ms)
       AND parent_uuid = '' AND gpu_util_pct IS NOT NULL
       AND ({node:String} = '' OR node = {node:String})
@@ -34,7 +37,10 @@ listed AS
     FROM
     (
         SELECT node, gpu_index, pid, toUnixTimestamp64Milli(ts) AS ts_ms
-        FROM gpu_process_metrics
+        FROM
+        (
+            -- @include nvml_process_readings
+        )
         WHERE ts >= {since:DateTime} AND ts < {until:DateTime} + toIntervalMillisecond(window_ms)
           AND ({node:String} = '' OR node = {node:String})
           AND ({gpu:Int32} < 0 OR gpu_index = {gpu:Int32})

@@ -8,7 +8,10 @@ AND (({namespace:String} = '' AND {pod:String} = '' AND {job:String} = '' AND {c
      )
      OR (identity = '' AND (node, gpu_index, ts) IN (
         SELECT node, gpu_index, ts
-        FROM gpu_process_metrics
+        FROM
+        (
+            -- @include nvml_process_readings
+        )
         WHERE ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)}
           AND identity IN (
             -- @include workload_match

@@ -29,7 +29,10 @@ WITH
     (
         -- the readings up to until + max_gap_s: those past until only end the spans of the ones before them
         SELECT node, gpu_index, uuid, ts, max(gpu_util_pct) AS util
-        FROM gpu_device_metrics
+        FROM
+        (
+            -- @include nvml_device_readings
+        )
         WHERE ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)} + toIntervalMillisecond(cap_ms)
           AND parent_uuid = ''
           AND ({node:String} = '' OR node = {node:String})
@@ -61,7 +64,10 @@ WITH
     (
         SELECT node, gpu_index, pid, ts, max(sm_util_pct) AS util, any(comm) AS comm,
                any(container_id) AS container_id
-        FROM gpu_process_metrics
+        FROM
+        (
+            -- @include nvml_process_readings
+        )
         WHERE ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)} + toIntervalMillisecond(cap_ms)
           AND ({node:String} = '' OR node = {node:String})
           AND ({gpu:Int32} < 0 OR gpu_index = {gpu:Int32})

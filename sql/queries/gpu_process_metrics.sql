@@ -11,7 +11,29 @@
 -- @default job =
 -- @default container =
 SELECT ts, node, gpu_index, pid, comm, container_id, sm_util_pct, mem_util_pct, used_memory_bytes, simulated, identity
-FROM gpu_process_metrics
+FROM
+(
+    SELECT * FROM gpu_process_metrics
+    WHERE ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)}
+      AND
+      -- @include nvml_tier
+    UNION ALL
+    -- past the 1 s tier: each process's newest reading of each 10 s bucket, its values as read
+    SELECT last_ts AS ts, node, gpu_index, pid, comm, container_id, l.sm_util_pct AS sm_util_pct,
+           l.mem_util_pct AS mem_util_pct, l.used_memory_bytes AS used_memory_bytes, simulated, identity
+    FROM
+    (
+        SELECT node, gpu_index, pid, bucket, anyLast(comm) AS comm, anyLast(container_id) AS container_id,
+               anyLast(identity) AS identity, max(simulated) AS simulated, max(last_ts) AS last_ts,
+               argMaxMerge(last) AS l
+        FROM gpu_process_metrics_10s
+        WHERE bucket >= toStartOfInterval({since:DateTime64(3)}, INTERVAL 10 SECOND, 'UTC')
+          AND bucket < {until:DateTime64(3)}
+          AND NOT
+          -- @include nvml_tier
+        GROUP BY node, gpu_index, pid, bucket
+    )
+)
 WHERE ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)}
   AND ({node:String} = '' OR node = {node:String})
   -- @include workload_filter

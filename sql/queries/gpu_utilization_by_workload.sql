@@ -27,7 +27,10 @@ WITH
     (
         -- the readings up to until + max_gap_s: those past until only end the spans of the ones before them
         SELECT node, gpu_index, uuid, ts, max(gpu_util_pct) AS util, max(toString(identity)) AS holder
-        FROM gpu_device_metrics
+        FROM
+        (
+            -- @include nvml_device_readings
+        )
         WHERE ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)} + toIntervalMillisecond(cap_ms)
           AND parent_uuid = ''
           AND ({node:String} = '' OR node = {node:String})
@@ -58,7 +61,10 @@ WITH
     (
         -- the workloads of the processes each poll listed on a GPU
         SELECT node, gpu_index, ts, arraySort(groupUniqArray(toString(identity))) AS identities
-        FROM gpu_process_metrics
+        FROM
+        (
+            -- @include nvml_process_readings
+        )
         WHERE ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)} AND identity != ''
           AND ({node:String} = '' OR node = {node:String})
           AND ({gpu:Int32} < 0 OR gpu_index = {gpu:Int32})

@@ -18,7 +18,10 @@ WITH
     readings AS
     (
         SELECT node, gpu_index, uuid, ts, any(name) AS name, max(gpu_util_pct) AS util, max(mem_util_pct) AS mem
-        FROM gpu_device_metrics
+        FROM
+        (
+            -- @include nvml_device_readings
+        )
         WHERE ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)}
           AND parent_uuid = ''
           AND ({node:String} = '' OR node = {node:String})

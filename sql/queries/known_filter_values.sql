@@ -38,12 +38,18 @@ WITH
         ) AS c ON g.node = c.node AND g.pid = c.pid
         UNION ALL
         SELECT node, '', '', toString(gpu_index), count()
-        FROM gpu_device_metrics
+        FROM
+        (
+            -- @include nvml_device_readings
+        )
         WHERE {source:String} = 'nvml' AND ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)}
         GROUP BY node, gpu_index
         UNION ALL
         SELECT node, toString(pid), comm, toString(gpu_index), count()
-        FROM gpu_process_metrics
+        FROM
+        (
+            -- @include nvml_process_readings
+        )
         WHERE {source:String} = 'nvml' AND ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)}
         GROUP BY node, pid, comm, gpu_index
     )

@@ -12,11 +12,17 @@ FROM
     WHERE simulated AND ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)}
       AND ({node:String} = '' OR node = {node:String})
     UNION ALL
-    SELECT DISTINCT 'nvml' AS kind, toString(node) AS node FROM gpu_device_metrics
+    SELECT DISTINCT 'nvml' AS kind, toString(node) AS node FROM
+    (
+        -- @include nvml_device_readings
+    )
     WHERE simulated AND ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)}
       AND ({node:String} = '' OR node = {node:String})
     UNION ALL
-    SELECT DISTINCT 'nvml' AS kind, toString(node) AS node FROM gpu_process_metrics
+    SELECT DISTINCT 'nvml' AS kind, toString(node) AS node FROM
+    (
+        -- @include nvml_process_readings
+    )
     WHERE simulated AND ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)}
       AND ({node:String} = '' OR node = {node:String})
 )

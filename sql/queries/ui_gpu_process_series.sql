@@ -15,7 +15,10 @@ SELECT node, gpu_index, pid, any(comm) AS comm,
        intDiv(toUnixTimestamp64Milli(ts), {step_ms:UInt32}) * {step_ms:UInt32} AS t_ms,
        avg(sm_util_pct) AS sm_util_pct, avg(mem_util_pct) AS mem_util_pct,
        max(used_memory_bytes) AS used_memory_bytes
-FROM gpu_process_metrics
+FROM
+(
+    -- @include nvml_process_readings
+)
 WHERE ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)}
   AND ({node:String} = '' OR node = {node:String})
   -- @include workload_filter

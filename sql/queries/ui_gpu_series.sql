@@ -19,7 +19,10 @@ SELECT node, gpu_index, uuid, any(name) AS name, any(parent_uuid) AS parent_uuid
        avg(sm_clock_mhz) AS sm_clock_mhz, avg(mem_clock_mhz) AS mem_clock_mhz,
        avg(power_mw) AS power_mw, max(power_limit_mw) AS power_limit_mw, max(temperature_c) AS temperature_c,
        avg(pcie_tx_kbps) AS pcie_tx_kbps, avg(pcie_rx_kbps) AS pcie_rx_kbps
-FROM gpu_device_metrics
+FROM
+(
+    -- @include nvml_device_readings
+)
 WHERE ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)}
   AND ({node:String} = '' OR node = {node:String})
   -- @include workload_device_filter

@@ -16,7 +16,10 @@ FROM
     GROUP BY node
     UNION ALL
     SELECT node, toUInt64(0), toUInt64(0), uniqExact(uuid), max(simulated)
-    FROM gpu_device_metrics
+    FROM
+    (
+        -- @include nvml_device_readings
+    )
     WHERE ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)}
     GROUP BY node
 )

@@ -32,7 +32,10 @@ FROM
     GROUP BY node, pid, comm
     UNION ALL
     SELECT node, pid, toString(comm), toUInt64(0), toUInt64(0)
-    FROM gpu_process_metrics
+    FROM
+    (
+        -- @include nvml_process_readings
+    )
     WHERE ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)} AND ({node:String} = '' OR node = {node:String})
       -- @include workload_filter
     GROUP BY node, pid, comm
