@@ -55,6 +55,9 @@ ENGINE = Distributed('{{cluster}}', currentDatabase(), {local}, {key})"""
 ALTER_LOCAL = "ALTER TABLE {name}_local{on_cluster}"
 ALTER_DISTRIBUTED = "ALTER TABLE {name}{on_cluster}\n    {added}"
 DROP_VIEW = "DROP VIEW IF EXISTS {name}{on_cluster}"
+# what an ALTER of a sharded table may do: add columns and keys (the new columns reach the Distributed table too), and
+# change what only the local tables have (settings, TTL)
+LOCAL_ALTERS = ("ADD COLUMN ", "MODIFY ORDER BY ", "MODIFY SETTING ", "MODIFY TTL ")
 RECORD = "INSERT INTO schema_migrations (version, name, applied_at) VALUES ({version}, '{name}', now())"
 
 _DIRECTIVE_RE = re.compile(r"^--\s*@cluster\b\s*(.*?)\s*$")
@@ -178,8 +181,9 @@ def _sharded_alter(alter: re.Match, code: str, where: str) -> list[str]:
     name = alter.group(1)
     clauses = [c.strip() for c in code[alter.end():].split(",\n")]
     added = [_CODEC_RE.sub("", c) for c in clauses if c.startswith("ADD COLUMN ")]
-    if not all(c.startswith(("ADD COLUMN ", "MODIFY ORDER BY ")) for c in clauses):
-        raise ClusterSqlError(f"{where}: an ALTER of a sharded table may only ADD COLUMN and MODIFY ORDER BY")
+    if not all(c.startswith(LOCAL_ALTERS) for c in clauses):
+        raise ClusterSqlError(f"{where}: an ALTER of a sharded table may only "
+                              f"{', '.join(c.strip() for c in LOCAL_ALTERS)}")
     local = ALTER_LOCAL.format(name=name, on_cluster=ON_CLUSTER) + code[alter.end():]
     if not added:
         return [local]

@@ -121,8 +121,8 @@ def test_a_sharded_table_becomes_a_replicated_local_table_behind_a_distributed_o
      "0042_tallies.sql: CREATE VIEW IF NOT EXISTS all_totals AS: two `-- @cluster` lines"),
     (SHARDED + ";\n-- @cluster on every node\n", "a `-- @cluster` line belongs in the comment lines right above"),
     (SHARDED + ";\nALTER TABLE tallies MODIFY COLUMN total UInt32",
-     "ALTER TABLE tallies MODIFY COLUMN total UInt32: an ALTER of a sharded table may only ADD COLUMN and MODIFY "
-     "ORDER BY"),
+     "ALTER TABLE tallies MODIFY COLUMN total UInt32: an ALTER of a sharded table may only ADD COLUMN, MODIFY "
+     "ORDER BY, MODIFY SETTING, MODIFY TTL"),
     (SHARDED + ";\n-- @cluster on every node\nINSERT INTO tallies SELECT 'a', 1",
      "`-- @cluster` places a table or a view, nothing else"),
     (SHARDED + ";\nCREATE MATERIALIZED VIEW IF NOT EXISTS mv TO tallies AS SELECT 'a' AS key, 1 AS total FROM t",
@@ -171,7 +171,7 @@ def test_creates_run_on_the_cluster_and_each_replicated_table_has_its_own_keeper
             assert whole == (table in ("frames", "schema_migrations", "sink_state")), table
             assert path not in paths, f"{table} and {paths.get(path)} share {path}"
             paths[path] = table
-    assert len(paths) == 16  # workload_identities_local (0015) the last
+    assert len(paths) == 18  # gpu_device_metrics_10s_local and gpu_process_metrics_10s_local (0016) the last
 
 
 def _replicated(statement: str) -> dict[str, tuple[str, str, str]]:

@@ -80,14 +80,7 @@ CREATE TABLE IF NOT EXISTS gpu_device_metrics_10s
     pcie_rx_n           SimpleAggregateFunction(sum, UInt64)                          CODEC(T64, ZSTD(1)),
     clock_events_or     SimpleAggregateFunction(groupBitOr, UInt64)                   CODEC(ZSTD(1)),
     xid_errors          SimpleAggregateFunction(groupArrayArray, Array(UInt32))       CODEC(ZSTD(1)),
-    last                AggregateFunction(argMax, Tuple(
-                            gpu_util_pct Nullable(UInt8), mem_util_pct Nullable(UInt8),
-                            mem_used_bytes Nullable(UInt64), mem_total_bytes Nullable(UInt64),
-                            sm_clock_mhz Nullable(UInt32), mem_clock_mhz Nullable(UInt32),
-                            power_mw Nullable(UInt32), power_limit_mw Nullable(UInt32),
-                            temperature_c Nullable(Int16), pcie_tx_kbps Nullable(UInt32),
-                            pcie_rx_kbps Nullable(UInt32), clock_event_reasons Nullable(UInt64)),
-                            DateTime64(3))                                            CODEC(ZSTD(3))
+    last                AggregateFunction(argMax, Tuple(gpu_util_pct Nullable(UInt8), mem_util_pct Nullable(UInt8), mem_used_bytes Nullable(UInt64), mem_total_bytes Nullable(UInt64), sm_clock_mhz Nullable(UInt32), mem_clock_mhz Nullable(UInt32), power_mw Nullable(UInt32), power_limit_mw Nullable(UInt32), temperature_c Nullable(Int16), pcie_tx_kbps Nullable(UInt32), pcie_rx_kbps Nullable(UInt32), clock_event_reasons Nullable(UInt64)), DateTime64(3))                                            CODEC(ZSTD(3))
 )
 ENGINE = AggregatingMergeTree
 PARTITION BY toDate(bucket)
@@ -184,9 +177,7 @@ CREATE TABLE IF NOT EXISTS gpu_process_metrics_10s
     used_memory_max     SimpleAggregateFunction(max, Nullable(UInt64))                CODEC(Delta, ZSTD(1)),
     used_memory_sum     SimpleAggregateFunction(sum, UInt64)                          CODEC(Delta, ZSTD(1)),
     used_memory_n       SimpleAggregateFunction(sum, UInt64)                          CODEC(T64, ZSTD(1)),
-    last                AggregateFunction(argMax, Tuple(
-                            sm_util_pct Nullable(UInt8), mem_util_pct Nullable(UInt8),
-                            used_memory_bytes Nullable(UInt64)), DateTime64(3))       CODEC(ZSTD(3))
+    last                AggregateFunction(argMax, Tuple(sm_util_pct Nullable(UInt8), mem_util_pct Nullable(UInt8), used_memory_bytes Nullable(UInt64)), DateTime64(3))       CODEC(ZSTD(3))
 )
 ENGINE = AggregatingMergeTree
 PARTITION BY toDate(bucket)

@@ -10,7 +10,8 @@ SELECT ts, node, gpu_index, uuid, name, parent_uuid, toNullable(toFloat64(gpu_ut
        toNullable(toFloat64(mem_clock_mhz)) AS mem_clock_mhz, toNullable(toFloat64(power_mw)) AS power_mw,
        toNullable(toFloat64(power_limit_mw)) AS power_limit_mw, toNullable(toFloat64(temperature_c)) AS temperature_c,
        toNullable(toFloat64(pcie_tx_kbps)) AS pcie_tx_kbps, toNullable(toFloat64(pcie_rx_kbps)) AS pcie_rx_kbps,
-       simulated, identity
+       simulated, identity, toNullable(toFloat64(gpu_util_pct)) AS gpu_util_lo,
+       toNullable(toFloat64(gpu_util_pct)) AS gpu_util_hi
 FROM gpu_device_metrics
 WHERE ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)} + INTERVAL 1 HOUR
   AND
@@ -28,12 +29,14 @@ SELECT first_ts AS ts, node, gpu_index, uuid, name, parent_uuid,
        if(temperature_n = 0, NULL, temperature_sum / temperature_n) AS temperature_c,
        if(pcie_tx_n = 0, NULL, pcie_tx_sum / pcie_tx_n) AS pcie_tx_kbps,
        if(pcie_rx_n = 0, NULL, pcie_rx_sum / pcie_rx_n) AS pcie_rx_kbps,
-       simulated, identity
+       simulated, identity, toNullable(toFloat64(gpu_util_lo)) AS gpu_util_lo,
+       toNullable(toFloat64(gpu_util_hi)) AS gpu_util_hi
 FROM
 (
     SELECT node, gpu_index, uuid, parent_uuid, bucket, anyLast(name) AS name, anyLast(identity) AS identity,
            max(simulated) AS simulated, min(first_ts) AS first_ts,
-           sum(gpu_util_sum) AS gpu_util_sum, sum(gpu_util_n) AS gpu_util_n,
+           sum(gpu_util_sum) AS gpu_util_sum, sum(gpu_util_n) AS gpu_util_n, min(gpu_util_min) AS gpu_util_lo,
+           max(gpu_util_max) AS gpu_util_hi,
            sum(mem_util_sum) AS mem_util_sum, sum(mem_util_n) AS mem_util_n,
            sum(mem_used_sum) AS mem_used_sum, sum(mem_used_n) AS mem_used_n,
            sum(sm_clock_sum) AS sm_clock_sum, sum(sm_clock_n) AS sm_clock_n,

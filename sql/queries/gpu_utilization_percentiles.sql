@@ -1,7 +1,7 @@
 -- The distribution of NVML's gpu_util_pct per node and GPU in [since, until), optionally for one node / GPU index
 -- ('' and -1 mean "all"). Physical GPUs only (parent_uuid = ''), as in gpu_idle_time.
 -- readings:      readings with a utilization value (NULL ones are left out of every column but none);
--- min, max:      the extremes; mean: the plain mean of the readings (not weighted by the time between them);
+-- min, max:      the extremes (past the 1 s tier, of every reading the 10 s aggregates saw); mean: the plain mean of the readings (not weighted by the time between them);
 -- p50, p90, p99: exact quantiles without interpolation (quantileExact): the reading at 0-based position ⌊q·n⌋ of
 --                the n readings sorted, so always a value that was read;
 -- mem_util_mean: the mean of the non-NULL mem_util_pct readings of the same timestamps (NULL if none).
@@ -17,7 +17,8 @@
 WITH
     readings AS
     (
-        SELECT node, gpu_index, uuid, ts, any(name) AS name, max(gpu_util_pct) AS util, max(mem_util_pct) AS mem
+        SELECT node, gpu_index, uuid, ts, any(name) AS name, max(gpu_util_pct) AS util, max(mem_util_pct) AS mem,
+               min(gpu_util_lo) AS lo, max(gpu_util_hi) AS hi
         FROM
         (
             -- @include nvml_device_readings
@@ -35,12 +36,12 @@ SELECT
     toString(uuid) AS uuid,
     toString(any(name)) AS name,
     count() AS readings,
-    min(assumeNotNull(util)) AS min,
+    min(assumeNotNull(lo)) AS min,
     avg(util) AS mean,
     quantileExact(0.5)(assumeNotNull(util)) AS p50,
     quantileExact(0.9)(assumeNotNull(util)) AS p90,
     quantileExact(0.99)(assumeNotNull(util)) AS p99,
-    max(assumeNotNull(util)) AS max,
+    max(assumeNotNull(hi)) AS max,
     avg(mem) AS mem_util_mean
 FROM readings
 WHERE util IS NOT NULL
