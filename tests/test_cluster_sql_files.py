@@ -200,6 +200,9 @@ def test_distributed_tables_front_their_local_tables_with_the_documented_keys():
         # the hourly rollups sit with the window rows they sum
         "cpu_samples_1h": ("cpu_samples_1h_local", "stack_id"),
         "gpu_kernel_samples_1h": ("gpu_kernel_samples_1h_local", "stack_id"),
+        # the NVML 10 s aggregates (0016) sit with the 1 s readings they sum
+        "gpu_device_metrics_10s": ("gpu_device_metrics_10s_local", "cityHash64(node)"),
+        "gpu_process_metrics_10s": ("gpu_process_metrics_10s_local", "cityHash64(node)"),
         # the stack views run on the shards, each over its own stacks, behind Distributed tables of the same names
         "stack_frames": ("stack_frames_local", "stack_id"),
         "stack_frame_names": ("stack_frame_names_local", "stack_id"),
@@ -231,10 +234,12 @@ def test_views_are_the_single_node_views_over_the_local_tables():
 
 def test_materialized_views_are_the_single_node_ones_over_the_local_tables():
     # each shard sums the blocks it receives into its own rollup: the view reads and writes the _local tables
-    local = {"cpu_samples", "gpu_kernel_samples", "cpu_samples_1h", "gpu_kernel_samples_1h"}
+    local = {"cpu_samples", "gpu_kernel_samples", "cpu_samples_1h", "gpu_kernel_samples_1h", "gpu_device_metrics",
+             "gpu_process_metrics", "gpu_device_metrics_10s", "gpu_process_metrics_10s"}
     single = [localized(s, local) for s in single_node_creates("MATERIALIZED VIEW")]
     cluster = [ON_CLUSTER_RE.sub("", s) for _, s in cluster_statements() if s.startswith("CREATE MATERIALIZED VIEW")]
-    assert len(cluster) == 5  # 0014 recreates gpu_kernel_samples_1h_mv with nvtx_range, 0015 both with identity
+    # 0014 recreates gpu_kernel_samples_1h_mv with nvtx_range, 0015 both with identity; 0016 adds the NVML 10 s views
+    assert len(cluster) == 7
     assert cluster == single
 
 

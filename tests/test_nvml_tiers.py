@@ -148,3 +148,36 @@ def test_cost_report_within_half_a_percent_of_the_1s_data(tiers):
             assert y == pytest.approx(x, rel=0.005)
             if not tiers.jitter:
                 assert y == pytest.approx(x, rel=1e-9)
+
+
+def test_the_migration_fills_the_aggregates_from_stored_readings_once(chdb_dir):
+    import uuid
+
+    from fleetprof.store import migration_files, open_store, split_statements
+
+    before = open_store(f"chdb://{chdb_dir}", f"t_nvml_backfill_{uuid.uuid4().hex[:8]}")
+    try:
+        for version, name, path in [f for f in migration_files() if f[0] < 16]:
+            for statement in split_statements(path.read_text()):
+                before.client.command(statement)
+            before.insert("schema_migrations", [[version, name, datetime.now(tz=UTC)]],
+                          ["version", "name", "applied_at"])
+        start = aligned(2)
+        put_readings(before, start, jitter=False)
+        assert "0016_nvml_tiers" in before.migrate()
+        counts = "SELECT sum(readings), sum(gpu_util_sum) FROM gpu_device_metrics_10s"
+        want = before.query_sql("SELECT count(), sum(gpu_util_pct) FROM gpu_device_metrics")[1]
+        assert before.query_sql(counts)[1] == want == [(2 * SPAN_S, sum(util(g, i) for g in (0, 1)
+                                                                       for i in range(SPAN_S)))]
+        # the file again (a migration stopped midway is run again): nothing twice
+        (path,) = [p for v, _, p in migration_files() if v == 16]
+        for statement in split_statements(path.read_text()):
+            before.client.command(statement)
+        assert before.query_sql(counts)[1] == want
+        # and from now on the views feed the aggregates
+        put_readings(before, start + timedelta(seconds=SPAN_S), jitter=False)
+        assert before.query_sql(counts)[1][0][0] == 4 * SPAN_S
+        assert before.query_sql("SELECT sum(readings) FROM gpu_process_metrics_10s")[1] == [(2 * SPAN_S,)]
+    finally:
+        before.client.command("DROP DATABASE IF EXISTS {db:Identifier}", parameters={"db": before.database})
+        before.close()

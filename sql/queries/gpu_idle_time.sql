@@ -17,6 +17,10 @@
 --   covered_s = time present on the GPU with a utilization sample; busy_s = Σ span × sm_util_pct / 100;
 --   idle_s = covered_s − busy_s; unknown_s = time present without a sample (sm_util_pct NULL: no new NVML sample
 --   in that poll), which is not covered. comm and container_id are the process's newest.
+-- Tier (sql/parts/nvml_tier.sql): a range that starts more than 6 h ago reads the 10 s aggregates (migration 0016),
+--   one reading per bucket at its first poll with the bucket's mean utilization, standing for the time to the next
+--   bucket: for polls evenly spaced within max_gap_s that is the same sum as the 1 s readings' (Σ mean × 10 s =
+--   Σ util × 1 s), within the polls' jitter otherwise; readings then counts buckets.
 -- readings: the distinct timestamps in the range (NULL ones included). Seconds have millisecond resolution (ts is
 -- DateTime64(3)); spans are whole milliseconds, so the sums are exact before the final division.
 -- @default until = now

@@ -2,6 +2,8 @@
 -- ('' and -1 mean "all"). A MIG device shares its GPU's index and names that GPU in parent_uuid. The rows are
 -- point-in-time gauges in a plain MergeTree (the sink's insert tokens keep re-deliveries out), so each is returned
 -- as stored: nothing to merge or sum. NULL: NVML could not give that field on that device at that time.
+-- A range that starts more than 6 h ago (past the 1 s tier, sql/parts/nvml_tier.sql) returns each 10 s bucket's
+-- newest reading, its values as read, and the bucket's XID errors.
 -- @default until = now
 -- @default node =
 -- @default gpu = -1

@@ -2,6 +2,8 @@
 -- ('' and -1 mean "all"). sm_util_pct and mem_util_pct are NULL in a poll that brought no new utilization sample
 -- for the process (NVML samples on its own clock; a sample is stored once); used_memory_bytes is NULL for a process
 -- that was not running compute work.
+-- A range that starts more than 6 h ago (past the 1 s tier, sql/parts/nvml_tier.sql) returns each process's newest
+-- reading of each 10 s bucket, its values as read.
 -- @default until = now
 -- @default node =
 -- @default gpu = -1
