@@ -181,3 +181,14 @@ def test_the_migration_fills_the_aggregates_from_stored_readings_once(chdb_dir):
     finally:
         before.client.command("DROP DATABASE IF EXISTS {db:Identifier}", parameters={"db": before.database})
         before.close()
+
+
+def test_a_batch_inserted_again_with_its_token_counts_once_in_the_aggregates(store):
+    # the sink re-inserts a batch after a crash with the same insert_deduplication_token: the 1 s table drops it, and
+    # so must the views' inserts into the aggregates (as the hourly rollups' do, 0010)
+    start = aligned(1)
+    rows = [[start + timedelta(seconds=i), "n1", 0, "GPU-0", "H100", "", 50, 1, 1, [], False, ""] for i in range(20)]
+    for _ in range(2):
+        store.insert("gpu_device_metrics", rows, DEVICE_COLUMNS, dedup_token="gpu.metrics/0/0-19/gpu_device_metrics")
+    assert store.query_sql("SELECT count() FROM gpu_device_metrics")[1] == [(20,)]
+    assert store.query_sql("SELECT sum(readings), sum(gpu_util_sum) FROM gpu_device_metrics_10s")[1] == [(20, 1000)]
