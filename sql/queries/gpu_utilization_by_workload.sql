@@ -4,8 +4,9 @@
 -- namespace, pod, job and container pick (workload_match; '' = no filter).
 -- Who has a GPU at a reading: the pod that holds it (the device row's identity, from the kubelet's pod-resources),
 -- else the workloads of the processes that the same NVML poll listed on that GPU (gpu_process_metrics rows of the same
--- node, GPU index and ts), the reading's time split evenly between them, else nobody: workload '' ("unattributed",
--- as are readings whose owner has no such field, and every reading of an agent older than identities).
+-- node, GPU index and poll: nvml_poll_key; past the 1 s tier, of the same 10 s bucket), the reading's time split
+-- evenly between them, else nobody: workload '' ("unattributed", as are readings whose owner has no such field, and
+-- every reading of an agent older than identities).
 -- Time covered by a reading, busy and idle: exactly gpu_idle_time's GPU level (a reading stands for the time to the
 -- next one of its GPU within max_gap_s, else the GPU's median gap, never more than max_gap_s nor past until):
 --   covered_s = Σ span of readings with gpu_util_pct;  busy_s = Σ span × gpu_util_pct / 100;  idle_s = covered − busy;
@@ -60,7 +61,9 @@ WITH
     process_owners AS
     (
         -- the workloads of the processes each poll listed on a GPU
-        SELECT node, gpu_index, ts, arraySort(groupUniqArray(toString(identity))) AS identities
+        SELECT node, gpu_index,
+               -- @include nvml_poll_key
+               AS poll, arraySort(groupUniqArray(toString(identity))) AS identities
         FROM
         (
             -- @include nvml_process_readings
@@ -68,7 +71,7 @@ WITH
         WHERE ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)} AND identity != ''
           AND ({node:String} = '' OR node = {node:String})
           AND ({gpu:Int32} < 0 OR gpu_index = {gpu:Int32})
-        GROUP BY node, gpu_index, ts
+        GROUP BY node, gpu_index, poll
     ),
     shares AS
     (
@@ -79,8 +82,14 @@ WITH
             -- a LEFT JOIN fills a reading without listed processes with [] (join_use_nulls is off)
             SELECT d.node AS node, d.uuid AS uuid, d.util AS util, d.span_ms AS span_ms,
                    if(d.holder != '', [d.holder], if(empty(p.identities), [''], p.identities)) AS owned
-            FROM device_spans AS d
-            LEFT JOIN process_owners AS p ON p.node = d.node AND p.gpu_index = d.gpu_index AND p.ts = d.ts
+            FROM
+            (
+                SELECT *,
+                       -- @include nvml_poll_key
+                       AS poll
+                FROM device_spans
+            ) AS d
+            LEFT JOIN process_owners AS p ON p.node = d.node AND p.gpu_index = d.gpu_index AND p.poll = d.poll
         ) AS s
         ARRAY JOIN owned AS owner
     ),

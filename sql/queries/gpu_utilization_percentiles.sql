@@ -1,9 +1,11 @@
 -- The distribution of NVML's gpu_util_pct per node and GPU in [since, until), optionally for one node / GPU index
 -- ('' and -1 mean "all"). Physical GPUs only (parent_uuid = ''), as in gpu_idle_time.
 -- readings:      readings with a utilization value (NULL ones are left out of every column but none);
--- min, max:      the extremes (past the 1 s tier, of every reading the 10 s aggregates saw); mean: the plain mean of the readings (not weighted by the time between them);
+-- min, max:      the extremes (past the 1 s tier, of every reading the 10 s aggregates saw); mean: the plain mean
+--                of the readings (not weighted by the time between them);
 -- p50, p90, p99: exact quantiles without interpolation (quantileExact): the reading at 0-based position ⌊q·n⌋ of
---                the n readings sorted, so always a value that was read;
+--                the n readings sorted, so always a value that was read (past the 1 s tier: of the 10 s buckets'
+--                means, sql/parts/nvml_device_readings.sql);
 -- mem_util_mean: the mean of the non-NULL mem_util_pct readings of the same timestamps (NULL if none).
 -- A timestamp stored twice for one GPU is one reading (the max of its values), as in gpu_idle_time. GPUs without a
 -- utilization reading in the range are left out.
