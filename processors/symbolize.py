@@ -6,6 +6,7 @@ Addresses that cannot be resolved stay visible as `[unknown] <binary>+0x<offset>
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,6 +55,9 @@ class FrameMemo:
     frames: dict = field(default_factory=dict)  # key -> frame id
     by_id: dict = field(default_factory=dict)  # frame id -> (frame_id, function, binary, kind, build id)
     stacks: dict = field(default_factory=dict)  # tuple(frame ids) -> stack id
+    # (build id, binary) -> frame id by symbol index (0: not yet), the frames' keys (build id, binary, index) as an
+    # array, so the symbols a batch hits are found with one numpy indexing
+    by_symbol: dict = field(default_factory=dict)
 
     def frame(self, key: object, function: str, binary: str, kind: str, build_id: str = "") -> int:
         fid = self.frames.get(key)
@@ -61,10 +65,18 @@ class FrameMemo:
             if len(self.frames) >= self.max_entries:
                 self.frames.clear()
                 self.by_id.clear()
+                self.by_symbol.clear()
             fid = frame_id(function, binary, kind)
             self.frames[key] = fid
             self.by_id[fid] = (fid, function, binary, kind, build_id)
         return fid
+
+    def symbol_ids(self, key: tuple[str, str], symbols: int) -> np.ndarray:
+        """The frame ids by symbol index of one table (`symbols` long) as one binary names it."""
+        ids = self.by_symbol.get(key)
+        if ids is None or len(ids) != symbols:
+            ids = self.by_symbol[key] = np.zeros(symbols, dtype=np.int64)
+        return ids
 
     def stack(self, frame_ids: tuple[int, ...]) -> int:
         sid = self.stacks.get(frame_ids)
@@ -88,6 +100,7 @@ class SymbolizeStats:
     unknown_build_ids: set[str] = field(default_factory=set)
 
 
+@functools.lru_cache(maxsize=65536)
 def binary_name(path: str) -> str:
     if path.endswith(_DELETED):
         path = path[: -len(_DELETED)]
@@ -101,6 +114,19 @@ def _resolve(ids: np.ndarray, where: np.ndarray, keys: np.ndarray, make) -> None
     uniq, inverse = np.unique(keys, return_inverse=True)
     fids = np.fromiter((make(int(k)) for k in uniq), dtype=np.int64, count=len(uniq))
     ids[where] = fids[inverse]
+
+
+def _resolve_symbols(ids: np.ndarray, where: np.ndarray, syms: np.ndarray, known: np.ndarray, make) -> None:
+    """_resolve for symbol indexes, through `known` (frame id by symbol index, 0: not computed yet)."""
+    if len(where) == 0:
+        return
+    got = known[syms]
+    todo = got == 0
+    if todo.any():
+        for s in np.unique(syms[todo]).tolist():
+            known[s] = make(s)
+        got = known[syms]
+    ids[where] = got
 
 
 def _map_addresses(procs: list[tuple[dict, PackedStacks]], groups: dict[tuple[str, str], int]) -> tuple[np.ndarray,
@@ -200,9 +226,9 @@ def _user_frames(group: np.ndarray, file_off: np.ndarray, is_leaf: np.ndarray, g
             names = table.names
             kind = _frame_kind(table)
             gnu = _gnu_build_id(build_id)
-            _resolve(ids, sel[known], syms[known],
-                     lambda s, t=build_id, b=binary, n=names, k=kind, g=gnu: memo.frame((t, b, s), demangle(n[s]), b,
-                                                                                        k(n[s]), g))
+            _resolve_symbols(ids, sel[known], syms[known], memo.symbol_ids((build_id, binary), len(names)),
+                             lambda s, t=build_id, b=binary, n=names, k=kind, g=gnu: memo.frame(
+                                 (t, b, s), demangle(n[s]), b, k(n[s]), g))
         flags[sel[~known]] |= UNKNOWN
         unknown = int((~known).sum())
         stats.unknown_frames += unknown
@@ -222,8 +248,10 @@ def _kernel_frames(addrs: np.ndarray, is_leaf: np.ndarray, table: SymbolTable | 
     known = syms >= 0
     if table is not None:
         names = table.names
-        _resolve(ids, np.flatnonzero(known), syms[known],
-                 lambda s, t=table.build_id: memo.frame(("k", t, s), demangle(names[s]), KERNEL_BINARY, "KERNEL", t))
+        by_symbol = memo.symbol_ids(("k", table.build_id, KERNEL_BINARY), len(names))
+        _resolve_symbols(ids, np.flatnonzero(known), syms[known], by_symbol,
+                         lambda s, t=table.build_id: memo.frame(("k", t, s), demangle(names[s]), KERNEL_BINARY,
+                                                                "KERNEL", t))
     stats.unknown_frames += int((~known).sum())
     if flags is not None:
         flags[known] = 0

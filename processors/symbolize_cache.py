@@ -51,9 +51,14 @@ class Symbolized:
         return set().union(*self.stacks.values())
 
     def estimated_bytes(self) -> int:
-        """symbolize.estimated_bytes of the record, without building it."""
-        fsize = self.cache.frame_size
-        frames = sum(map(fsize.__getitem__, self.frame_ids()))
+        """symbolize.estimated_bytes of the record, without building it: each frame once, by the cache's dense
+        frame numbers."""
+        cache = self.cache
+        frames = 0
+        if self.stacks:
+            used = np.zeros(cache.frames, dtype=bool)
+            used[np.concatenate([cache.stack_frames[s] for s in self.stacks])] = True
+            frames = int(cache.frame_size[:cache.frames][used].sum())
         stacks = sum(map(len, self.stacks.values())) * 10 + 12 * len(self.stacks)
         samples = sum(len(s["comm"]) + len(s["container_id"]) + 38 for s in self.samples)
         return 64 + len(self.head["node"]) + frames + stacks + samples
@@ -76,11 +81,18 @@ class StackCache:
     rows: dict[tuple[int, bytes, bytes], Row] = field(default_factory=dict)
     contexts: dict[tuple, int] = field(default_factory=dict)  # (kernel build id, mappings, code objects) -> id
     frame_defs: dict[int, dict] = field(default_factory=dict)  # frame id -> FrameDef record
-    frame_size: dict[int, int] = field(default_factory=dict)  # frame id -> its share of estimated_bytes
     stack_defs: dict[int, dict] = field(default_factory=dict)  # stack id -> StackDef record
+    # each frame's number (0, 1, ...) and its share of estimated_bytes by number; each stack's frames by number
+    numbers: dict[int, int] = field(default_factory=dict)
+    frame_size: np.ndarray = field(default_factory=lambda: np.zeros(1024, dtype=np.int64))
+    stack_frames: dict[int, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def frames(self) -> int:
+        return len(self.numbers)
 
     def clear(self) -> None:
-        for d in (self.rows, self.contexts, self.frame_defs, self.frame_size, self.stack_defs):
+        for d in (self.rows, self.contexts, self.frame_defs, self.stack_defs, self.numbers, self.stack_frames):
             d.clear()
 
     def context(self, kernel_build_id: str, proc: dict) -> int:
@@ -92,12 +104,18 @@ class StackCache:
         return cid
 
     def define(self, ids: tuple[int, ...], sid: int, memo: FrameMemo) -> None:
-        if sid not in self.stack_defs:
-            self.stack_defs[sid] = {"stack_id": sid, "frame_ids": list(ids)}
+        if sid in self.stack_defs:
+            return
+        numbers = self.numbers
         for f in ids:
-            if f not in self.frame_defs:
+            if f not in numbers:
                 d = self.frame_defs[f] = _frame_def(memo.by_id[f])
-                self.frame_size[f] = len(d["function"]) + len(d["binary"]) + len(d["build_id"]) + 24
+                n = numbers[f] = len(numbers)
+                if n >= len(self.frame_size):
+                    self.frame_size = np.concatenate([self.frame_size, np.zeros_like(self.frame_size)])
+                self.frame_size[n] = len(d["function"]) + len(d["binary"]) + len(d["build_id"]) + 24
+        self.stack_defs[sid] = {"stack_id": sid, "frame_ids": list(ids)}
+        self.stack_frames[sid] = np.array([numbers[f] for f in ids], dtype=np.int64)
 
 
 def _per_row(flags: np.ndarray, bounds: np.ndarray, bit: int) -> np.ndarray:

@@ -11,8 +11,10 @@ from processors.symbol_feed import SymbolFeed
 from processors.symbol_tables import SymbolTables
 from processors.symbolize import FrameMemo, SymbolizeStats, split_samples
 from processors.symbolize_cache import StackCache, Symbolized, symbolize_cached
-from schemas import topics
+from schemas import cpu_samples_writer, topics
 from schemas.wire import STAGE_OUTPUT_MAX_BYTES
+
+assert cpu_samples_writer  # imported for its fast CpuSamples writer, which the runner's encode then uses
 
 # Symbolized output is larger than its input (frame names); keep each message well under Kafka's default 1 MB.
 
