@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import hashlib
 import resource
 import sys
 from pathlib import Path
@@ -67,6 +68,9 @@ def cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
+DIGEST = hashlib.sha256()  # of every output message, to compare two versions of the stage
+
+
 def run_batch(stage: SymbolizeStage, values: list[bytes], offset: int) -> int:
     """Messages as one batch: decode, before_batch, process, encode. Returns output bytes."""
     msgs = []
@@ -77,7 +81,9 @@ def run_batch(stage: SymbolizeStage, values: list[bytes], offset: int) -> int:
     out = stage.process(msgs)
     size = 0
     for p in out:
-        size += len(encode_produced(p)[1])
+        value = encode_produced(p)[1]
+        DIGEST.update(value)
+        size += len(value)
     stage.after_commit()
     return size
 
@@ -114,7 +120,8 @@ def main() -> None:
     per_sample = steady / (n * samples)
     print(f"first window: {1e6 * first / samples:.2f} µs/sample ({first_bytes} B out); "
           f"steady ({n} windows x {args.nodes} nodes): {1e6 * per_sample:.2f} µs/sample = "
-          f"{1e3 * per_sample * RATE:.3f} ms per node-second ({out_bytes / n / args.nodes:.0f} B out per node-window)")
+          f"{1e3 * per_sample * RATE:.3f} ms per node-second ({out_bytes / n / args.nodes:.0f} B out per node-window); "
+          f"output sha256 {DIGEST.hexdigest()[:16]}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ replaced or evicted (SymbolTables.generation), or when the caller says the frame
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,7 +29,9 @@ from processors.symbolize import (
     resolve_rows,
 )
 from schemas.packed_stacks import PackedStacks, lengths_to_offsets
+from schemas.wire import LONG_MAX, LONG_MIN
 
+_COLUMNS = [f.name for f in dataclasses.fields(PackedStacks)]
 # (stack id, frame ids root first, frames, unknown frames, truncated, lost, user build ids left unknown or None)
 Row = tuple[int, tuple[int, ...], int, int, int, int, frozenset | None]
 
@@ -141,13 +144,28 @@ def _row_stats(r: RowFrames) -> list[tuple[int, int, int, frozenset | None]]:
     return out
 
 
+def _select(misses: list[tuple[dict, PackedStacks, list[int]]]) -> list[tuple[dict, PackedStacks]]:
+    """Each process with only its missed rows: one gather over every process's arrays at once, then views."""
+    sts = [st for _, st, _ in misses]
+    whole = PackedStacks(*(np.concatenate([getattr(st, c) for st in sts]) for c in _COLUMNS))
+    first = lengths_to_offsets(np.array([len(st) for st in sts], dtype=np.int64))
+    part = whole.select(np.concatenate([np.asarray(rows, dtype=np.int64) + first[i]
+                                        for i, (_, _, rows) in enumerate(misses)]))
+    n = lengths_to_offsets(np.array([len(rows) for _, _, rows in misses], dtype=np.int64))
+    uo, ko = lengths_to_offsets(part.user_lens)[n].tolist(), lengths_to_offsets(part.kernel_lens)[n].tolist()
+    n = n.tolist()
+    return [(proc, PackedStacks(part.tids[n[i]:n[i + 1]], part.counts[n[i]:n[i + 1]], part.user_addrs[uo[i]:uo[i + 1]],
+                                part.user_lens[n[i]:n[i + 1]], part.kernel_addrs[ko[i]:ko[i + 1]],
+                                part.kernel_lens[n[i]:n[i + 1]]))
+            for i, (proc, _, _) in enumerate(misses)]
+
+
 def _resolve_misses(misses: list[tuple[dict, PackedStacks, list[int]]], kernel_table: SymbolTable | None,
                     tables: TableLookup, memo: FrameMemo, stats: SymbolizeStats) -> tuple[list, list, list, list, list,
                                                                                           list, list]:
     """resolve_rows over the missed rows: (user frames, kernel frames, their offsets per row, each row's stats,
     whether each row may be kept)."""
-    procs = [(proc, st.select(np.asarray(rows, dtype=np.int64))) for proc, st, rows in misses]
-    r = resolve_rows(procs, kernel_table, tables, memo, stats)
+    r = resolve_rows(_select(misses), kernel_table, tables, memo, stats)
     bad = MISSING | PY_UNKNOWN
     keep = ((_per_row(r.uflags, r.ub, bad) + _per_row(r.kflags, r.kb, bad)) == 0).tolist()
     return r.uids.tolist(), r.kids.tolist(), r.ub.tolist(), r.kb.tolist(), _row_stats(r), keep
@@ -167,6 +185,7 @@ def symbolize_cached(batch: dict, tables: TableLookup, generation: int, memo: Fr
     if kid and kernel_table is None:
         stats.missing_build_ids.add(kid)
     rows = cache.rows
+    frames = 0
     found: list[list] = []  # per process with stacks: (proc, its rows' cached results or None)
     misses: list[tuple[dict, PackedStacks, list[int]]] = []
     keys: list[list] = []
@@ -180,11 +199,24 @@ def symbolize_cached(batch: dict, tables: TableLookup, generation: int, memo: Fr
         uo, ko = (8 * lengths_to_offsets(st.user_lens)).tolist(), (8 * lengths_to_offsets(st.kernel_lens)).tolist()
         pkeys = [(ctx, ub[uo[i]:uo[i + 1]], kb[ko[i]:ko[i + 1]]) for i in range(len(st))]
         got = [rows.get(k) for k in pkeys]
-        missed = [i for i, g in enumerate(got) if g is None]
+        missed = []
+        for i, row in enumerate(got):
+            if row is None:
+                missed.append(i)
+                continue
+            # a cached row's stats (the missed ones resolve_rows counts)
+            frames += row[2]
+            if row[3] or row[4] or row[5]:
+                stats.unknown_frames += row[3]
+                stats.truncated_stacks += row[4]
+                stats.lost_stacks += row[5]
+                if row[6]:
+                    stats.unknown_build_ids |= row[6]
         if missed:
             misses.append((proc, st, missed))
         found.append([proc, st, got, missed])
         keys.append(pkeys)
+    stats.frames += frames
     if misses:
         ufr, kfr, ub, kb, row_stats, keep = _resolve_misses(misses, kernel_table, tables, memo, stats)
         j = 0
@@ -199,25 +231,16 @@ def symbolize_cached(batch: dict, tables: TableLookup, generation: int, memo: Fr
                 j += 1
     stacks: dict[int, tuple[int, ...]] = {}
     counts: dict[tuple, int] = {}
-    for proc, st, got, missed in found:
+    for proc, st, got, _ in found:
         pid, comm, cid, ident = proc["pid"], proc["comm"], proc.get("container_id", ""), proc.get("identity_id", 0)
-        n = st.counts.tolist()
-        fresh = set(missed)  # symbolized above: resolve_rows counted their stats; cached rows add theirs
-        for i, row in enumerate(got):
+        for row, n in zip(got, st.counts.tolist(), strict=True):
             sid = row[0]
             stacks[sid] = row[1]
             key = (pid, comm, cid, ident, sid)
-            counts[key] = counts.get(key, 0) + n[i]
-            if row[2] and i not in fresh:
-                stats.frames += row[2]
-                if row[3]:
-                    stats.unknown_frames += row[3]
-                    if row[6]:
-                        stats.unknown_build_ids |= row[6]
-                stats.truncated_stacks += row[4]
-                stats.lost_stacks += row[5]
+            counts[key] = counts.get(key, 0) + n
     head = {"node": batch["node"], "window_start_ns": batch["window_start_ns"], "window_ns": batch["window_ns"],
             "simulated": bool(batch.get("simulated", False)), "frequency_hz": batch.get("frequency_hz", 0)}
     samples = [{"pid": pid, "comm": comm, "container_id": cid, "identity_id": ident, "stack_id": sid,
-                "count": clamp_long(c)} for (pid, comm, cid, ident, sid), c in counts.items()]
+                "count": c if LONG_MIN <= c <= LONG_MAX else clamp_long(c)}
+               for (pid, comm, cid, ident, sid), c in counts.items()]
     return Symbolized(head, stacks, samples, cache)
