@@ -17,6 +17,7 @@ from schemas import single_object, topics
 
 log = logging.getLogger("fleetprof.symbols")
 BROKER_WAIT_S = 120.0  # how long a catch-up waits for a broker that is away before the stage gives up (and exits)
+FRESH_CLIENT_AFTER = 6  # failed watermark asks (~0.5 s apart) before asking through a new client instead
 
 
 class SymbolFeed:
@@ -70,16 +71,34 @@ class SymbolFeed:
 
     def _end_offset(self, tp: TopicPartition, timeout: float) -> int:
         """The partition's high watermark; asked again while the broker is away or the partition has no leader (a
-        topic just created, a broker restarting) for up to BROKER_WAIT_S: no batch can be symbolized without it."""
+        topic just created, a broker restarting) for up to BROKER_WAIT_S: no batch can be symbolized without it.
+        After a broker restart the consumer's cached metadata can name the partition unknown for long after the
+        broker is back, so a failed ask refreshes the metadata, and later ones ask through a fresh client."""
         deadline = time.monotonic() + max(timeout, BROKER_WAIT_S)
+        failures = 0
         while True:
             try:
-                return self.consumer.get_watermark_offsets(tp, timeout=timeout)[1]
+                if failures < FRESH_CLIENT_AFTER:
+                    return self.consumer.get_watermark_offsets(tp, timeout=timeout)[1]
+                return self._fresh_end_offset(tp, timeout)
             except KafkaException as exc:
                 if time.monotonic() >= deadline:
                     raise
+                failures += 1
                 log.warning("symbols topic not answering (%s): asking again", exc.args[0].str())
                 time.sleep(0.5)
+                try:
+                    self.consumer.list_topics(topics.SYMBOLS.name, timeout=min(timeout, 5.0))
+                except KafkaException:
+                    pass  # the broker is still away: the next ask says so
+
+    def _fresh_end_offset(self, tp: TopicPartition, timeout: float) -> int:
+        """The high watermark asked by a new, short-lived client (fresh metadata)."""
+        client = Consumer({**self._config, "group.id": "fleetprof-symbols-watermarks"})
+        try:
+            return client.get_watermark_offsets(tp, timeout=timeout)[1]
+        finally:
+            client.close()
 
     def _take(self, value: bytes | None, partition: int, offset: int) -> dict | None:
         if value is None:  # a tombstone: compaction removed that chunk on purpose

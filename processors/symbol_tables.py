@@ -98,6 +98,8 @@ class SymbolTables:
         self._symbols = 0
         self.evicted = 0
         self.partial_dropped = 0
+        # bumped whenever a table present so far is replaced or evicted: what was symbolized with it may differ now
+        self.generation = 0
 
     def add_chunk(self, chunk: dict) -> SymbolTable | None:
         """Take one chunk; returns the table once its last chunk arrived. BadChunk for an inconsistent one."""
@@ -119,12 +121,14 @@ class SymbolTables:
         old = self._tables.pop(table.build_id, None)
         if old is not None:
             self._symbols -= len(old)
+            self.generation += 1
         self._tables[table.build_id] = table
         self._symbols += len(table)
         while self._symbols > self.max_symbols and len(self._tables) > 1:
             _, gone = self._tables.popitem(last=False)
             self._symbols -= len(gone)
             self.evicted += 1
+            self.generation += 1
 
     def get(self, build_id: str) -> SymbolTable | None:
         table = self._tables.get(build_id)

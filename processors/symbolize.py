@@ -6,6 +6,7 @@ Addresses that cannot be resolved stay visible as `[unknown] <binary>+0x<offset>
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +35,11 @@ _DELETED = " (deleted)"
 
 TableLookup = Callable[[str], SymbolTable | None]
 
+# What symbolizing did to each address (`flags` of _user_frames/_kernel_frames), so a caller can keep per-stack
+# results: UNKNOWN counts in SymbolizeStats.unknown_frames; MISSING (its table is absent) and PY_UNKNOWN (its code
+# object is not in the process's list, counted once per batch) make a result that must not be reused.
+UNKNOWN, MISSING, TRUNCATED, LOST, PY_UNKNOWN = 1, 2, 4, 8, 16
+
 
 def clamp_long(n: int) -> int:
     """A sum of Avro longs kept an Avro long: counts from a message may be anything, and a sum the codec cannot
@@ -49,6 +55,9 @@ class FrameMemo:
     frames: dict = field(default_factory=dict)  # key -> frame id
     by_id: dict = field(default_factory=dict)  # frame id -> (frame_id, function, binary, kind, build id)
     stacks: dict = field(default_factory=dict)  # tuple(frame ids) -> stack id
+    # (build id, binary) -> frame id by symbol index (0: not yet), the frames' keys (build id, binary, index) as an
+    # array, so the symbols a batch hits are found with one numpy indexing
+    by_symbol: dict = field(default_factory=dict)
 
     def frame(self, key: object, function: str, binary: str, kind: str, build_id: str = "") -> int:
         fid = self.frames.get(key)
@@ -56,10 +65,18 @@ class FrameMemo:
             if len(self.frames) >= self.max_entries:
                 self.frames.clear()
                 self.by_id.clear()
+                self.by_symbol.clear()
             fid = frame_id(function, binary, kind)
             self.frames[key] = fid
             self.by_id[fid] = (fid, function, binary, kind, build_id)
         return fid
+
+    def symbol_ids(self, key: tuple[str, str], symbols: int) -> np.ndarray:
+        """The frame ids by symbol index of one table (`symbols` long) as one binary names it."""
+        ids = self.by_symbol.get(key)
+        if ids is None or len(ids) != symbols:
+            ids = self.by_symbol[key] = np.zeros(symbols, dtype=np.int64)
+        return ids
 
     def stack(self, frame_ids: tuple[int, ...]) -> int:
         sid = self.stacks.get(frame_ids)
@@ -83,6 +100,7 @@ class SymbolizeStats:
     unknown_build_ids: set[str] = field(default_factory=set)
 
 
+@functools.lru_cache(maxsize=65536)
 def binary_name(path: str) -> str:
     if path.endswith(_DELETED):
         path = path[: -len(_DELETED)]
@@ -96,6 +114,19 @@ def _resolve(ids: np.ndarray, where: np.ndarray, keys: np.ndarray, make) -> None
     uniq, inverse = np.unique(keys, return_inverse=True)
     fids = np.fromiter((make(int(k)) for k in uniq), dtype=np.int64, count=len(uniq))
     ids[where] = fids[inverse]
+
+
+def _resolve_symbols(ids: np.ndarray, where: np.ndarray, syms: np.ndarray, known: np.ndarray, make) -> None:
+    """_resolve for symbol indexes, through `known` (frame id by symbol index, 0: not computed yet)."""
+    if len(where) == 0:
+        return
+    got = known[syms]
+    todo = got == 0
+    if todo.any():
+        for s in np.unique(syms[todo]).tolist():
+            known[s] = make(s)
+        got = known[syms]
+    ids[where] = got
 
 
 def _map_addresses(procs: list[tuple[dict, PackedStacks]], groups: dict[tuple[str, str], int]) -> tuple[np.ndarray,
@@ -123,14 +154,17 @@ def _map_addresses(procs: list[tuple[dict, PackedStacks]], groups: dict[tuple[st
 
 
 def _python_frames(ids: np.ndarray, sel: np.ndarray, words: np.ndarray, owner: np.ndarray, code_tables: list[list],
-                   memo: FrameMemo, stats: SymbolizeStats) -> None:
+                   memo: FrameMemo, stats: SymbolizeStats, flags: np.ndarray | None = None) -> None:
     """Python frames (schemas/wire.py python_frame) named `qualname (file:line)` from their process's code_objects."""
+    bad: set[int] = set()
+
     def make(key: int) -> int:
         proc, word = divmod(key, 1 << 64)
         index, line = python_frame_parts(word)
         table = code_tables[proc]
         if index >= len(table):
             stats.unknown_frames += 1
+            bad.add(key)
             return memo.frame(("py?", proc, word), f"{UNKNOWN_BINARY} python frame {index}", UNKNOWN_BINARY, "UNKNOWN")
         code = table[index]
         qualname, file = code["qualname"], code["file"]
@@ -140,13 +174,18 @@ def _python_frames(ids: np.ndarray, sel: np.ndarray, words: np.ndarray, owner: n
     keys = [int(p) << 64 | int(w) for p, w in zip(owner[sel].tolist(), words.tolist(), strict=True)]
     uniq = {k: make(k) for k in dict.fromkeys(keys)}
     ids[sel] = np.fromiter((uniq[k] for k in keys), dtype=np.int64, count=len(keys))
+    if bad and flags is not None:
+        flags[sel[np.array([k in bad for k in keys])]] |= PY_UNKNOWN
 
 
 def _user_frames(group: np.ndarray, file_off: np.ndarray, is_leaf: np.ndarray, groups: dict[tuple[str, str], int],
                  tables: TableLookup, memo: FrameMemo, stats: SymbolizeStats,
-                 owner: np.ndarray | None = None, code_tables: list[list] | None = None) -> np.ndarray:
+                 owner: np.ndarray | None = None, code_tables: list[list] | None = None,
+                 flags: np.ndarray | None = None) -> np.ndarray:
     """The frame id of every user address of the batch, one table lookup per binary; Python frames from the code
-    objects of their process (`owner`: each address's index into `code_tables`)."""
+    objects of their process (`owner`: each address's index into `code_tables`). `flags` (when given) gets what
+    happened to each address (UNKNOWN, MISSING, ...)."""
+    flags = flags if flags is not None else np.zeros(len(group), dtype=np.int8)
     ids = np.zeros(len(group), dtype=np.int64)
     order = np.argsort(group, kind="stable")
     bounds = np.searchsorted(group[order], np.arange(-1, len(groups) + 1))
@@ -156,9 +195,12 @@ def _user_frames(group: np.ndarray, file_off: np.ndarray, is_leaf: np.ndarray, g
     orphans = orphans[(file_off[orphans] != TRUNCATED_FRAME) & (file_off[orphans] != LOST_STACK_FRAME)]
     python = (file_off[orphans] >> np.uint64(56)) == PYTHON_FRAME_TAG
     if owner is not None and code_tables is not None and python.any():
-        _python_frames(ids, orphans[python], file_off[orphans[python]], owner, code_tables, memo, stats)
+        _python_frames(ids, orphans[python], file_off[orphans[python]], owner, code_tables, memo, stats, flags)
         orphans = orphans[~python]
     stats.unknown_frames += len(orphans)
+    flags[orphans] |= UNKNOWN
+    flags[cut] |= TRUNCATED
+    flags[lost] |= LOST
     stats.truncated_stacks += len(cut)
     _resolve(ids, cut, file_off[cut], lambda _: memo.frame("truncated", TRUNCATED_BINARY, TRUNCATED_BINARY, "UNKNOWN"))
     stats.lost_stacks += len(lost)
@@ -175,6 +217,7 @@ def _user_frames(group: np.ndarray, file_off: np.ndarray, is_leaf: np.ndarray, g
             if build_id:
                 stats.missing_build_ids.add(build_id)
             syms = np.full(len(sel), -1)
+            flags[sel] |= MISSING
         else:
             # a return address points past its call; step back one byte so it lands in the caller
             syms = table.lookup(table.to_vaddr(off - (~is_leaf[sel]).astype(np.uint64)))
@@ -182,9 +225,11 @@ def _user_frames(group: np.ndarray, file_off: np.ndarray, is_leaf: np.ndarray, g
         if table is not None:
             names = table.names
             kind = _frame_kind(table)
-            _resolve(ids, sel[known], syms[known],
-                     lambda s, t=build_id, b=binary, n=names, k=kind: memo.frame((t, b, s), demangle(n[s]), b, k(n[s]),
-                                                                                 _gnu_build_id(t)))
+            gnu = _gnu_build_id(build_id)
+            _resolve_symbols(ids, sel[known], syms[known], memo.symbol_ids((build_id, binary), len(names)),
+                             lambda s, t=build_id, b=binary, n=names, k=kind, g=gnu: memo.frame(
+                                 (t, b, s), demangle(n[s]), b, k(n[s]), g))
+        flags[sel[~known]] |= UNKNOWN
         unknown = int((~known).sum())
         stats.unknown_frames += unknown
         if unknown and build_id:
@@ -195,15 +240,21 @@ def _user_frames(group: np.ndarray, file_off: np.ndarray, is_leaf: np.ndarray, g
 
 
 def _kernel_frames(addrs: np.ndarray, is_leaf: np.ndarray, table: SymbolTable | None, memo: FrameMemo,
-                   stats: SymbolizeStats) -> np.ndarray:
+                   stats: SymbolizeStats, flags: np.ndarray | None = None) -> np.ndarray:
     ids = np.zeros(len(addrs), dtype=np.int64)
+    if flags is not None:
+        flags[:] = UNKNOWN | (MISSING if table is None else 0)
     syms = table.lookup(addrs - (~is_leaf).astype(np.uint64)) if table is not None else np.full(len(addrs), -1)
     known = syms >= 0
     if table is not None:
         names = table.names
-        _resolve(ids, np.flatnonzero(known), syms[known],
-                 lambda s, t=table.build_id: memo.frame(("k", t, s), demangle(names[s]), KERNEL_BINARY, "KERNEL", t))
+        by_symbol = memo.symbol_ids(("k", table.build_id, KERNEL_BINARY), len(names))
+        _resolve_symbols(ids, np.flatnonzero(known), syms[known], by_symbol,
+                         lambda s, t=table.build_id: memo.frame(("k", t, s), demangle(names[s]), KERNEL_BINARY,
+                                                                "KERNEL", t))
     stats.unknown_frames += int((~known).sum())
+    if flags is not None:
+        flags[known] = 0
     _resolve(ids, np.flatnonzero(~known), addrs[~known],
              lambda a: memo.frame(("k?", a), f"{UNKNOWN_BINARY} {KERNEL_BINARY}+0x{a:x}", KERNEL_BINARY, "UNKNOWN"))
     return ids
@@ -240,6 +291,41 @@ def _leaves(lengths: np.ndarray) -> np.ndarray:
     return is_leaf
 
 
+@dataclass
+class RowFrames:
+    """The frame ids of every address of a batch's stacks, stack after stack (offsets ub/kb), with what happened to
+    each address (flags) and its (build id, binary) group (-1: none; `groups` names them)."""
+
+    uids: np.ndarray
+    kids: np.ndarray
+    ub: np.ndarray  # stack i's user frames: uids[ub[i]:ub[i + 1]], leaf first
+    kb: np.ndarray
+    uflags: np.ndarray
+    kflags: np.ndarray
+    group: np.ndarray
+    groups: dict[tuple[str, str], int]
+
+
+def resolve_rows(procs: list[tuple[dict, PackedStacks]], kernel_table: SymbolTable | None, tables: TableLookup,
+                 memo: FrameMemo, stats: SymbolizeStats) -> RowFrames:
+    """Every stack's frame ids, every process at once: one address array per kind, so the lookups run once per
+    binary, not per process."""
+    groups: dict[tuple[str, str], int] = {}
+    group, file_off = _map_addresses(procs, groups)
+    ulens = _cat([st.user_lens for _, st in procs])
+    owner = np.repeat(np.arange(len(procs)), [len(st.user_addrs) for _, st in procs])
+    uflags = np.zeros(len(group), dtype=np.int8)
+    uids = _user_frames(group, file_off, _leaves(ulens), groups, tables, memo, stats, owner,
+                        [proc.get("code_objects") or [] for proc, _ in procs], uflags)
+    klens = _cat([st.kernel_lens for _, st in procs])
+    kaddrs = _cat([st.kernel_addrs for _, st in procs]).view(np.uint64)
+    kflags = np.zeros(len(kaddrs), dtype=np.int8)
+    kids = _kernel_frames(kaddrs, _leaves(klens), kernel_table, memo, stats, kflags)
+    stats.frames += len(uids) + len(kids)
+    return RowFrames(uids, kids, np.concatenate(([0], np.cumsum(ulens))), np.concatenate(([0], np.cumsum(klens))),
+                     uflags, kflags, group, groups)
+
+
 def symbolize_batch(batch: dict, tables: TableLookup, memo: FrameMemo | None = None,
                     stats: SymbolizeStats | None = None) -> dict:
     """Resolve every stack of a CpuStackBatch and sum counts per (process, symbolized stack). A process's "stacks"
@@ -255,20 +341,9 @@ def symbolize_batch(batch: dict, tables: TableLookup, memo: FrameMemo | None = N
         packed = stacks if isinstance(stacks, PackedStacks) else PackedStacks.from_records(stacks)
         if len(packed):
             procs.append((proc, packed))
-    # every process at once: one address array per kind, so the lookups below run once per binary, not per process
-    groups: dict[tuple[str, str], int] = {}
-    group, file_off = _map_addresses(procs, groups)
-    ulens = _cat([st.user_lens for _, st in procs])
-    owner = np.repeat(np.arange(len(procs)), [len(st.user_addrs) for _, st in procs])
-    uids = _user_frames(group, file_off, _leaves(ulens), groups, tables, memo, stats, owner,
-                        [proc.get("code_objects") or [] for proc, _ in procs])
-    klens = _cat([st.kernel_lens for _, st in procs])
-    kids = _kernel_frames(_cat([st.kernel_addrs for _, st in procs]).view(np.uint64), _leaves(klens),
-                          kernel_table, memo, stats)
-    stats.frames += len(uids) + len(kids)
-    ufr, kfr = uids.tolist(), kids.tolist()
-    ub = np.concatenate(([0], np.cumsum(ulens))).tolist()
-    kb = np.concatenate(([0], np.cumsum(klens))).tolist()
+    rows = resolve_rows(procs, kernel_table, tables, memo, stats)
+    ufr, kfr, ub, kb = rows.uids.tolist(), rows.kids.tolist(), rows.ub.tolist(), rows.kb.tolist()
+    uids, kids = rows.uids, rows.kids
     sample_counts = _cat([st.counts for _, st in procs]).tolist()
     stacks: dict[int, tuple[int, ...]] = {}
     counts: dict[tuple, int] = {}

@@ -9,9 +9,12 @@ from processors.messages import Message, Produced
 from processors.runner import TopicStage
 from processors.symbol_feed import SymbolFeed
 from processors.symbol_tables import SymbolTables
-from processors.symbolize import FrameMemo, SymbolizeStats, split_samples, symbolize_batch
-from schemas import topics
+from processors.symbolize import FrameMemo, SymbolizeStats, split_samples
+from processors.symbolize_cache import StackCache, Symbolized, symbolize_cached
+from schemas import cpu_samples_writer, topics
 from schemas.wire import STAGE_OUTPUT_MAX_BYTES
+
+assert cpu_samples_writer  # imported for its fast CpuSamples writer, which the runner's encode then uses
 
 # Symbolized output is larger than its input (frame names); keep each message well under Kafka's default 1 MB.
 
@@ -30,6 +33,7 @@ class SymbolizeStage(TopicStage):
         self.feed = feed
         self.debuginfod = debuginfod
         self.memo = FrameMemo()
+        self.cache = StackCache()  # stacks repeat window after window: each row is symbolized once
         # Stack and frame definitions already committed to cpu.samples are not sent again (they dominate the
         # output); each is re-sent after resend_s, which keeps its last_seen fresh in the store.
         self.sent = SentDefinitions(resend_s)
@@ -48,7 +52,7 @@ class SymbolizeStage(TopicStage):
         if self.feed is not None and any(b not in self.tables for b in kernel | user):
             # a table the feed brings may replace one debuginfod gave, under the same build id
             if self.feed.catch_up() and self.debuginfod is not None and self.debuginfod.forget_replaced(self.tables):
-                self.memo = FrameMemo()
+                self._forget()
             # the cache is bounded: a table it evicted is read again from the topic
             self.feed.ensure({b for b in kernel | user if b not in self.tables})
         if self.debuginfod is not None:
@@ -61,8 +65,12 @@ class SymbolizeStage(TopicStage):
         """True when debuginfod replaced a table: the memo's frame ids by symbol index are then stale."""
         if self.debuginfod is None or not build_ids or not self.debuginfod.improve(build_ids, self.tables):
             return False
-        self.memo = FrameMemo()
+        self._forget()
         return True
+
+    def _forget(self) -> None:
+        self.memo = FrameMemo()
+        self.cache.clear()
 
     def close(self) -> None:
         if self.feed is not None:
@@ -70,24 +78,37 @@ class SymbolizeStage(TopicStage):
         if self.debuginfod is not None:
             self.debuginfod.close()
 
-    def _symbolize(self, record: dict) -> tuple[dict, SymbolizeStats]:
+    def _symbolize(self, record: dict) -> tuple[Symbolized, SymbolizeStats]:
         stats = SymbolizeStats()
-        return symbolize_batch(record, self.tables.get, self.memo, stats), stats
+        return symbolize_cached(record, self.tables.get, self.tables.generation, self.memo, self.cache, stats), stats
 
     def process(self, messages: list[Message]) -> list[Produced]:
         out = []
         for m in messages:
-            rec, stats = self._symbolize(m.record)
+            res, stats = self._symbolize(m.record)
             # Only symbolizing tells which tables leave frames unknown (a stripped binary's .dynsym, or none), so
             # that look-up happens here, between two pure calls; the source bounds it (once per build id, a time
             # budget per batch) and never raises.
             if stats.unknown_build_ids and self._ask_debuginfod(stats.unknown_build_ids):
-                rec, stats = self._symbolize(m.record)
+                res, stats = self._symbolize(m.record)
             metrics.UNKNOWN_FRAMES.labels(self.name).inc(stats.unknown_frames)
-            for part in split_samples(rec, STAGE_OUTPUT_MAX_BYTES):
-                part = self.sent.new_only(part)
-                out.append(Produced(topics.CPU_SAMPLES.name, m.record["node"], topics.CPU_SAMPLES.schema, part, m))
+            if len(res.samples) <= 1 or res.estimated_bytes() <= STAGE_OUTPUT_MAX_BYTES:
+                parts = [self._new_only(res)]  # split_samples would keep it whole
+            else:
+                parts = [self.sent.new_only(part) for part in split_samples(res.record(), STAGE_OUTPUT_MAX_BYTES)]
+            out.extend(Produced(topics.CPU_SAMPLES.name, m.record["node"], topics.CPU_SAMPLES.schema, part, m)
+                       for part in parts)
         return out
+
+    def _new_only(self, res: Symbolized) -> dict:
+        """self.sent.new_only(res.record()), building only the definitions that go out."""
+        sent = self.sent
+        stacks = sent.stacks.unseen(list(res.stacks)) - sent.pending_stacks
+        kept = [s for s in res.stacks if s in stacks]
+        frames = sent.frames.unseen([f for s in kept for f in res.stacks[s]]) - sent.pending_frames
+        sent.pending_stacks |= stacks
+        sent.pending_frames |= frames
+        return res.record(kept, frames)
 
     def after_commit(self) -> None:
         self.sent.commit()

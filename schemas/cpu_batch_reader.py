@@ -30,6 +30,8 @@ from schemas.single_object import (
 
 _INT_MIN, _INT_MAX = -(1 << 31), (1 << 31) - 1
 _COLUMNS = [f.name for f in dataclasses.fields(PackedStacks)]
+_HEAD_KEY = 48  # bytes of a process head that find the heads read before (pid, comm, ...)
+_MAX_HEADS = 100_000  # heads kept (a few hundred bytes each); all forgotten when full
 _CHUNK = 8192  # varints per vectorized step: small temporaries are reused by malloc, large ones page-fault anew
 _U = np.uint64
 # (high groups, low groups, shift) of the three merge steps: 7-bit groups in bytes -> 14 in 16 -> 28 in 32 -> 56
@@ -181,9 +183,10 @@ class _Cursor:
             self.k += 1
         return self.data[self.p - 1] == 1
 
-    def array(self, item: _Plan, min_bytes: int) -> list:
+    def array(self, item: _Plan, min_bytes: int, heads: bool = False) -> list:
         """Avro array blocks of records; a negative count is followed by the block's size in bytes, which must
-        match."""
+        match. heads: the items are processes (see `process`)."""
+        read = self.process if heads else self.record
         out = []
         while count := self.long():
             end = None
@@ -192,7 +195,7 @@ class _Cursor:
                 end = self.p + size
             if count > (len(self.data) - self.p) // min_bytes:
                 raise _fail(f"array count {count} exceeds the remaining bytes at byte {self.p}")
-            out += [self.record(item) for _ in range(count)]
+            out += [read(item) for _ in range(count)]
             if end is not None and self.p != end:
                 raise _fail(f"array block size does not match its items, ending at byte {self.p}")
         return out
@@ -215,6 +218,30 @@ class _Cursor:
             rec[name] = read(self)
         return rec
 
+    def process(self, plan: _Plan) -> dict:
+        """One process: its fields before the stacks (its "head": pid, names, mappings, code objects) are the same
+        bytes window after window, so a head read before is not read again. Avro reads a record from its bytes
+        alone: the same bytes give the same fields."""
+        data, p, heads = self.data, self.p, self.reader.heads
+        key = data[p:p + _HEAD_KEY]
+        for head, fields, ends in heads.get(key, ()):
+            if data.startswith(head, p):
+                self.p = p + len(head)
+                self.k = self.k + ends if self.k >= 0 else -1
+                rec = {name: ([dict(r) for r in v] if isinstance(v, list) else v) for name, v in fields.items()}
+                rec[self.reader.stacks_field] = self.stacks()
+                return rec
+        rec = self.record(plan)
+        head = data[p:self.stacks_at]
+        if len(head) >= _HEAD_KEY:
+            if len(heads) >= _MAX_HEADS:
+                heads.clear()
+            fields = {name: ([dict(r) for r in v] if isinstance(v, list) else v) for name, v in rec.items()
+                      if name != self.reader.stacks_field}
+            ends = int(np.count_nonzero(np.frombuffer(head, dtype=np.uint8) < 0x80))  # varints ending inside
+            heads[key] = [(head, fields, ends), *heads.get(key, [])[:3]]
+        return rec
+
     def batch(self) -> dict:
         rec = self.record(self.reader.batch_plan)
         if self.p != len(self.data):
@@ -225,6 +252,7 @@ class _Cursor:
         """Walk one stacks array; returns its index among the message's stacks arrays, whose PackedStacks
         `columns` gathers once the whole message is read (the record holds the index until then)."""
         n, vals, end_at = self.vt.n, self.vt.vals, self.vt.end_at
+        self.stacks_at = self.p
         # p - 1 ends a varint (the layout puts no string right before the stacks): in step with the varints
         first = k = self.k if self.k >= 0 else int(np.searchsorted(self.vt.ends, self.p))
         total = 0
@@ -362,7 +390,8 @@ def _plan(record: Record) -> _Plan:
     rest = []
     for f in record.fields[len(lead):]:
         if f.kind == "array":
-            read = partial(_Cursor.array, item=_plan(f.items), min_bytes=f.items.min_bytes)
+            read = partial(_Cursor.array, item=_plan(f.items), min_bytes=f.items.min_bytes,
+                           heads=f.items.fields[-1].kind == "stacks")
         elif f.kind == "stacks":
             read = _Cursor.stacks
         else:
@@ -382,6 +411,8 @@ class CpuBatchReader:
         # the first one, after the first (with its end marker), and after the second.
         before, between, after = layout.stack_gaps()
         self.walk_steps = before, between + 1, between + 2, after + 1, after + 2
+        self.stacks_field = layout.process.fields[-1].name
+        self.heads: dict[bytes, list[tuple[bytes, dict, int]]] = {}  # process heads read: see _Cursor.process
 
     def read(self, data: bytes) -> dict:
         """A CpuStackBatch message written with the layout's schema, decoded as `single_object.decode` reads it,

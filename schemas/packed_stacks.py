@@ -63,6 +63,13 @@ class PackedStacks:
             fields[name] = [addrs[lo:hi] for lo, hi in zip(offsets, offsets[1:], strict=False)]
         return [dict(zip(fields, values, strict=True)) for values in zip(*fields.values(), strict=True)]
 
+    def select(self, rows: np.ndarray) -> PackedStacks:
+        """The stacks at `rows` (indexes, in that order)."""
+        uo, ko = lengths_to_offsets(self.user_lens), lengths_to_offsets(self.kernel_lens)
+        ulens, klens = self.user_lens[rows], self.kernel_lens[rows]
+        return PackedStacks(self.tids[rows], self.counts[rows], self.user_addrs[concat_ranges(uo[rows], ulens)], ulens,
+                            self.kernel_addrs[concat_ranges(ko[rows], klens)], klens)
+
     def take(self, lo: int, hi: int) -> PackedStacks:
         """Stacks lo..hi-1."""
         uo, ko = lengths_to_offsets(self.user_lens), lengths_to_offsets(self.kernel_lens)
