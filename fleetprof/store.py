@@ -422,6 +422,7 @@ class Store:
         self._writers = _Pool(lambda: factory(database, False))
         self._readers = _Pool(lambda: factory(database, True))
         self._no_dedup = self._no_dedup_settings()
+        self._types: dict[str, dict[str, str]] = {}
 
     def __enter__(self) -> Store:
         return self
@@ -466,8 +467,25 @@ class Store:
         if not rows:
             return
         settings = {"insert_deduplication_token": dedup_token} if dedup_token else self._no_dedup
-        with self._writers.lease() as client:
-            client.insert(table, rows, column_names=column_names, settings=settings)
+        types = self._column_types(table, column_names)
+        try:
+            with self._writers.lease() as client:
+                client.insert(table, rows, column_names=column_names, column_type_names=types, settings=settings)
+        except Exception:
+            self._types.pop(table, None)  # a migration may have changed the table since: ask again on the retry
+            raise
+
+    def _column_types(self, table: str, column_names: list[str]) -> list[str]:
+        """The ClickHouse types of these columns, asked once per table: otherwise clickhouse-connect describes the
+        table before every insert, a query that costs the engine as much as a small insert."""
+        known = self._types.get(table)
+        if known is None or any(c not in known for c in column_names):
+            _, rows = self.query_sql(store_sql("column_types"), {"database": self.database, "table": table})
+            known = self._types[table] = dict(rows)
+        missing = [c for c in column_names if c not in known]
+        if missing:
+            raise StoreError(f"{table} has no column {', '.join(missing)}")
+        return [known[c] for c in column_names]
 
     def query_named(self, name: str, params: dict[str, Any]) -> tuple[list[str], list[tuple]]:
         """Run sql/queries/<name>.sql; text values are coerced to the placeholders' types, defaults fill the rest."""
