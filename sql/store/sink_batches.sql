@@ -7,7 +7,7 @@ SELECT
     argMax(min_offset, updated) AS min_offset,
     argMax(max_offset, updated) AS max_offset,
     argMax(state, updated) AS state,
-    max(updated) AS updated
+    max(updated) AS stamp
 FROM sink_state
 WHERE topic IN {topics:Array(String)}
 GROUP BY topic, partition
