@@ -120,8 +120,8 @@ class StoreRunner:
                 interrupted.add(updated)
         for stamp in sorted(interrupted):
             ranges = {tp: (st[0], st[1]) for tp, st in states.items() if st[2] != "AFTER" and st[3] == stamp}
-            log.info("re-writing an interrupted batch: %s", ", ".join(f"{t}[{p}] {lo}-{hi}"
-                                                                     for (t, p), (lo, hi) in sorted(ranges.items())))
+            log.info("re-writing %s after an interrupted batch",
+                     ", ".join(f"{t}[{p}] offsets {lo}-{hi}" for (t, p), (lo, hi) in sorted(ranges.items())))
             self._write(self._read_ranges(ranges), stamp=stamp)
         consumer.assign(partitions)
 
