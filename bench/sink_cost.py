@@ -16,7 +16,8 @@ bench/fleet.py's peer) and the offset commits' round trips.
 
 Prints, per run: CPU samples stored, µs CPU per sample for the sink thread's Python, chDB on that thread (time
 inside the engine's query calls), chDB's other threads, and all of them; ms per node-second; batches and inserts;
-the sink's share of latency (a CpuSamples message's arrival to its batch written, simulated seconds, p50/p95).
+the sink's share of latency (a CpuSamples message's arrival to its batch written, simulated seconds, p50/p95),
+and its window's end to written (arrival there is 0.3-1.65 s after the end: the upstream part, simulated).
 --code DIR runs another checkout's processors and fleetprof packages (A/B against a base).
 """
 
@@ -237,7 +238,8 @@ def run(args: argparse.Namespace, raws: list[Raw], samples: int) -> dict:
         store.insert("sink_state", [["bench.warmup", 0, 0, 0, "AFTER", datetime.now(tz=UTC)]],
                      ["topic", "partition", "min_offset", "max_offset", "state", "updated"])
         consumer = SimConsumer(clock, raws)
-        runner = sw.StoreRunner(store, {"bootstrap.servers": "127.0.0.1:1"})
+        extra = {} if args.flush_interval is None else {"flush_interval": args.flush_interval}
+        runner = sw.StoreRunner(store, {"bootstrap.servers": "127.0.0.1:1"}, **extra)
         runner.consumer.close()
         runner.consumer = consumer
         written: dict[tuple[str, int, int], float] = {}
@@ -248,7 +250,8 @@ def run(args: argparse.Namespace, raws: list[Raw], samples: int) -> dict:
             msgs = [m for raws in a[0].values() for m in raws] if isinstance(a[0], dict) else a[1]
             for m in msgs:
                 if m.topic() == "cpu.samples":
-                    written[(m.topic(), m.partition(), m.offset())] = clock.now - m.arrival
+                    window_end = 1000.0 + (m.arrival - 1000.0) // 10 * 10  # arrivals: 0.3-1.65 s after it
+                    written[(m.topic(), m.partition(), m.offset())] = (clock.now - m.arrival, clock.now - window_end)
 
         runner._write = record
         box: list = []
@@ -278,7 +281,8 @@ def run(args: argparse.Namespace, raws: list[Raw], samples: int) -> dict:
         pool = sum(v for k, v in others.items() if not k.startswith("rdk:"))
         _, rows = store.query_sql("SELECT sum(count) FROM cpu_samples")
         stored = int(rows[0][0] or 0)
-        lat = sorted(written.values())
+        lat = sorted(w for w, _ in written.values())
+        after_end = sorted(e for _, e in written.values())
         py = sink_s - engine["s"]
         result = {
             "nodes": args.nodes, "windows": args.windows, "rollups": not args.no_rollups,
@@ -295,6 +299,9 @@ def run(args: argparse.Namespace, raws: list[Raw], samples: int) -> dict:
                                             key=lambda kv: -kv[1])[:8]),
             "sink_latency_s": {"p50": round(lat[len(lat) // 2], 3), "p95": round(lat[int(len(lat) * 0.95)], 3),
                                "max": round(lat[-1], 3)} if lat else None,
+            "window_end_to_written_s": {"p50": round(after_end[len(after_end) // 2], 3),
+                                        "p95": round(after_end[int(len(after_end) * 0.95)], 3),
+                                        "max": round(after_end[-1], 3)} if after_end else None,
         }
     finally:
         store.close()
@@ -308,6 +315,7 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=6)
     ap.add_argument("--input", type=Path, default=ROOT / "bench" / "out" / "sink_input.bin")
     ap.add_argument("--no-rollups", action="store_true", help="drop the hourly rollups' materialized views first")
+    ap.add_argument("--flush-interval", type=float, default=None, help="the runner's flush_interval (its default)")
     ap.add_argument("--code", type=Path, default=ROOT, help="the checkout whose sink and store run")
     args = ap.parse_args()
     sys.path.insert(0, str(args.code.resolve()))
