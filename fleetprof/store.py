@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +30,7 @@ from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
 from fleetprof.settings import SQL_DIR
+from fleetprof.store_params import _unwrap, coerce_param, parse_time  # noqa: F401 - parse_time: the store's API
 
 if TYPE_CHECKING:
     import pyarrow
@@ -54,8 +55,6 @@ _INCLUDE_RE = re.compile(r"^([ \t]*)--\s*@include\s+(\S+)\s*$", re.MULTILINE)
 _HEADER_RE = re.compile(r"\A(?:[ \t]*(?:--.*)?\n)*")
 _STATEMENT_END_RE = re.compile(r";[ \t]*$", re.MULTILINE)
 _MIGRATION_RE = re.compile(r"^(\d{4})_\w+\.sql$")
-_RELATIVE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d|w)$")
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 
 
 class StoreError(RuntimeError):
@@ -160,67 +159,6 @@ def migration_files() -> list[tuple[int, str, Path]]:
 
 
 # --- parameters -----------------------------------------------------------------------------------------------------
-
-
-def parse_time(text: str, now: datetime | None = None) -> datetime:
-    """`5m` / `2h` / `7d` / `1w` before now, epoch seconds, or ISO-8601 (no zone means UTC): an aware UTC datetime."""
-    text = text.strip()
-    now = now or datetime.now(tz=UTC)
-    if text == "now":
-        return now
-    match = _RELATIVE_RE.match(text)
-    if match:
-        return now - timedelta(**{_UNITS[match.group(2)]: float(match.group(1))})
-    if re.fullmatch(r"\d+(\.\d+)?", text):
-        return datetime.fromtimestamp(float(text), tz=UTC)
-    try:
-        parsed = datetime.fromisoformat(text)
-    except ValueError:
-        raise ValueError(f"not a time: {text!r} (use 5m, 2h, 7d, epoch seconds or ISO-8601)") from None
-    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
-
-
-def _unwrap(ch_type: str) -> str:
-    for wrapper in ("Nullable(", "LowCardinality("):
-        if ch_type.startswith(wrapper) and ch_type.endswith(")"):
-            return _unwrap(ch_type[len(wrapper):-1])
-    return ch_type
-
-
-def coerce_param(ch_type: str, text: str) -> Any:
-    """Text (from a URL or a command line) to the Python value for a `{name:ch_type}` placeholder."""
-    base = _unwrap(ch_type)
-    int_match = re.fullmatch(r"(U?)Int(\d+)", base)
-    if int_match:
-        try:
-            value = int(text)
-        except ValueError:
-            raise ValueError(f"expected an integer ({ch_type}), got {text!r}") from None
-        bits = int(int_match.group(2))
-        lo, hi = (0, 2**bits - 1) if int_match.group(1) else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
-        if not lo <= value <= hi:
-            raise ValueError(f"{value} is out of range for {ch_type}")
-        return value
-    if base.startswith(("Float", "Decimal")):
-        try:
-            return float(text)
-        except ValueError:
-            raise ValueError(f"expected a number ({ch_type}), got {text!r}") from None
-    if base == "Bool":
-        lowered = text.lower()
-        if lowered not in ("1", "0", "true", "false"):
-            raise ValueError(f"expected true or false, got {text!r}")
-        return lowered in ("1", "true")
-    if base.startswith("DateTime"):
-        return parse_time(text)
-    if base in ("Date", "Date32"):
-        try:
-            return date.fromisoformat(text)
-        except ValueError:
-            raise ValueError(f"expected a date YYYY-MM-DD, got {text!r}") from None
-    # String, Enum, UUID, Array(...) and the rest: ClickHouse parses the text form itself
-    return text
-
 
 def bind_named(query: NamedQuery, params: dict[str, Any]) -> dict[str, Any]:
     """The values for every placeholder: given ones (text coerced by type), then declared defaults."""
@@ -422,6 +360,7 @@ class Store:
         self._writers = _Pool(lambda: factory(database, False))
         self._readers = _Pool(lambda: factory(database, True))
         self._no_dedup = self._no_dedup_settings()
+        self._types: dict[str, dict[str, str]] = {}
 
     def __enter__(self) -> Store:
         return self
@@ -466,8 +405,22 @@ class Store:
         if not rows:
             return
         settings = {"insert_deduplication_token": dedup_token} if dedup_token else self._no_dedup
-        with self._writers.lease() as client:
-            client.insert(table, rows, column_names=column_names, settings=settings)
+        types = self._column_types(table, column_names)
+        try:
+            with self._writers.lease() as client:
+                client.insert(table, rows, column_names=column_names, column_type_names=types, settings=settings)
+        except Exception:
+            self._types.pop(table, None)  # a migration may have changed the table since: ask again on the retry
+            raise
+
+    def _column_types(self, table: str, column_names: list[str]) -> list[str] | None:
+        """The columns' types, asked once per table (clickhouse-connect would describe the table before every insert:
+        a query that costs the engine about what a small insert does); None for a column the table lacks."""
+        if not set(column_names) <= self._types.get(table, {}).keys():
+            _, rows = self.query_sql(store_sql("column_types"), {"database": self.database, "table": table})
+            self._types[table] = dict(rows)
+        known = self._types[table]
+        return [known[c] for c in column_names] if set(column_names) <= known.keys() else None
 
     def query_named(self, name: str, params: dict[str, Any]) -> tuple[list[str], list[tuple]]:
         """Run sql/queries/<name>.sql; text values are coerced to the placeholders' types, defaults fill the rest."""

@@ -1,21 +1,26 @@
 """The runner of topic-to-ClickHouse stages: exactly once without transactions in ClickHouse.
 
-Per partition, each batch is a fixed offset range [lo, hi]. Before writing, the range is recorded in `sink_state`
-as BEFORE; the rows go in with insert_deduplication_token = topic:partition:lo-hi:table; then the range is marked
-AFTER and the Kafka offset committed. After a crash a BEFORE range is re-read exactly and re-inserted with the
-same tokens, which ClickHouse drops as duplicates; an AFTER range is skipped. This is the scheme of ClickHouse's
-own Kafka Connect sink, with the state kept in a table of the same store.
+A batch is a fixed offset range [lo, hi] of each partition it spans (every partition with buffered messages: one
+INSERT per table for all of them). Before writing, the ranges are recorded in `sink_state` as BEFORE under one
+stamp; the rows go in with insert_deduplication_token = the ranges' key (batch_key) and the table; then the ranges
+are marked AFTER and the Kafka offsets committed. After a crash, the partitions left BEFORE under one stamp are one
+batch: whichever instance is assigned any of them re-reads all of its ranges exactly (outside the group) and
+re-inserts them with the same tokens, which ClickHouse drops as duplicates; an AFTER range is skipped. This is the
+scheme of ClickHouse's own Kafka Connect sink, with the state kept in a table of the same store, over several
+partitions per batch.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from fleetprof.store import store_sql
 from processors import metrics
 from processors.known_ids import KnownIds
 from processors.messages import Message, Produced, dead_letter, decode_message
@@ -30,24 +35,58 @@ from processors.sink import DEFINITION_TABLES, SINK_INPUTS, Rows, rows_for
 from schemas import single_object
 
 log = logging.getLogger("fleetprof.sink")
+# Topics whose rows someone waits to query (a window's flame graph): written once a poll brings no more of them
+LATENCY_TOPICS = frozenset({"cpu.samples", "gpu.samples"})
 STATE_COLUMNS = ["topic", "partition", "min_offset", "max_offset", "state", "updated"]
 # commit errors meaning the partition went to another member: retrying cannot succeed, and need not
 _NOT_OURS = (KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS,
              KafkaError._ASSIGNMENT_LOST)
 
 
+def batch_key(ranges: dict[tuple[str, int], tuple[int, int]]) -> str:
+    """The deduplication token's stem for a batch of these offset ranges: the same ranges, the same tokens, whoever
+    writes them. One partition's batch keeps the form of the sink before batches spanned partitions, so a batch
+    that sink left interrupted is written again under its own tokens."""
+    if len(ranges) == 1:
+        ((topic, partition), (lo, hi)), = ranges.items()
+        return f"{topic}:{partition}:{lo}-{hi}"
+    text = ",".join(f"{t}:{p}:{lo}-{hi}" for (t, p), (lo, hi) in sorted(ranges.items()))
+    return f"batch:{hashlib.sha256(text.encode()).hexdigest()[:32]}"
+
+
+class Stamps:
+    """Batch stamps (sink_state.updated): microseconds, rising, and above every stamp seen in the store (another
+    instance's clock may run ahead of this one). The partitions in BEFORE under one stamp are one batch; AFTER
+    takes the stamp plus a microsecond, so each new stamp is at least two above the last."""
+
+    def __init__(self) -> None:
+        self.last = datetime(1970, 1, 1, tzinfo=UTC)
+
+    def seen(self, stamp: datetime | None) -> None:
+        if stamp is not None and stamp.astimezone(UTC) > self.last:
+            self.last = stamp.astimezone(UTC)
+
+    def next(self) -> datetime:
+        self.last = max(datetime.now(tz=UTC), self.last + timedelta(microseconds=2))
+        return self.last
+
+
 class StoreRunner:
     """Consumes result topics and writes them into the store, each message exactly once."""
 
     def __init__(self, store, kafka: dict, *, name: str = "sink", inputs: tuple[str, ...] = SINK_INPUTS,
-                 batch_messages: int = 2000, flush_interval: float = 1.0, poll_timeout: float = 0.2,
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, group: str | None = None,
-                 stop: threading.Event | None = None) -> None:
+                 batch_messages: int = 2000, flush_interval: float = 1.0, max_delay: float = 5.0,
+                 poll_timeout: float = 0.2, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 group: str | None = None, stop: threading.Event | None = None) -> None:
+        """flush_interval: the longest a message of a LATENCY_TOPICS topic waits (a batch goes out sooner, once a
+        poll brings no more of them); max_delay: the longest any other message waits."""
         self.store = store
+        self.kafka = kafka
         self.name = name
         self.inputs = inputs
         self.batch_messages = batch_messages
         self.flush_interval = flush_interval
+        self.max_delay = max_delay
         self.poll_timeout = poll_timeout
         self.max_message_bytes = max_message_bytes
         self.expect = expected_schemas(inputs)
@@ -57,9 +96,9 @@ class StoreRunner:
         self.producer = Producer(pcfg)
         self.buffers: dict[tuple[str, int], list] = {}
         self.first_seen: dict[tuple[str, int], float] = {}
-        self.redo: dict[tuple[str, int], tuple[int, int]] = {}
         self.known_frames = KnownIds()
         self.known_stacks = KnownIds()
+        self.stamps = Stamps()
         self.batches = 0
 
     # --- group membership -------------------------------------------------------------------------------------
@@ -67,22 +106,23 @@ class StoreRunner:
         self.consumer.subscribe(list(self.inputs), on_assign=self._on_assign, on_revoke=self._on_revoke)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        states: dict[tuple[str, int], tuple[int, int, str]] = {}
-        for topic in {p.topic for p in partitions}:
-            _, rows = self._retry(lambda t=topic: self.store.query_named("sink_state", {"topic": t}))
-            for partition, lo, hi, state in rows:
-                states[(topic, partition)] = (lo, hi, state)
+        _, rows = self._retry(lambda: self.store.query_sql(store_sql("sink_batches"), {"topics": list(self.inputs)}))
+        states = {(topic, part): (lo, hi, state, updated) for topic, part, lo, hi, state, updated in rows}
+        self.stamps.seen(max((st[3] for st in states.values()), default=None))
+        interrupted: set[datetime] = set()
         for p in partitions:
             st = states.get((p.topic, p.partition))
             if st is None:
                 continue
-            lo, hi, state = st
-            if state == "AFTER":
-                p.offset = hi + 1
-            else:
-                p.offset = lo
-                self.redo[(p.topic, p.partition)] = (lo, hi)
-                log.info("re-writing %s[%d] offsets %d-%d after an interrupted batch", p.topic, p.partition, lo, hi)
+            lo, hi, state, updated = st
+            p.offset = hi + 1  # an interrupted batch is written whole (below) before anything after it
+            if state != "AFTER":
+                interrupted.add(updated)
+        for stamp in sorted(interrupted):
+            ranges = {tp: (st[0], st[1]) for tp, st in states.items() if st[2] != "AFTER" and st[3] == stamp}
+            log.info("re-writing %s after an interrupted batch",
+                     ", ".join(f"{t}[{p}] offsets {lo}-{hi}" for (t, p), (lo, hi) in sorted(ranges.items())))
+            self._write(self._read_ranges(ranges), stamp=stamp)
         consumer.assign(partitions)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -90,7 +130,32 @@ class StoreRunner:
             tp = (p.topic, p.partition)
             self.buffers.pop(tp, None)
             self.first_seen.pop(tp, None)
-            self.redo.pop(tp, None)
+
+    def _read_ranges(self, ranges: dict[tuple[str, int], tuple[int, int]]) -> dict[tuple[str, int], list]:
+        """The messages of exactly these offset ranges, read outside the group: a batch may span partitions that
+        another instance holds now, and is written again whole by whichever instance finds it interrupted."""
+        reader = Consumer(consumer_config(self.kafka, f"fleetprof-{self.name}-reread", **{"enable.auto.offset.store":
+                                                                                           False}))
+        try:
+            reader.assign([TopicPartition(t, p, lo) for (t, p), (lo, _) in ranges.items()])
+            got: dict[tuple[str, int], list] = {tp: [] for tp in ranges}
+            todo = set(ranges)
+            while todo:
+                if self.stop.is_set():
+                    raise RuntimeError("stopping while re-reading an interrupted batch")
+                for m in reader.consume(num_messages=self.batch_messages, timeout=self.poll_timeout):
+                    if skip_consumer_error(m):
+                        continue
+                    tp = (m.topic(), m.partition())
+                    lo, hi = ranges[tp]
+                    if tp in todo and lo <= m.offset() <= hi:
+                        got[tp].append(m)
+                        if m.offset() == hi:
+                            todo.discard(tp)
+                            reader.pause([TopicPartition(*tp)])
+            return got
+        finally:
+            reader.close()
 
     # --- main loop --------------------------------------------------------------------------------------------
     def run(self, stop: threading.Event | None = None) -> None:
@@ -108,59 +173,72 @@ class StoreRunner:
         raws = [m for m in self.consumer.consume(num_messages=self.batch_messages, timeout=self.poll_timeout)
                 if not skip_consumer_error(m)]
         now = time.monotonic()
+        fresh = False  # this poll brought messages someone waits to query
         for raw in raws:
             tp = (raw.topic(), raw.partition())
             self.buffers.setdefault(tp, []).append(raw)
             self.first_seen.setdefault(tp, now)
-        for tp in list(self.buffers):
-            self._flush_if_ready(tp, now)
+            fresh = fresh or tp[0] in LATENCY_TOPICS
+        if self._due(now, fresh):
+            self._flush()
         return len(raws)
 
-    def flush_all(self) -> None:
-        for tp in list(self.buffers):
-            self._flush_if_ready(tp, float("inf"))
+    def _due(self, now: float, fresh: bool) -> bool:
+        """Whether to write what is buffered now: a full batch; messages of LATENCY_TOPICS once a poll brings no
+        more of them (the end of a burst: every node sends at its window's end) or after flush_interval; any
+        message after max_delay. One batch holds every buffered partition: each insert costs the engine a part
+        (milliseconds of CPU whatever its size), so fewer, larger batches are what makes the sink cheap."""
+        if not self.buffers:
+            return False
+        if sum(len(b) for b in self.buffers.values()) >= self.batch_messages:
+            return True
+        for tp, first in self.first_seen.items():
+            waited = now - first
+            if tp[0] in LATENCY_TOPICS and (not fresh or waited >= self.flush_interval):
+                return True
+            if waited >= self.max_delay:
+                return True
+        return False
 
-    def _flush_if_ready(self, tp: tuple[str, int], now: float) -> None:
-        buf = self.buffers.get(tp)
-        if not buf:
-            return
-        if tp in self.redo:
-            lo, hi = self.redo[tp]
-            batch = [m for m in buf if lo <= m.offset() <= hi]
-            if not batch or batch[-1].offset() != hi:
-                return  # the interrupted range must be rebuilt exactly before anything else
-        elif len(buf) >= self.batch_messages or now - self.first_seen[tp] >= self.flush_interval:
-            batch = buf[: self.batch_messages]
-        else:
-            return
-        self._write(tp, batch)
-        self.redo.pop(tp, None)
-        rest = [m for m in buf if m.offset() > batch[-1].offset()]
-        if rest:
-            self.buffers[tp] = rest
-            self.first_seen[tp] = now if now != float("inf") else time.monotonic()
-        else:
-            self.buffers.pop(tp, None)
-            self.first_seen.pop(tp, None)
+    def flush_all(self) -> None:
+        if self.buffers:
+            self._flush()
+
+    def _flush(self) -> None:
+        batch, self.buffers, self.first_seen = self.buffers, {}, {}
+        self._write(batch)
 
     # --- one batch --------------------------------------------------------------------------------------------
-    def _write(self, tp: tuple[str, int], raws: list) -> None:
+    def _write(self, batch: dict[tuple[str, int], list], stamp: datetime | None = None) -> None:
+        """Write one batch: BEFORE for every partition's range, the rows with tokens that name the ranges, AFTER,
+        then the offsets. `stamp`: an interrupted batch's, whose BEFORE rows are in the store already; its offsets
+        are not committed here (its partitions are not assigned yet, some maybe never to this instance)."""
         started = time.monotonic()
-        topic, partition = tp
-        lo, hi = raws[0].offset(), raws[-1].offset()
+        tps = sorted(tp for tp, raws in batch.items() if raws)
+        if not tps:
+            return
+        ranges = {tp: (batch[tp][0].offset(), batch[tp][-1].offset()) for tp in tps}
         decoded: list[Message] = []
         dead: list[Produced] = []
-        for raw in raws:
-            metrics.MESSAGES_IN.labels(self.name, topic).inc()
-            item = decode_message(self.name, raw, self.expect, self.max_message_bytes)
-            (decoded if isinstance(item, Message) else dead).append(item)
+        for tp in tps:  # in partition then offset order: a batch written again is built exactly as the first time
+            for raw in batch[tp]:
+                metrics.MESSAGES_IN.labels(self.name, tp[0]).inc()
+                item = decode_message(self.name, raw, self.expect, self.max_message_bytes)
+                (decoded if isinstance(item, Message) else dead).append(item)
         tables = self._rows(decoded, dead)
-        self._state(topic, partition, lo, hi, "BEFORE")
+        key = batch_key(ranges)
+        resumed = stamp
+        if stamp is None:
+            stamp = self.stamps.next()
+            self._state(ranges, "BEFORE", stamp)
         self._dead_letters(dead)
         for table, rows in tables.items():
-            self._insert(table, rows, f"{topic}:{partition}:{lo}-{hi}:{table}")
-        self._state(topic, partition, lo, hi, "AFTER")
-        self._commit_offset(TopicPartition(topic, partition, hi + 1))
+            self._insert(table, rows, f"{key}:{table}")
+        # AFTER one microsecond past BEFORE, never now: written again for a batch that another instance resumed
+        # from and went on with, it must not outrank that instance's newer state of the partition
+        self._state(ranges, "AFTER", stamp + timedelta(microseconds=1))
+        if resumed is None:
+            self._commit_offsets([TopicPartition(t, p, hi + 1) for (t, p), (_, hi) in ranges.items()])
         self.batches += 1
         metrics.COMMITS.labels(self.name).inc()
         metrics.BATCH_SECONDS.labels(self.name).observe(time.monotonic() - started)
@@ -198,9 +276,9 @@ class StoreRunner:
             self._retry(lambda: self.store.insert(table, rows.rows, rows.columns, dedup_token=token))
             metrics.ROWS_OUT.labels(self.name, table).inc(len(rows.rows))
 
-    def _state(self, topic: str, partition: int, lo: int, hi: int, state: str) -> None:
-        row = [topic, partition, lo, hi, state, datetime.now(tz=UTC)]
-        self._retry(lambda: self.store.insert("sink_state", [row], STATE_COLUMNS))
+    def _state(self, ranges: dict[tuple[str, int], tuple[int, int]], state: str, stamp: datetime) -> None:
+        rows = [[t, p, lo, hi, state, stamp] for (t, p), (lo, hi) in ranges.items()]
+        self._retry(lambda: self.store.insert("sink_state", rows, STATE_COLUMNS))
 
     def _dead_letters(self, dead: list[Produced]) -> None:
         for d in dead:
@@ -212,25 +290,24 @@ class StoreRunner:
         if dead and self.producer.flush(30) > 0:
             raise RuntimeError("dead letters could not be delivered; not committing the batch")
 
-    def _commit_offset(self, tp: TopicPartition) -> None:
-        """Commit the consumed offset, again while the broker or the group coordinator is away (a restart). The range
-        is marked AFTER in sink_state already, and an assignment resumes from there, so a commit given up (stopping,
-        or the partition gone to another member) costs no row and doubles none; the commit keeps the lag right."""
+    def _commit_offsets(self, tps: list[TopicPartition]) -> None:
+        """Commit the consumed offsets, again while the broker or the group coordinator is away (a restart). The
+        ranges are marked AFTER in sink_state already, and an assignment resumes from there, so a commit given up
+        (stopping, or a partition gone to another member) costs no row and doubles none; the commit keeps the lag
+        right."""
         delay = 0.2
         while True:
             try:
-                self.consumer.commit(offsets=[tp], asynchronous=False)
+                self.consumer.commit(offsets=tps, asynchronous=False)
                 return
             except KafkaException as exc:
                 err = exc.args[0]
                 if err.fatal():
                     raise
                 if self.stop.is_set() or err.code() in _NOT_OURS:  # sink_state says where to resume: AFTER hi
-                    log.info("offset commit for %s[%d] given up (%s); its range is marked done", tp.topic,
-                             tp.partition, err)
+                    log.info("offset commit given up (%s); the ranges are marked done", err)
                     return
-                log.warning("offset commit for %s[%d] failed (%s); retrying in %.1fs", tp.topic, tp.partition, err,
-                            delay)
+                log.warning("offset commit failed (%s); retrying in %.1fs", err, delay)
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
 

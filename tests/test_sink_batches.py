@@ -1,0 +1,181 @@
+"""The sink's batches: one batch over every buffered partition, its bookkeeping in sink_state, and an interrupted
+batch written again whole under the same tokens, by whichever instance finds it (no broker: a stand-in consumer)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from confluent_kafka import TopicPartition
+
+import processors.store_writer as sw
+from processors.store_writer import StoreRunner, batch_key
+from schemas.single_object import encode
+
+T = 1_796_000_000_000_000_000
+
+
+class Raw:
+    def __init__(self, topic: str, partition: int, offset: int, value: bytes, key: bytes = b"n") -> None:
+        self.t, self.p, self.o, self.v, self.k = topic, partition, offset, value, key
+
+    def topic(self):
+        return self.t
+
+    def partition(self):
+        return self.p
+
+    def offset(self):
+        return self.o
+
+    def value(self):
+        return self.v
+
+    def key(self):
+        return self.k
+
+    def error(self):
+        return None
+
+
+class Consumer:
+    def __init__(self) -> None:
+        self.polls: list[list[Raw]] = []
+        self.commits: list[list[tuple[str, int, int]]] = []
+        self.assigned: list[TopicPartition] = []
+
+    def consume(self, num_messages=1, timeout=-1):
+        return self.polls.pop(0) if self.polls else []
+
+    def commit(self, offsets=None, asynchronous=True):
+        self.commits.append([(tp.topic, tp.partition, tp.offset) for tp in offsets])
+
+    def assign(self, partitions):
+        self.assigned = partitions
+
+    def close(self):
+        pass
+
+
+class Store:
+    """Inserts recorded in order; sink_state answered from what was inserted, as the store would."""
+
+    def __init__(self) -> None:
+        self.inserts: list[tuple[str, list, str | None]] = []
+
+    def insert(self, table, rows, column_names, dedup_token=None):
+        self.inserts.append((table, [list(r) for r in rows], dedup_token))
+
+    def query_sql(self, sql, params=None, readonly=True):
+        latest: dict[tuple[str, int], list] = {}
+        for table, rows, _ in self.inserts:
+            for r in rows if table == "sink_state" else []:
+                if (r[0], r[1]) not in latest or r[5] > latest[(r[0], r[1])][5]:
+                    latest[(r[0], r[1])] = r
+        return [], [tuple(r) for r in latest.values() if r[0] in params["topics"]]
+
+
+def cpu(node: str, window: int, count: int) -> bytes:
+    return encode("CpuSamples", {"node": node, "window_start_ns": T + window * 10**10, "window_ns": 10**10,
+                                 "frames": [], "stacks": [], "simulated": True, "frequency_hz": 19,
+                                 "samples": [{"pid": 7, "comm": "c", "container_id": "", "identity_id": 0,
+                                              "stack_id": 5, "count": count}]})
+
+
+def runner(store: Store, consumer: Consumer) -> StoreRunner:
+    r = StoreRunner(store, {"bootstrap.servers": "127.0.0.1:1"}, flush_interval=1.0, max_delay=5.0)
+    r.consumer.close()
+    r.consumer = consumer
+    return r
+
+
+def test_one_batch_spans_the_buffered_partitions_with_one_insert_per_table(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(sw.time, "monotonic", lambda: clock[0])
+    store, consumer = Store(), Consumer()
+    r = runner(store, consumer)
+    consumer.polls = [[Raw("cpu.samples", 0, 10, cpu("a", 0, 3)), Raw("cpu.samples", 2, 4, cpu("b", 0, 5)),
+                       Raw("cpu.samples", 0, 11, cpu("a", 1, 1))],
+                      [Raw("cpu.samples", 2, 5, cpu("b", 1, 2))],
+                      []]
+    r.run_once()  # samples still arriving: wait for the burst's end
+    clock[0] += 0.25
+    r.run_once()
+    assert store.inserts == []
+    clock[0] += 0.25
+    r.run_once()  # a poll without samples: write everything buffered as one batch
+    tables = [t for t, _, _ in store.inserts]
+    assert tables == ["sink_state", "cpu_samples", "profile_windows", "sink_state"]
+    (_, before, _), (_, samples, token), *_, (_, after, _) = store.inserts
+    assert [r[:5] for r in before] == [["cpu.samples", 0, 10, 11, "BEFORE"], ["cpu.samples", 2, 4, 5, "BEFORE"]]
+    assert [r[:5] for r in after] == [["cpu.samples", 0, 10, 11, "AFTER"], ["cpu.samples", 2, 4, 5, "AFTER"]]
+    assert len({r[5] for r in before}) == 1 and after[0][5] == before[0][5] + timedelta(microseconds=1)
+    assert [(s[1], s[6]) for s in samples] == [("a", 3), ("a", 1), ("b", 5), ("b", 2)]  # partition, then offset
+    assert token == f"{batch_key({('cpu.samples', 0): (10, 11), ('cpu.samples', 2): (4, 5)})}:cpu_samples"
+    assert consumer.commits == [[("cpu.samples", 0, 12), ("cpu.samples", 2, 6)]]
+
+
+def test_samples_wait_at_most_flush_interval_and_other_topics_max_delay(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(sw.time, "monotonic", lambda: clock[0])
+    store, consumer = Store(), Consumer()
+    r = runner(store, consumer)
+    for i in range(6):  # one sample message per poll, for 1.25 s
+        consumer.polls.append([Raw("cpu.samples", 0, i, cpu("a", i, 1))])
+    for i in range(5):
+        assert r.batches == 0, i
+        r.run_once()
+        clock[0] += 0.25
+    assert r.batches == 1  # at 1.0 s, though samples kept coming
+    ident = encode("WorkloadIdentity", {"identity_id": 9, "node": "a", "time_ns": T, "kind": "pod",
+                                        "container_runtime": "", "container_id": "", "container_name": "",
+                                        "pod_name": "p", "namespace": "ns", "pod_uid": "", "labels": {},
+                                        "slurm_job_id": "", "slurm_step": "", "slurm_user": "",
+                                        "slurm_array_job_id": "", "slurm_array_task_id": "", "slurm_account": "",
+                                        "systemd_unit": "", "team": "", "simulated": True})
+    r.flush_all()
+    consumer.polls = [[Raw("identities", 1, 0, ident)]]
+    done = r.batches
+    for _ in range(20):  # 4.75 s: nobody waits for an identity
+        r.run_once()
+        clock[0] += 0.25
+    assert r.batches == done
+    r.run_once()
+    assert r.batches == done + 1
+
+
+def test_an_interrupted_batch_is_read_again_whole_and_written_with_its_tokens(monkeypatch):
+    store, consumer = Store(), Consumer()
+    stamp = datetime(2026, 12, 3, 10, 0, 0, 5, tzinfo=UTC)
+    ranges = {("cpu.samples", 0): (10, 11), ("cpu.samples", 3): (7, 7)}
+    store.insert("sink_state", [["cpu.samples", 0, 10, 11, "BEFORE", stamp], ["cpu.samples", 3, 7, 7, "BEFORE", stamp],
+                                ["cpu.samples", 1, 0, 4, "AFTER", stamp - timedelta(seconds=1)]], [])
+    r = runner(store, consumer)
+    asked = []
+
+    def read(want):
+        asked.append(want)
+        return {("cpu.samples", 0): [Raw("cpu.samples", 0, 10, cpu("a", 0, 3)), Raw("cpu.samples", 0, 11,
+                                                                                     cpu("a", 1, 4))],
+                ("cpu.samples", 3): [Raw("cpu.samples", 3, 7, cpu("b", 0, 5))]}
+
+    monkeypatch.setattr(r, "_read_ranges", read)
+    # this instance is given partitions 0 and 1; partition 3, in the same batch, went to another instance
+    r._on_assign(consumer, [TopicPartition("cpu.samples", 0), TopicPartition("cpu.samples", 1)])
+    assert asked == [ranges]
+    assert [(tp.partition, tp.offset) for tp in consumer.assigned] == [(0, 12), (1, 5)]
+    again = store.inserts[1:]
+    assert [t for t, _, _ in again] == ["cpu_samples", "profile_windows", "sink_state"]
+    assert again[0][2] == f"{batch_key(ranges)}:cpu_samples"
+    assert [s[6] for s in again[0][1]] == [3, 4, 5]
+    assert [row[:5] + [row[5] - stamp] for row in again[-1][1]] == [
+        ["cpu.samples", 0, 10, 11, "AFTER", timedelta(microseconds=1)],
+        ["cpu.samples", 3, 7, 7, "AFTER", timedelta(microseconds=1)]]
+    assert consumer.commits == []  # its partitions are not this instance's yet (partition 3 never is)
+    assert r.stamps.next() >= stamp + timedelta(microseconds=2)
+
+
+def test_a_one_partition_batch_keeps_the_tokens_of_the_sink_before_batches_spanned_partitions():
+    assert batch_key({("cpu.samples", 4): (10, 20)}) == "cpu.samples:4:10-20"
+    two = batch_key({("cpu.samples", 4): (10, 20), ("gpu.metrics", 0): (1, 2)})
+    assert two == batch_key({("gpu.metrics", 0): (1, 2), ("cpu.samples", 4): (10, 20)})
+    assert two.startswith("batch:") and two != batch_key({("cpu.samples", 4): (10, 21), ("gpu.metrics", 0): (1, 2)})
