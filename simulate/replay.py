@@ -187,8 +187,11 @@ class _Sender:
 
     def __init__(self, config: dict, block_timeout: float = 60.0) -> None:
         self.failed, self.first_error, self.block_timeout = 0, "", block_timeout
-        self.producer = Producer({**PRODUCER_DEFAULTS, **config, "delivery.report.only.error": True,
-                                  "on_delivery": self._on_delivery})
+        # room for a whole window of a large simulated fleet: each real agent has a queue of its own, so one
+        # process standing for 1,000 agents must not hold their batches back behind a single agent's 64 MiB
+        self.producer = Producer({**PRODUCER_DEFAULTS, "queue.buffering.max.messages": 2_000_000,
+                                  "queue.buffering.max.kbytes": 1 << 20, **config,
+                                  "delivery.report.only.error": True, "on_delivery": self._on_delivery})
         self.sent = 0
 
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
