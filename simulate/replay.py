@@ -201,11 +201,12 @@ class _Sender:
 
     def send(self, t: Template, lo: int, hi: int) -> None:
         """Messages lo..hi-1 of a template."""
-        produce, mv = self.producer.produce, memoryview(t.blob)
+        produce, blob = self.producer.produce, bytes(t.blob[t.bounds[lo][0]:t.bounds[hi - 1][1]]) if hi > lo else b""
+        base = t.bounds[lo][0] if hi > lo else 0
         bounds, names, keys = t.bounds, t.topics, t.keys
         for i in range(lo, hi):
             a, b = bounds[i]
-            value = bytes(mv[a:b])  # produce() takes only immutable buffers
+            value = blob[a - base:b - base]  # produce() takes only immutable buffers: one copy of the window, sliced
             try:
                 produce(names[i], value, keys[i])
             except BufferError:
