@@ -84,6 +84,10 @@ class Template:
     def __post_init__(self) -> None:
         self.view = np.frombuffer(self.blob, dtype=np.uint8)
 
+    def chunk(self, lo: int, hi: int) -> bytes:
+        """Messages lo..hi-1 back to back, as immutable bytes: produce() takes no mutable buffer."""
+        return bytes(self.blob[self.bounds[lo][0]:self.bounds[hi - 1][1]]) if hi > lo else b""
+
     def move(self, start_ns: int, cycle: int) -> None:
         """Rewrite every time field to window `start_ns` and every correlation id to replay cycle `cycle`."""
         shift_varints(self.view, self.time_offsets, TIME_WIDTH, start_ns - self.start_ns)
@@ -199,14 +203,13 @@ class _Sender:
             self.failed += 1
             self.first_error = self.first_error or f"{msg.topic()}: {err.str()}"
 
-    def send(self, t: Template, lo: int, hi: int) -> None:
-        """Messages lo..hi-1 of a template."""
-        produce, blob = self.producer.produce, bytes(t.blob[t.bounds[lo][0]:t.bounds[hi - 1][1]]) if hi > lo else b""
-        base = t.bounds[lo][0] if hi > lo else 0
+    def send(self, t: Template, lo: int, hi: int, blob: bytes) -> None:
+        """Messages lo..hi-1 of a template; `blob`: t.chunk(lo, hi), taken after its last move."""
+        produce, base = self.producer.produce, t.bounds[lo][0] if hi > lo else 0
         bounds, names, keys = t.bounds, t.topics, t.keys
         for i in range(lo, hi):
             a, b = bounds[i]
-            value = blob[a - base:b - base]  # produce() takes only immutable buffers: one copy of the window, sliced
+            value = blob[a - base:b - base]
             try:
                 produce(names[i], value, keys[i])
             except BufferError:
@@ -264,14 +267,16 @@ def run_replay(config: dict, nodes: int, rate: float, duration: float, window: f
     first = time.time_ns() // window_ns * window_ns - (0 if pace else n_windows * window_ns)
     for w in range(n_windows):
         start = first + w * window_ns
+        t = prepared[w % k]
+        t.move(start, w // k)  # before the window ends: at its end only the sending is left
+        cpu_part, gpu_part = t.chunk(0, t.cpu_messages), t.chunk(t.cpu_messages, len(t.bounds))
         pause = (start + window_ns - time.time_ns()) / SECOND_NS if pace else 0.0
         if pause > 0:
             time.sleep(pause)
             waited += pause
-        t = prepared[w % k]
-        t.move(start, w // k)
-        sender.send(t, 0, t.cpu_messages)  # every node's CPU batch first: the latency measure is theirs
-        sender.send(t, t.cpu_messages, len(t.bounds))
+        sender.send(t, 0, t.cpu_messages, cpu_part)  # every node's CPU batch first: the latency measure is theirs
+        sender.send(t, t.cpu_messages, len(t.bounds), gpu_part)
+        del cpu_part, gpu_part
         if progress is not None:
             progress((w + 1) * nodes, n_windows * nodes)
     generate_s = time.perf_counter() - t_windows - waited
