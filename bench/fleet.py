@@ -5,13 +5,18 @@ needs, from the measured CPU cost.
 
     .venv/bin/python bench/fleet.py [--nodes 1000] [--duration 600s] [--window 10s] [--symbolizers 1]
                                     [--correlators 1] [--rate 152] [--launch-rate 2] [--query-phase]
+                                    [--loadgen replay|live] [--replay-windows 3] [--partitions N]
 
 Components, each its own process on this machine (CPU from /proc/<pid>/stat): a LocalBroker in a temporary
-directory; `fleetprof loadgen` (paced); `fleetprof process symbolize` ×N and `fleetprof process correlate` ×N;
+directory; `fleetprof loadgen` (paced; by default replaying a few pre-encoded windows per node with their times
+rewritten, so that it costs a small share of the pipeline: simulate/replay.py; it encodes them and sends symbol tables
+and identities before the timed phase, which starts when the bench tells it to go); `fleetprof process symbolize` ×N
+and `fleetprof process correlate` ×N;
 the store process (bench/fleet_store.py: StoreRunner, the sink `fleetprof process sink` and `fleetprof up` run,
 plus a poller on the same chDB store, since chDB allows one process per data directory); the peer
 (bench/fleet_peer.py: raw consume of the same raw topics). Lag per consumer group comes from the broker
 (AdminClient: committed offsets against high watermarks). Prints a table and writes bench/out/fleet.json.
+--partitions N sets FLEETPROF_PARTITIONS for the topics' creation (every multi-partition topic gets N).
 """
 
 from __future__ import annotations
@@ -204,6 +209,12 @@ def main() -> None:
     ap.add_argument("--query-phase", action="store_true",
                     help="afterwards run bench/fleet_query.py (flame-graph query latency), if it exists")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    ap.add_argument("--loadgen", choices=["replay", "live"], default="replay",
+                    help="replay: pre-encoded windows, times rewritten (cheap); live: every window encoded as sent")
+    ap.add_argument("--replay-windows", type=int, default=3, help="distinct pre-encoded windows per node (replay)")
+    ap.add_argument("--partitions", type=int, default=0,
+                    help="partitions of every multi-partition topic (sets FLEETPROF_PARTITIONS for create_topics "
+                         "and the processes); 0: the defaults of schemas/topics.py")
     args = ap.parse_args()
     duration = Duration().convert(args.duration, None, None)
     window = Duration().convert(args.window, None, None)
@@ -211,6 +222,8 @@ def main() -> None:
     expected = round(args.rate * window)
     console = Console(stderr=True, width=140)
 
+    if args.partitions:
+        os.environ["FLEETPROF_PARTITIONS"] = str(args.partitions)
     tmp = Path(tempfile.mkdtemp(prefix="fleetprof-fleet-"))
     port, cport = free_ports(2)
     broker = LocalBroker(tmp / "kafka", port=port, controller_port=cport)
@@ -221,7 +234,9 @@ def main() -> None:
     try:
         create_topics(broker.bootstrap)
         offsets = Offsets(broker.bootstrap)
-        partitions = {t.name: t.partitions for t in topics.ALL}
+        partitions: dict[str, int] = {}  # as created (FLEETPROF_PARTITIONS may have changed the defaults)
+        for tp in offsets.partitions:
+            partitions[tp.topic] = partitions.get(tp.topic, 0) + 1
         py = sys.executable
         fleet.spawn("store", [py, str(BENCH / "fleet_store.py"), str(tmp), "--expected", str(expected),
                               "--nodes", str(args.nodes),
@@ -231,10 +246,20 @@ def main() -> None:
         for i in range(args.correlators):
             fleet.spawn(f"correlate-{i}", [py, "-m", "fleetprof", "process", "correlate"], FLEETPROF_INSTANCE=str(i))
         fleet.spawn("peer", [py, str(BENCH / "fleet_peer.py"), str(tmp / "peer.json")])
+        report_path, ready, go = tmp / "loadgen.json", tmp / "loadgen.ready", tmp / "loadgen.go"
+        replay = ["--replay", str(args.replay_windows)] if args.loadgen == "replay" else []
+        with open(report_path, "wb") as out:  # it sets up (symbols, identities, the replay's windows), then waits
+            fleet.spawn("loadgen", [py, "-m", "fleetprof", "loadgen", "--nodes", str(args.nodes), "--rate",
+                                    str(args.rate), "--duration", f"{duration}s", "--window", f"{window}s",
+                                    "--launch-rate", str(args.launch_rate), "--seed", "1", "--format", "json",
+                                    *replay, "--ready-file", str(ready), "--go-file", str(go)], stdout=out)
+        loadgen = fleet.procs["loadgen"]
         console.print(f"[bold]fleet[/] {args.nodes} nodes × {windows} windows of {window:g} s; waiting for the "
                       f"processors to join their groups…")
         join_s = wait_groups(offsets, ["symbolize", "correlate", "sink", "peer"], 180)
-        while not (tmp / "ready").exists():
+        while not (tmp / "ready").exists() or not ready.exists():
+            if loadgen.poll() is not None:
+                raise SystemExit(f"loadgen failed during set-up (see {tmp / 'loadgen.log'})")
             time.sleep(0.5)
 
         broker_pid = broker.pid()
@@ -242,15 +267,10 @@ def main() -> None:
         time.sleep(args.idle)  # every process running, nothing sent: their idle CPU, apart from the work
         cpu0 = fleet.cpu(broker_pid)
         idle = {k: round((cpu0[k] - idle0[k]) / (time.time() - t_idle), 4) for k in cpu0 if k in idle0}
+        cpu0 = fleet.cpu(broker_pid)  # loadgen's set-up is not the run's
+        reaped = resource.getrusage(resource.RUSAGE_CHILDREN)  # children that already exited (the broker's set-up)
+        go.touch()
         t_start = time.time()
-        report_path = tmp / "loadgen.json"
-        with open(report_path, "wb") as out:
-            fleet.spawn("loadgen", [py, "-m", "fleetprof", "loadgen", "--nodes", str(args.nodes), "--rate",
-                                    str(args.rate), "--duration", f"{duration}s", "--window", f"{window}s",
-                                    "--launch-rate", str(args.launch_rate), "--seed", "1", "--format", "json"],
-                        stdout=out)
-        loadgen = fleet.procs["loadgen"]
-        cpu0["loadgen"] = 0.0
         t_loadgen_end, loadgen_cpu, cut = None, 0.0, False
         max_run = args.max_run if args.max_run else duration + 120
         last_print = 0.0
@@ -276,8 +296,9 @@ def main() -> None:
                 cut = True
             if t_loadgen_end is None and loadgen.poll() is not None:
                 t_loadgen_end = now
-                usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # the only child reaped so far: loadgen
-                loadgen_cpu = usage.ru_utime + usage.ru_stime
+                usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # loadgen: the only child reaped since the go
+                loadgen_cpu = (usage.ru_utime + usage.ru_stime - reaped.ru_utime - reaped.ru_stime
+                               - cpu0.get("loadgen", 0.0))
                 if loadgen.returncode != 0 and not cut:
                     raise SystemExit(f"loadgen failed (see {tmp / 'loadgen.log'})")
                 console.print(f"loadgen done after {now - t_start:.0f} s; draining up to {args.drain:.0f} s")
@@ -294,7 +315,9 @@ def main() -> None:
         report = sent_report(report_path, final, peer, args.nodes, expected, window, cut)
 
         cpu = {k: round(cpu1.get(k, 0.0) - cpu0.get(k, 0.0), 2) for k in cpu1}
-        cpu["loadgen"] = round(loadgen_cpu if t_loadgen_end else cpu1.get("loadgen", 0.0), 2)
+        cpu["loadgen"] = round(loadgen_cpu if t_loadgen_end else cpu1.get("loadgen", 0.0) - cpu0.get("loadgen", 0.0), 2)
+        if report.get("cpu_send_s") is not None:  # its own count from the first window to the final flush
+            cpu["loadgen"] = round(report["cpu_send_s"], 2)
         visible = read_jsonl(tmp / "visible.jsonl")
         progress = read_jsonl(tmp / "progress.jsonl")
         result = {
@@ -302,12 +325,16 @@ def main() -> None:
             "load_average_at_end": os.getloadavg(),
             "config": {"nodes": args.nodes, "duration_s": duration, "window_s": window, "windows": windows,
                        "rate_per_node": args.rate, "launch_rate_per_gpu": args.launch_rate, "gpus_per_node": 8,
-                       "symbolizers": args.symbolizers, "correlators": args.correlators, "poll_s": args.poll},
+                       "symbolizers": args.symbolizers, "correlators": args.correlators, "poll_s": args.poll,
+                       "loadgen": args.loadgen,
+                       "replay_windows": args.replay_windows if args.loadgen == "replay" else 0,
+                       "partitions": partitions},
             "join_s": round(join_s, 1), "run_s": round(t_end - t_start, 1),
             "loadgen_s": round((t_loadgen_end or t_end) - t_start, 1), "loadgen_stopped_at_max_run": cut,
             "sent": {k: report[k] for k in ("total_samples", "batches", "launches", "launch_weight", "kernels",
                                             "metrics", "messages_by_topic", "bytes_by_topic", "generate_s",
                                             "windows")},
+            "loadgen": {k: report.get(k) for k in ("replay_windows", "prepare_s", "cpu_prepare_s", "cpu_send_s")},
             "throughput": throughput(report, progress, peer, t_start, t_loadgen_end or t_end, t_end),
             "lag": lag_summary(timeline, final, args.every, GROUPS),
             "latency": latency_summary(visible, peer, window, args.nodes, report["windows"],

@@ -10,6 +10,9 @@ from rich.table import Table
 
 GOAL_LATENCY_AFTER_WINDOW_S = 5.0  # issue 6: p95 from sample taken to queryable <= window + 5 s
 GOAL_BYTES_PER_SAMPLE = 1.0
+GOAL_BYTES_PER_SAMPLE_DAY = 1.2  # issue 18: every table, amortized over a day of the fleet bench's data
+GOAL_PROCESSORS_MS_PER_NODE_S = 1.5  # issue 18: symbolize + correlate + sink CPU per node-second
+GOAL_PROCESSORS_TO_PEER = 15.0  # issue 18: processors' CPU at most 15x a raw consumer's of the same input
 DEFINITION_TABLES = ("frames", "stacks", "workload_identities")
 RAW_TOPICS = ("cpu.stacks", "gpu.launches", "gpu.kernels", "gpu.metrics", "identities")  # what agents send
 
@@ -216,6 +219,8 @@ def extrapolate(r: dict, final: dict, args) -> dict:
     stages["correlate"]["us_per_event"] = _r(spent["correlate"] / n_events * 1e6 if n_events else None, 2)
     stages["sink"]["us_per_sample"] = _r(spent["sink"] / stored * 1e6 if stored else None, 3)
     processors = sum(stages[s]["cores_at_target"] or 0 for s in ("symbolize", "correlate", "sink"))
+    processors_ms = sum(stages[s]["cpu_ms_per_node_s"] or 0 for s in ("symbolize", "correlate", "sink"))
+    peer_ms = stages["peer"]["cpu_ms_per_node_s"]
     peer = stages["peer"]["cores_at_target"]
 
     # ClickHouse: the store process's CPU (sink thread included: in chDB the insert runs on it) is an upper bound on
@@ -230,6 +235,11 @@ def extrapolate(r: dict, final: dict, args) -> dict:
     return {
         "target_nodes": target, "stages": stages,
         "processor_cores_at_target": round(processors, 1),
+        "processors_ms_per_node_s": round(processors_ms, 3),
+        "goal_processors_ms_per_node_s": GOAL_PROCESSORS_MS_PER_NODE_S,
+        "processors_goal_met": processors_ms <= GOAL_PROCESSORS_MS_PER_NODE_S,
+        "ratio_processors_to_peer_per_node_s": _r(processors_ms / peer_ms, 1) if peer_ms else None,
+        "goal_ratio_processors_to_peer": GOAL_PROCESSORS_TO_PEER,
         "peer_cores_at_target": peer,
         "ratio_processors_to_peer_cpu": _r(processors / peer, 1) if peer else None,
         "instances_at_target": {s: math.ceil(stages[s]["cores_at_target"] or 0)
@@ -298,7 +308,42 @@ def render(r: dict) -> list[Table]:
         ct.add_row(name, f"{s['cpu_s']:,}", f"{s['input_share']:.3f}", str(s["cpu_ms_per_node_s"]),
                    str(s["cores_at_target"]))
     ch = x["clickhouse"]
-    ct.add_row("processors (symbolize+correlate+sink)", "", "", "", str(x["processor_cores_at_target"]))
+    ct.add_row("processors (symbolize+correlate+sink)", "", "", f"{x['processors_ms_per_node_s']:g} (goal ≤ "
+               f"{x['goal_processors_ms_per_node_s']:g})", str(x["processor_cores_at_target"]))
+    ct.add_row("processors / peer (CPU per node-s)", "", "", f"{x['ratio_processors_to_peer_per_node_s']} (goal ≤ "
+               f"{x['goal_ratio_processors_to_peer']:g})", "")
     ct.add_row("ClickHouse shards (cpu, disk)", "", "", "", f"{ch['shards']} ({ch['shards_for_cpu']}, "
                f"{ch['shards_for_disk']})")
-    return [head, lt, bt, ct]
+    return [head, lt, bt, ct, goals(r)]
+
+
+def goals(r: dict) -> Table:
+    """Issue 18's goals against this run's figures, one row each (for pasting into bench/RESULTS.md)."""
+    x, lat, st = r["extrapolation"], r["latency"], r["extrapolation"]["stages"]
+    gt = Table(title="Goals (issue 18)")
+    for col in ("what", "measured", "goal", "met"):
+        gt.add_column(col, justify="right")
+
+    def met(ok: bool | None) -> str:
+        return "–" if ok is None else "yes" if ok else "no"
+
+    ratio = x.get("ratio_processors_to_peer_per_node_s")
+    gt.add_row("processors ms CPU / node-s (symbolize + correlate + sink)",
+               f"{x['processors_ms_per_node_s']:g} ({st['symbolize']['cpu_ms_per_node_s']} + "
+               f"{st['correlate']['cpu_ms_per_node_s']} + {st['sink']['cpu_ms_per_node_s']})",
+               f"≤ {GOAL_PROCESSORS_MS_PER_NODE_S:g}", met(x["processors_goal_met"]))
+    gt.add_row("processors / raw peer consumer (CPU per node-s)", f"{ratio} (peer {st['peer']['cpu_ms_per_node_s']})",
+               f"≤ {GOAL_PROCESSORS_TO_PEER:g}×", met(None if ratio is None else ratio <= GOAL_PROCESSORS_TO_PEER))
+    gt.add_row("p95 window end → queryable, s", str(lat["p95_s"]), f"≤ {GOAL_LATENCY_AFTER_WINDOW_S:g}",
+               met(lat["goal_met"]))
+    gt.add_row("loadgen ms CPU / node-s (not the pipeline's)", str(st["loadgen"]["cpu_ms_per_node_s"]), "≤ 0.1",
+               met(None if st["loadgen"]["cpu_ms_per_node_s"] is None else st["loadgen"]["cpu_ms_per_node_s"] <= 0.1))
+    gt.add_row(f"processor cores at {x['target_nodes']:,} nodes", str(x["processor_cores_at_target"]),
+               f"≤ {GOAL_PROCESSORS_MS_PER_NODE_S * x['target_nodes'] / 1000:g}",
+               met(x["processor_cores_at_target"] <= GOAL_PROCESSORS_MS_PER_NODE_S * x["target_nodes"] / 1000))
+    gt.add_row(f"instances at {x['target_nodes']:,} nodes (symbolize, correlate, sink)",
+               ", ".join(str(v) for v in x["instances_at_target"].values()), "", "")
+    b = x["bytes"]["bytes_per_cpu_sample_all_tables"]
+    gt.add_row("bytes / CPU sample, every table (this run; issue 18 amortizes over a day)", f"{b:g}",
+               f"≤ {GOAL_BYTES_PER_SAMPLE_DAY:g}", met(b <= GOAL_BYTES_PER_SAMPLE_DAY))
+    return gt

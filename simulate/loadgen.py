@@ -13,6 +13,7 @@ function anywhere in the launching stacks.
 from __future__ import annotations
 
 import math
+import resource
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -67,6 +68,10 @@ class LoadgenReport:
     bytes_by_topic: dict[str, int] = field(default_factory=dict)
     elapsed_s: float = 0.0
     generate_s: float = 0.0  # producing the windows, without model set-up, pacing and the final flush
+    replay_windows: int = 0  # 0: every window encoded as it is sent; k: k windows per node pre-encoded and replayed
+    prepare_s: float = 0.0  # set-up before the first window: model, symbols, identities (and the replay's encoding)
+    cpu_prepare_s: float = 0.0  # this process's CPU (all threads) until the first window
+    cpu_send_s: float = 0.0  # this process's CPU from the first window to the end of the final flush
     simulated: bool = True
 
     @property
@@ -102,6 +107,23 @@ class _Run:
         self.kernel_ns_node: Counter[str] = Counter()
         self.kernel_ns_name: Counter[str] = Counter()
         self.gpu_tally: dict[tuple[int, str], list[int]] = {}  # (launching path, kernel) -> [GPU ns, launches]
+
+    def add(self, other: _Run, times: int) -> None:
+        """Add `times` x another run's tallies: a pre-encoded window that is sent `times` times."""
+        for mine, theirs in ((self.messages, other.messages), (self.bytes, other.bytes),
+                             (self.kernels_node, other.kernels_node), (self.kernel_ns_node, other.kernel_ns_node),
+                             (self.kernel_ns_name, other.kernel_ns_name)):
+            for k, v in theirs.items():
+                mine[k] += v * times
+        self.pair_counts += other.pair_counts * times
+        for n, c in other.proc_counts.items():
+            self.proc_counts[n] = self.proc_counts.get(n, 0) + c * times
+        self.launch_weight += other.launch_weight * times
+        self.kernel_ns += other.kernel_ns * times
+        for key, (ns, weight) in other.gpu_tally.items():
+            cell = self.gpu_tally.setdefault(key, [0, 0])
+            cell[0] += ns * times
+            cell[1] += weight * times
 
     def send(self, topic: topics.Topic, key: str, value: bytes) -> None:
         self.publisher.publish(topic.name, key, value)
@@ -146,8 +168,10 @@ class _Run:
         for message in encode_cpu_batches(batch, self.max_bytes, [self.heads[n, p] for p in used]):
             self.send(topics.CPU_STACKS, node.name, message)
 
-    def gpu(self, node: SimNode, start: int, launch_rate: float) -> None:
+    def gpu(self, node: SimNode, start: int, launch_rate: float) -> list[dict]:
+        """Send one window's launches, kernels and NVML polls, in that order; returns their records, in that order."""
         launches, kernels = self.fleet.gpu_window(node, start, self.window_ns, launch_rate, self.gpu_tally)
+        polls = []
         for rec in launches:
             self.send(topics.GPU_LAUNCHES, f"{node.name}/{rec['pid']}", self.launch_encoder.encode(rec))
             self.launch_weight += rec["weight"]
@@ -159,7 +183,9 @@ class _Run:
             self.kernel_ns_node[node.name] += ns
         self.kernels_node[node.name] += len(kernels)
         for t in range(-(-start // SECOND_NS) * SECOND_NS, start + self.window_ns, SECOND_NS):  # NVML polls, 1 Hz
-            self.send(topics.GPU_METRICS, node.name, encode("GpuMetrics", self.fleet.metrics(node, t)))
+            polls.append(self.fleet.metrics(node, t))
+            self.send(topics.GPU_METRICS, node.name, encode("GpuMetrics", polls[-1]))
+        return launches + kernels + polls
 
 
 def _check_args(nodes: int, rate: float, duration: float, window: float, launch_rate: float) -> None:
@@ -174,14 +200,25 @@ def _check_args(nodes: int, rate: float, duration: float, window: float, launch_
 def run_loadgen(config: dict, nodes: int, rate: float, duration: float, window: float = 10.0, seed: int = 0,
                 pace: bool = True, gpu: bool = True, progress: Progress | None = None, node_prefix: str = "sim-node",
                 launch_rate: float = 2.0, max_message_bytes: int = DEFAULT_MAX_BYTES,
-                flush_timeout: float = 120.0) -> LoadgenReport:
+                flush_timeout: float = 120.0, replay: int = 0,
+                ready: Callable[[], None] | None = None) -> LoadgenReport:
     """Send `duration` seconds of a `nodes`-node fleet, `rate` CPU samples per second per node.
 
     pace=True sends each window when it ends in real time; pace=False sends as fast as possible, with windows
     that end at the current aligned window boundary. `launch_rate`: sampled launches per second per GPU.
+    replay=k (k >= 1): pre-encode k windows per node before the first one and send them over and over with their
+    times and correlation ids rewritten (simulate/replay.py), so that sending costs a small share of encoding.
+    `ready()` is called once set-up is done, just before the first window's time is taken.
     Raises PublishError if anything could not be delivered.
     """
     _check_args(nodes, rate, duration, window, launch_rate)
+    if replay:
+        from simulate.replay import run_replay
+
+        return run_replay(config, nodes=nodes, rate=rate, duration=duration, window=window, seed=seed, pace=pace,
+                          gpu=gpu, progress=progress, node_prefix=node_prefix, launch_rate=launch_rate,
+                          max_message_bytes=max_message_bytes, flush_timeout=flush_timeout, templates=replay,
+                          ready=ready)
     t0 = time.perf_counter()
     fleet = SyntheticFleet(seed=seed, node_prefix=node_prefix)
     sim = [fleet.node(i) for i in range(nodes)]
@@ -194,6 +231,9 @@ def run_loadgen(config: dict, nodes: int, rate: float, duration: float, window: 
     if run.publisher.flush(flush_timeout):  # durable before any record refers to them
         raise PublishError(f"symbol tables and identities not delivered within {flush_timeout:.0f} s")
 
+    if ready is not None:
+        ready()
+    cpu0 = cpu_time()
     t_windows, waited = time.perf_counter(), 0.0
     first = time.time_ns() // window_ns * window_ns - (0 if pace else n_windows * window_ns)
     for w in range(n_windows):
@@ -213,9 +253,24 @@ def run_loadgen(config: dict, nodes: int, rate: float, duration: float, window: 
     if remaining:
         raise PublishError(f"{remaining} messages still undelivered after {flush_timeout:.0f} s")
 
+    return _report(fleet, sim, run, first, n_windows, per_window, chunks, identities,
+                   elapsed_s=time.perf_counter() - t0, generate_s=generate_s, prepare_s=t_windows - t0,
+                   cpu_prepare_s=cpu0, cpu_send_s=cpu_time() - cpu0)
+
+
+def cpu_time() -> float:
+    """This process's CPU seconds so far, every thread (librdkafka's included)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _report(fleet: SyntheticFleet, sim: list[SimNode], run: _Run, first: int, n_windows: int, per_window: int,
+            chunks: int, identities: int, **timing: float) -> LoadgenReport:
+    """The exact totals of a run from its tallies."""
     leaf, inclusive = _function_counts(fleet, run.pair_counts)
     gpu = _gpu_time(fleet, run.gpu_tally)
     names = [node.name for node in sim]
+    window_ns = run.window_ns
     return LoadgenReport(
         nodes=names, windows=n_windows, window_ns=window_ns, first_window_start_ns=first,
         end_ns=first + n_windows * window_ns, samples_per_node={name: per_window * n_windows for name in names},
@@ -226,8 +281,7 @@ def run_loadgen(config: dict, nodes: int, rate: float, duration: float, window: 
         kernels=run.messages[topics.GPU_KERNELS.name], kernel_ns=run.kernel_ns,
         kernels_per_node=dict(run.kernels_node), kernel_ns_per_node=dict(run.kernel_ns_node),
         kernel_ns_by_name=dict(run.kernel_ns_name), **gpu, metrics=run.messages[topics.GPU_METRICS.name],
-        messages_by_topic=dict(run.messages), bytes_by_topic=dict(run.bytes),
-        elapsed_s=time.perf_counter() - t0, generate_s=generate_s)
+        messages_by_topic=dict(run.messages), bytes_by_topic=dict(run.bytes), **timing)
 
 
 def _function_counts(fleet: SyntheticFleet, pair_counts: np.ndarray) -> tuple[dict, dict]:

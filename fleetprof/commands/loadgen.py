@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 import click
 from rich.console import Console
@@ -26,11 +29,19 @@ from fleetprof.settings import Settings
               help="Sampled CUDA launches per second per GPU (8 GPUs per node).")
 @click.option("--node-prefix", default="sim-node", show_default=True,
               help="Node names are <prefix>-0001…; another prefix keeps two runs apart.")
+@click.option("--replay", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Pre-encode this many windows per node and send them over and over with their times and "
+                   "correlation ids rewritten (the fleet bench's cheap mode); 0 encodes every window as it is sent.")
+@click.option("--ready-file", type=click.Path(dir_okay=False), default=None,
+              help="Create this file once set-up is done (symbol tables, identities, the replay's windows).")
+@click.option("--go-file", type=click.Path(dir_okay=False), default=None,
+              help="After set-up, wait until this file exists before the first window (a bench's start signal).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="Format of the final report.")
 @click.pass_obj
 def loadgen(settings: Settings, nodes: int, rate: float, duration: float, window: float, seed: int, no_pace: bool,
-            no_gpu: bool, launch_rate: float, node_prefix: str, fmt: str) -> None:
+            no_gpu: bool, launch_rate: float, node_prefix: str, replay: int, ready_file: str | None,
+            go_file: str | None, fmt: str) -> None:
     """Send simulated nodes' CPU stacks, CUDA launches/kernels, GPU metrics, symbol tables and workload identities
     (Kubernetes pods, Slurm jobs; all marked simulated) to Kafka, then print exact totals of what was sent."""
     from producers.publisher import PublishError, check_broker
@@ -52,7 +63,8 @@ def loadgen(settings: Settings, nodes: int, rate: float, duration: float, window
             task = bar.add_task(f"{nodes} nodes" + ("" if no_pace else " (paced)"), total=nodes * windows)
             report = run_loadgen(kafka, nodes=nodes, rate=rate, duration=duration, window=window, seed=seed,
                                  pace=not no_pace, gpu=not no_gpu, launch_rate=launch_rate, node_prefix=node_prefix,
-                                 progress=lambda done, total: bar.update(task, completed=done, total=total))
+                                 progress=lambda done, total: bar.update(task, completed=done, total=total),
+                                 replay=replay, ready=_handshake(ready_file, go_file))
     except (PublishError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     if fmt == "json":
@@ -71,5 +83,22 @@ def loadgen(settings: Settings, nodes: int, rate: float, duration: float, window
     click.echo(f"  identities    {report.identities:>9,} workload definitions "
                f"({len(report.samples_by_identity):,} workloads sampled)")
     click.echo(f"  {report.bytes / 1e6:,.1f} MB in all")
+    if report.replay_windows:
+        click.echo(f"  replayed {report.replay_windows} pre-encoded windows per node; CPU {report.cpu_prepare_s:.1f} s "
+                   f"to prepare, {report.cpu_send_s:.2f} s to send")
     top = sorted(report.samples_by_leaf.items(), key=lambda kv: -kv[1])[:5]
     click.echo("top leaf functions: " + "; ".join(f"{fn[:60]} ({binary}) {n:,}" for (binary, fn), n in top))
+
+
+def _handshake(ready_file: str | None, go_file: str | None) -> Callable[[], None] | None:
+    """What loadgen does between set-up and the first window: say it is ready, wait for the go."""
+    if ready_file is None and go_file is None:
+        return None
+
+    def ready() -> None:
+        if ready_file is not None:
+            Path(ready_file).touch()
+        while go_file is not None and not Path(go_file).exists():
+            time.sleep(0.05)
+
+    return ready
