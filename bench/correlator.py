@@ -13,7 +13,8 @@ kernels (and its symbol tables). Measured, each on one core over the same messag
   report;
 - correlate + decode + encode: what one stage instance spends on a message besides Kafka I/O;
 - stage through Kafka: the real TopicRunner (consumer group, transactions with the changelog) from start to the last
-  input committed, for scale.
+  input committed: wall time, and this process's CPU time over it (the runner's thread and librdkafka's; the broker is
+  another process), per event: what one instance spends per message draining a backlog.
 Prints a table and writes bench/out/correlator.json.
 """
 
@@ -41,30 +42,31 @@ from bench.local_ports import free_ports  # noqa: E402
 from fleetprof.broker import LocalBroker, create_topics  # noqa: E402
 from processors.correlate_stage import build_correlate  # noqa: E402
 from processors.messages import Message  # noqa: E402
-from processors.runner import TopicRunner  # noqa: E402
+from processors.runner import TopicRunner, encode_produced, expected_schemas  # noqa: E402
 from schemas import single_object, topics  # noqa: E402
 from simulate.loadgen import run_loadgen  # noqa: E402
 
 INPUTS = [topics.GPU_LAUNCHES.name, topics.GPU_KERNELS.name]
 
 
-def raw_consume(bootstrap: str, messages: int, inputs: list[str] = INPUTS) -> tuple[float, list[tuple]]:
+def raw_consume(bootstrap: str, messages: int, inputs: list[str] = INPUTS) -> tuple[float, list[tuple], float]:
     """Seconds for a plain consumer to fetch `messages` messages of the input topics (partitions assigned
-    directly, no group join), and the messages as (topic, partition, offset, key, value)."""
+    directly, no group join), the messages as (topic, partition, offset, key, value), and the CPU seconds it took
+    (this process: the Python loop and librdkafka's threads)."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"raw-{uuid.uuid4()}", "enable.auto.commit": False,
                   "fetch.max.bytes": 64 << 20, "max.partition.fetch.bytes": 16 << 20})
     parts = [TopicPartition(t, p, OFFSET_BEGINNING) for t in inputs
              for p in c.list_topics(t, timeout=10).topics[t].partitions]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     c.assign(parts)
     out: list[tuple] = []
     while len(out) < messages:
         for m in c.consume(1000, 1.0):
             if m.error() is None:
                 out.append((m.topic(), m.partition(), m.offset(), m.key(), m.value()))
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     c.close()
-    return elapsed, out
+    return elapsed, out, cpu
 
 
 def event_time(record: dict) -> int:
@@ -89,18 +91,18 @@ def correlate(stage, messages: list[Message], batch: int, encode: bool) -> tuple
               "state_bytes": 0}
     gc.collect()
     gc.freeze()  # the inputs live for the whole run here, not for one batch as in the stage: keep GC off them
+    expect = expected_schemas(stage.inputs)
     wall, cpu = time.perf_counter(), time.process_time()
     for i in range(0, len(messages), batch):
         part = messages[i:i + batch]
-        if encode:
-            part = [Message(m.topic, m.partition, m.offset, m.key, *single_object.decode(m.value), m.value)
-                    for m in part]
+        if encode:  # as the runner decodes a batch (the stage's own batch decoder where it has one)
+            part = decode_batch(stage, [Raw(m) for m in part], expect)
         stage.before_batch(part)
         out = stage.process(part)
         stage.after_commit()
         for p in out:
             if encode:
-                value = single_object.encode(p.schema, p.record)
+                value = encode_produced(p)[1]
                 if p.topic == topics.CORRELATE_STATE.name:
                     totals["state_bytes"] += len(value)
             if p.topic == topics.GPU_SAMPLES.name:
@@ -115,11 +117,43 @@ def correlate(stage, messages: list[Message], batch: int, encode: bool) -> tuple
     return wall, cpu, totals
 
 
-def through_kafka(kafka: dict, messages: int, batch: int) -> float:
-    """Seconds for the real stage (consumer group, transactions, changelog) to consume and commit every message."""
+class Raw:
+    """A decoded Message's bytes as a consumed message, for the stage's decoder."""
+
+    def __init__(self, m: Message) -> None:
+        self.m = m
+
+    def topic(self) -> str:
+        return self.m.topic
+
+    def partition(self) -> int:
+        return self.m.partition
+
+    def offset(self) -> int:
+        return self.m.offset
+
+    def key(self) -> bytes | None:
+        return self.m.key
+
+    def value(self) -> bytes:
+        return self.m.value
+
+
+def decode_batch(stage, raws: list[Raw], expect: dict[str, str]) -> list[Message]:
+    decode = getattr(stage, "decode_batch", None)
+    if decode is not None:
+        return decode(raws, expect, 16 << 20)
+    return [Message(r.topic(), r.partition(), r.offset(), r.key(), *single_object.decode(r.value()), r.value())
+            for r in raws]
+
+
+def through_kafka(kafka: dict, messages: int, batch: int) -> tuple[float, float]:
+    """(wall s, CPU s of this process) for the real stage (consumer group, transactions, changelog) to consume and
+    commit every message."""
     group = f"bench-correlate-{uuid.uuid4().hex[:8]}"
     runner = TopicRunner(build_correlate(kafka, group=group), kafka, group=group, batch_size=batch, poll_timeout=0.5)
-    t0 = time.perf_counter()
+    gc.collect()
+    t0, c0 = time.perf_counter(), time.process_time()
     runner.start()
     done = 0
     try:
@@ -127,7 +161,7 @@ def through_kafka(kafka: dict, messages: int, batch: int) -> float:
             done += runner.run_once()
     finally:
         runner.close()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 def main() -> None:
@@ -138,6 +172,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1000, help="messages per stage call, one core")
     ap.add_argument("--kafka-batch", type=int, default=5000, help="messages per transaction through Kafka")
     ap.add_argument("--no-kafka-stage", action="store_true", help="skip the run through Kafka")
+    ap.add_argument("--out", default="correlator.json", help="file name under bench/out")
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="fleetprof-bench-"))
@@ -152,7 +187,7 @@ def main() -> None:
         events = report.launches + report.kernels
 
         runs = [raw_consume(broker.bootstrap, events) for _ in range(3)]
-        raw_s, raw = min(r[0] for r in runs), runs[0][1]
+        raw_s, raw, raw_cpu = min(r[0] for r in runs), runs[0][1], min(r[2] for r in runs)
         del runs
         raw_bytes = sum(len(r[4]) for r in raw)
         gc.collect()
@@ -176,7 +211,7 @@ def main() -> None:
         full_wall_s, full_cpu_s, full = correlate(stage, messages, args.batch, encode=True)
         stage.close()
         del messages
-        kafka_s = None if args.no_kafka_stage else through_kafka(kafka, events, args.kafka_batch)
+        kafka_s, kafka_cpu = (None, None) if args.no_kafka_stage else through_kafka(kafka, events, args.kafka_batch)
 
         result = {
             "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.node()}: {os.cpu_count()} cores",
@@ -185,6 +220,7 @@ def main() -> None:
             "kernels": report.kernels,
             "message_mb": round(raw_bytes / 1e6, 1),
             "raw_fetch_s": round(raw_s, 3), "raw_fetch_events_per_s": round(events / raw_s),
+            "raw_fetch_cpu_us_per_event": round(raw_cpu / events * 1e6, 2),
             "decode_cpu_s": round(decode_s, 2), "decode_events_per_core_s": round(events / decode_s),
             "correlate_wall_s": round(wall_s, 2), "correlate_cpu_s": round(cpu_s, 2),
             "correlate_events_per_core_s": round(events / cpu_s),
@@ -196,10 +232,13 @@ def main() -> None:
             "ratio_correlate_to_decode": round((events / cpu_s) / (events / decode_s), 3),
             "stage_through_kafka_s": None if kafka_s is None else round(kafka_s, 2),
             "stage_through_kafka_events_per_s": None if kafka_s is None else round(events / kafka_s),
+            "stage_through_kafka_cpu_s": None if kafka_cpu is None else round(kafka_cpu, 2),
+            "stage_through_kafka_cpu_us_per_event": None if kafka_cpu is None else round(kafka_cpu / events * 1e6, 2),
+            "with_decode_encode_cpu_us_per_event": round(full_cpu_s / events * 1e6, 2),
         }
         out = ROOT / "bench" / "out"
         out.mkdir(exist_ok=True)
-        (out / "correlator.json").write_text(json.dumps(result, indent=2))
+        (out / args.out).write_text(json.dumps(result, indent=2))
         for k, v in result.items():
             print(f"{k:40} {v}")
         if not exact:

@@ -192,12 +192,17 @@ def wait_for_broker(bootstrap: str, timeout: float = 30) -> None:
 
 def create_topics(bootstrap: str, topics: Iterable[topic_defs.Topic] = topic_defs.ALL,
                   timeout: float = 30) -> list[str]:
-    """Create every topic that does not exist yet (partitions and config from schemas/topics.py, RF 1).
+    """Create every topic that does not exist yet (config from schemas/topics.py, RF 1; partition counts from there
+    too, sized for 10,000 nodes unless FLEETPROF_PARTITIONS / FLEETPROF_PARTITIONS_<TOPIC> say otherwise).
 
     Returns the names created; existing topics are left as they are. Returns once the new topics have
-    leaders, so callers can produce straight away.
+    leaders, so callers can produce straight away. A bad partition setting raises BrokerError naming it.
     """
     topics = list(topics)
+    try:
+        topic_defs.partition_counts()  # every count valid, the joined topics alike, before anything is created
+    except ValueError as exc:
+        raise BrokerError(str(exc)) from None
     admin = _admin(bootstrap)
     try:
         existing = set(admin.list_topics(timeout=timeout).topics)

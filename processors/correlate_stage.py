@@ -32,6 +32,7 @@ from collections import Counter
 from processors import metrics
 from processors.correlate import KERNEL, LAUNCH, SECOND_NS, SIDES, CorrelateConfig, Correlator, Outcome
 from processors.correlate_changelog import changelog, restore, state_key
+from processors.correlate_decode import BatchDecoder
 from processors.correlate_samples import LaunchStacks, build_gpu_samples, split_gpu_samples
 from processors.known_ids import SentDefinitions
 from processors.messages import Message, Produced, dead_letter
@@ -66,6 +67,12 @@ class CorrelateStage(TopicStage):
         self.verified: set[tuple[int, int]] = set()  # (partition, side) whose offsets the state has been checked on
         self.sent = SentDefinitions(resend_s)
         self.counts: Counter[tuple] = Counter()  # metric increments of the open transaction
+        self.decoder = BatchDecoder()
+
+    def decode_batch(self, raws: list, expect: dict[str, str], max_bytes: int) -> list[Message | Produced]:
+        """The batch's launches and kernels decoded together (processors/correlate_decode.py: the same records or
+        dead letters as one by one, several times cheaper)."""
+        return self.decoder.decode(self.name, raws, expect, max_bytes)
 
     # --- hooks (I/O) ------------------------------------------------------------------------------------------
     def before_batch(self, messages: list[Message]) -> None:

@@ -49,6 +49,11 @@ class TopicStage:
     def process(self, messages: list[Message]) -> list[Produced]:
         raise NotImplementedError(f"{type(self).__name__} has no process()")
 
+    def decode_batch(self, raws: list, expect: dict[str, str], max_bytes: int) -> list[Message | Produced]:
+        """Each consumed message decoded, or the dead letter saying why it is not; in order. A stage may decode a
+        batch at once (processors/correlate_decode.py) as long as it returns what `decode_message` would."""
+        return [decode_message(self.name, raw, expect, max_bytes, self.columnar_input) for raw in raws]
+
     def before_batch(self, messages: list[Message]) -> None:
         """Called with each batch's decoded messages before `process`."""
 
@@ -167,8 +172,7 @@ class TopicRunner:
         started = time.monotonic()
         decoded: list[Message] = []
         out: list[Produced] = []
-        for raw in raws:
-            item = decode_message(self.stage.name, raw, self.expect, self.max_message_bytes, self.columnar)
+        for raw, item in zip(raws, self.stage.decode_batch(raws, self.expect, self.max_message_bytes), strict=True):
             metrics.MESSAGES_IN.labels(self.stage.name, raw.topic()).inc()
             if isinstance(item, Message):
                 decoded.append(item)

@@ -13,6 +13,15 @@ from fleetprof.broker import BrokerError, LocalBroker, create_topics, ensure_jar
 
 # --- Kafka ---
 
+# The topics' default partition counts are sized for 10,000 nodes (48 for the raw inputs, schemas/topics.py): on the
+# test machine's 2 cores that many partitions per broker (and per `fleetprof up` a test starts) only cost time, so
+# the tests run on 6, and the correlator's inputs on 12 so that tests/test_correlate_scale_out.py can run more
+# instances than the old 6-partition cap. The environment is inherited by the processes the tests start. A run can
+# still choose its own counts by setting these variables.
+os.environ.setdefault("FLEETPROF_PARTITIONS", "6")
+os.environ.setdefault("FLEETPROF_PARTITIONS_GPU_LAUNCHES", "12")
+os.environ.setdefault("FLEETPROF_PARTITIONS_GPU_KERNELS", "12")
+
 
 def free_ports(count: int) -> list[int]:
     """`count` distinct TCP ports on 127.0.0.1 that nobody listens on right now."""
