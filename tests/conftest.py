@@ -21,6 +21,8 @@ from fleetprof.broker import BrokerError, LocalBroker, create_topics, ensure_jar
 os.environ.setdefault("FLEETPROF_PARTITIONS", "6")
 os.environ.setdefault("FLEETPROF_PARTITIONS_GPU_LAUNCHES", "12")
 os.environ.setdefault("FLEETPROF_PARTITIONS_GPU_KERNELS", "12")
+os.environ.setdefault("FLEETPROF_PARTITIONS_SYMBOLS", "3")  # see schemas/topics.py
+os.environ.setdefault("FLEETPROF_PARTITIONS_IDENTITIES", "3")
 
 
 def free_ports(count: int) -> list[int]:

@@ -9,8 +9,8 @@ from schemas import topics
 
 def test_defaults_are_sized_for_a_fleet() -> None:
     counts = topics.partition_counts({})
-    assert counts == {"cpu.stacks": 48, "gpu.launches": 48, "gpu.kernels": 48, "gpu.metrics": 24, "symbols": 6,
-                      "identities": 6, "cpu.samples": 24, "gpu.samples": 24, "correlate.state": 12,
+    assert counts == {"cpu.stacks": 48, "gpu.launches": 48, "gpu.kernels": 48, "gpu.metrics": 24, "symbols": 3,
+                      "identities": 3, "cpu.samples": 24, "gpu.samples": 24, "correlate.state": 12,
                       "alerts.state": 12, "alerts": 1, "deadletter": 1}
 
 
