@@ -34,8 +34,11 @@ from fleetprof.durations import Duration  # noqa: E402
 
 WRAPPER = """
 import json, resource, sys
-from simulate.loadgen import run_loadgen
 a = json.loads(sys.argv[1])
+if a["replay"]:
+    from simulate.replay import run_loadgen
+else:  # also a checkout from before the replay mode
+    from simulate.loadgen import run_loadgen
 mark = {}
 def cpu():
     u = resource.getrusage(resource.RUSAGE_SELF)

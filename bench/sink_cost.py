@@ -229,8 +229,8 @@ def run(args: argparse.Namespace, raws: list[Raw], samples: int) -> dict:
     try:
         store.migrate()
         if args.no_rollups:
-            for view in ("cpu_samples_1h_mv", "gpu_kernel_samples_1h_mv"):
-                store.query_sql(f"DROP VIEW IF EXISTS {view}", readonly=False)
+            for statement in ("DROP VIEW IF EXISTS cpu_samples_1h_mv", "DROP VIEW IF EXISTS gpu_kernel_samples_1h_mv"):
+                store.query_sql(statement, readonly=False)
         try:  # clickhouse-connect imports pandas at its first insert: not the sink's cost per sample
             import pandas  # noqa: F401
         except ImportError:

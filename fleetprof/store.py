@@ -430,6 +430,10 @@ class Store:
             result = client.query(query.sql, parameters=bound)
         return list(result.column_names), list(result.result_rows)
 
+    def query_store(self, name: str, params: dict[str, Any]) -> tuple[list[str], list[tuple]]:
+        """Run sql/store/<name>.sql, one of the statements the store's own writers run (the sink's state)."""
+        return self.query_sql(store_sql(name), params)
+
     def query_named_arrow(self, name: str, params: dict[str, Any]) -> pyarrow.Table:
         """query_named's result as an Arrow table: typed columns, an Array column as one flat array plus offsets,
         for results too big to turn into Python rows (a 100k-stack flame graph's frame ids)."""

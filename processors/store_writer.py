@@ -20,7 +20,6 @@ from datetime import UTC, datetime, timedelta
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
-from fleetprof.store import store_sql
 from processors import metrics
 from processors.known_ids import KnownIds
 from processors.messages import Message, Produced, dead_letter, decode_message
@@ -106,7 +105,7 @@ class StoreRunner:
         self.consumer.subscribe(list(self.inputs), on_assign=self._on_assign, on_revoke=self._on_revoke)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        _, rows = self._retry(lambda: self.store.query_sql(store_sql("sink_batches"), {"topics": list(self.inputs)}))
+        _, rows = self._retry(lambda: self.store.query_store("sink_batches", {"topics": list(self.inputs)}))
         states = {(topic, part): (lo, hi, state, updated) for topic, part, lo, hi, state, updated in rows}
         self.stamps.seen(max((st[3] for st in states.values()), default=None))
         interrupted: set[datetime] = set()

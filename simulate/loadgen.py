@@ -200,25 +200,17 @@ def _check_args(nodes: int, rate: float, duration: float, window: float, launch_
 def run_loadgen(config: dict, nodes: int, rate: float, duration: float, window: float = 10.0, seed: int = 0,
                 pace: bool = True, gpu: bool = True, progress: Progress | None = None, node_prefix: str = "sim-node",
                 launch_rate: float = 2.0, max_message_bytes: int = DEFAULT_MAX_BYTES,
-                flush_timeout: float = 120.0, replay: int = 0,
-                ready: Callable[[], None] | None = None) -> LoadgenReport:
+                flush_timeout: float = 120.0, ready: Callable[[], None] | None = None) -> LoadgenReport:
     """Send `duration` seconds of a `nodes`-node fleet, `rate` CPU samples per second per node.
 
     pace=True sends each window when it ends in real time; pace=False sends as fast as possible, with windows
     that end at the current aligned window boundary. `launch_rate`: sampled launches per second per GPU.
-    replay=k (k >= 1): pre-encode k windows per node before the first one and send them over and over with their
-    times and correlation ids rewritten (simulate/replay.py), so that sending costs a small share of encoding.
+    Every window is encoded as it is sent; simulate/replay.py's run_loadgen(replay=k) pre-encodes k windows per node
+    instead and sends them over and over with their times rewritten.
     `ready()` is called once set-up is done, just before the first window's time is taken.
     Raises PublishError if anything could not be delivered.
     """
     _check_args(nodes, rate, duration, window, launch_rate)
-    if replay:
-        from simulate.replay import run_replay
-
-        return run_replay(config, nodes=nodes, rate=rate, duration=duration, window=window, seed=seed, pace=pace,
-                          gpu=gpu, progress=progress, node_prefix=node_prefix, launch_rate=launch_rate,
-                          max_message_bytes=max_message_bytes, flush_timeout=flush_timeout, templates=replay,
-                          ready=ready)
     t0 = time.perf_counter()
     fleet = SyntheticFleet(seed=seed, node_prefix=node_prefix)
     sim = [fleet.node(i) for i in range(nodes)]

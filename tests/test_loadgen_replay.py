@@ -17,8 +17,7 @@ from confluent_kafka import Consumer
 
 from schemas import topics
 from schemas.single_object import decode
-from simulate.loadgen import run_loadgen
-from simulate.replay import CORR_BASE, prepare, shift_varints, varint
+from simulate.replay import CORR_BASE, prepare, run_loadgen, shift_varints, varint
 from simulate.synthetic_fleet import SyntheticFleet
 from tests.test_loadgen import (  # noqa: F401 - the live mode's checks, collected here against the replayed `sent`
     _cli,

@@ -65,7 +65,8 @@ class Store:
     def insert(self, table, rows, column_names, dedup_token=None):
         self.inserts.append((table, [list(r) for r in rows], dedup_token))
 
-    def query_sql(self, sql, params=None, readonly=True):
+    def query_store(self, name, params):
+        assert name == "sink_batches"
         latest: dict[tuple[str, int], list] = {}
         for table, rows, _ in self.inserts:
             for r in rows if table == "sink_state" else []:

@@ -46,7 +46,7 @@ def loadgen(settings: Settings, nodes: int, rate: float, duration: float, window
     (Kubernetes pods, Slurm jobs; all marked simulated) to Kafka, then print exact totals of what was sent."""
     from producers.publisher import PublishError, check_broker
     from schemas import topics
-    from simulate.loadgen import run_loadgen
+    from simulate.replay import run_loadgen
 
     kafka = settings.kafka_config()
     wanted = [topics.SYMBOLS.name, topics.IDENTITIES.name, topics.CPU_STACKS.name]
