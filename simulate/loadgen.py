@@ -197,6 +197,20 @@ def _check_args(nodes: int, rate: float, duration: float, window: float, launch_
             raise ValueError(f"{name} must be {want}, got {value}")
 
 
+def start_run(config: dict, nodes: int, window: float, seed: int, node_prefix: str, max_message_bytes: int,
+              flush_timeout: float) -> tuple[SyntheticFleet, list[SimNode], _Run, int, int]:
+    """The fleet, its nodes and a run whose symbol tables and identities are sent and durable (before any record
+    refers to them): (fleet, nodes, run, symbol chunks sent, identities sent)."""
+    fleet = SyntheticFleet(seed=seed, node_prefix=node_prefix)
+    sim = [fleet.node(i) for i in range(nodes)]
+    run = _Run(fleet, Publisher(config), max(1, round(window * SECOND_NS)), max_message_bytes)
+    chunks = run.symbols()
+    identities = run.identities(sim, time.time_ns())
+    if run.publisher.flush(flush_timeout):
+        raise PublishError(f"symbol tables and identities not delivered within {flush_timeout:.0f} s")
+    return fleet, sim, run, chunks, identities
+
+
 def run_loadgen(config: dict, nodes: int, rate: float, duration: float, window: float = 10.0, seed: int = 0,
                 pace: bool = True, gpu: bool = True, progress: Progress | None = None, node_prefix: str = "sim-node",
                 launch_rate: float = 2.0, max_message_bytes: int = DEFAULT_MAX_BYTES,
@@ -212,16 +226,11 @@ def run_loadgen(config: dict, nodes: int, rate: float, duration: float, window: 
     """
     _check_args(nodes, rate, duration, window, launch_rate)
     t0 = time.perf_counter()
-    fleet = SyntheticFleet(seed=seed, node_prefix=node_prefix)
-    sim = [fleet.node(i) for i in range(nodes)]
-    window_ns = max(1, round(window * SECOND_NS))
+    fleet, sim, run, chunks, identities = start_run(config, nodes, window, seed, node_prefix, max_message_bytes,
+                                                    flush_timeout)
+    window_ns = run.window_ns
     n_windows = max(1, math.ceil(duration / window - 1e-9))
     per_window = round(rate * window)
-    run = _Run(fleet, Publisher(config), window_ns, max_message_bytes)
-    chunks = run.symbols()
-    identities = run.identities(sim, time.time_ns())
-    if run.publisher.flush(flush_timeout):  # durable before any record refers to them
-        raise PublishError(f"symbol tables and identities not delivered within {flush_timeout:.0f} s")
 
     if ready is not None:
         ready()

@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from producers.publisher import PRODUCER_DEFAULTS, Publisher, PublishError
+from producers.publisher import PRODUCER_DEFAULTS, PublishError
 from schemas import topics
 from schemas.wire import DEFAULT_MAX_BYTES
 from simulate import loadgen
-from simulate.loadgen import SECOND_NS, LoadgenReport, Progress, _check_args, _report, _Run, cpu_time
+from simulate.loadgen import SECOND_NS, LoadgenReport, Progress, _check_args, _report, _Run, cpu_time, start_run
 from simulate.synthetic_fleet import SyntheticFleet
 
 CORR_BASE = 1 << 28
@@ -239,38 +239,28 @@ class _Sender:
         return remaining
 
 
-# loadgen.run_loadgen's defaults, for run_replay's keyword arguments
-REPLAY_DEFAULTS = {"window": 10.0, "seed": 0, "pace": True, "gpu": True, "progress": None, "node_prefix": "sim-node",
-                   "launch_rate": 2.0, "max_message_bytes": DEFAULT_MAX_BYTES, "flush_timeout": 120.0, "ready": None}
-
-
 def run_loadgen(config: dict, *, replay: int = 0, **kw) -> LoadgenReport:
     """loadgen.run_loadgen, or with replay=k (k >= 1) k windows per node pre-encoded before the first one and sent
     over and over with their times and correlation ids rewritten, so that sending costs a small share of encoding."""
     if not replay:
         return loadgen.run_loadgen(config, **kw)
-    return run_replay(config, templates=replay, **{**REPLAY_DEFAULTS, **kw})
+    return run_replay(config, templates=replay, **kw)
 
 
-def run_replay(config: dict, nodes: int, rate: float, duration: float, window: float, seed: int, pace: bool,
-               gpu: bool, progress: Progress | None, node_prefix: str, launch_rate: float, max_message_bytes: int,
-               flush_timeout: float, templates: int, ready: Callable[[], None] | None) -> LoadgenReport:
+def run_replay(config: dict, nodes: int, rate: float, duration: float, window: float = 10.0, seed: int = 0,
+               pace: bool = True, gpu: bool = True, progress: Progress | None = None, node_prefix: str = "sim-node",
+               launch_rate: float = 2.0, max_message_bytes: int = DEFAULT_MAX_BYTES, flush_timeout: float = 120.0,
+               templates: int = 1, ready: Callable[[], None] | None = None) -> LoadgenReport:
     """run_loadgen(replay=templates): the same report, from pre-encoded windows."""
     _check_args(nodes, rate, duration, window, launch_rate)
     if templates < 1:
         raise ValueError(f"replay must be >= 1 window, got {templates}")
     t0 = time.perf_counter()
-    fleet = SyntheticFleet(seed=seed, node_prefix=node_prefix)
-    sim = [fleet.node(i) for i in range(nodes)]
-    window_ns = max(1, round(window * SECOND_NS))
+    fleet, sim, head, chunks, identities = start_run(config, nodes, window, seed, node_prefix, max_message_bytes,
+                                                     flush_timeout)
+    window_ns = head.window_ns
     n_windows = max(1, math.ceil(duration / window - 1e-9))
     per_window = round(rate * window)
-    publisher = Publisher(config)
-    head = _Run(fleet, publisher, window_ns, max_message_bytes)
-    chunks = head.symbols()
-    identities = head.identities(sim, time.time_ns())
-    if publisher.flush(flush_timeout):  # durable before any record refers to them
-        raise PublishError(f"symbol tables and identities not delivered within {flush_timeout:.0f} s")
     k = min(templates, n_windows)
     base = time.time_ns() // window_ns * window_ns - 2 * k * window_ns  # any start: every window moves them
     prepared = prepare(fleet, sim, k, base, window_ns, per_window, gpu, launch_rate, max_message_bytes)
