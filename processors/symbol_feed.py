@@ -18,6 +18,7 @@ from schemas import single_object, topics
 log = logging.getLogger("fleetprof.symbols")
 BROKER_WAIT_S = 120.0  # how long a catch-up waits for a broker that is away before the stage gives up (and exits)
 FRESH_CLIENT_AFTER = 6  # failed watermark asks (~0.5 s apart) before asking through a new client instead
+MAX_MISSED = 100_000  # build ids remembered as asked for and not published (forgotten all at once past this)
 
 
 class SymbolFeed:
@@ -37,6 +38,7 @@ class SymbolFeed:
         self.refetched = 0  # tables read again after the cache had evicted them
         # build id -> chunk index -> (partition, offset) of the latest copy read
         self._where: dict[str, dict[int, tuple[int, int]]] = {}
+        self._missed: set[str] = set()  # build ids a full catch-up did not find
         self._refetcher: Consumer | None = None
         self._config = cfg
         md = self.consumer.list_topics(topics.SYMBOLS.name, timeout=10)
@@ -45,7 +47,11 @@ class SymbolFeed:
         self.consumer.assign(self.partitions)
 
     def catch_up(self, timeout: float = 10.0, force: bool = False) -> int:
-        """Read every chunk published so far (rate limited unless forced); returns chunks read."""
+        """Read every chunk published before the call (rate limited unless forced); returns chunks read.
+
+        `timeout` bounds a stall (nothing read while the watermark says more is there), not the whole read: the
+        topic holds every table the fleet ever sent, and a stage that stopped reading early would symbolize stacks
+        whose tables were published before them as unknown."""
         now = time.monotonic()
         if not force and now - self._last_catch_up < self.min_interval:
             return 0
@@ -54,18 +60,22 @@ class SymbolFeed:
         positions = {tp.partition: tp.offset for tp in self.consumer.position(self.partitions)}
         pending = {p for p, end in ends.items() if max(positions.get(p, 0), 0) < end}
         read = 0
-        deadline = now + timeout
-        while pending and time.monotonic() < deadline:
+        stall_deadline = time.monotonic() + timeout
+        while pending and time.monotonic() < stall_deadline:
             for raw in self.consumer.consume(num_messages=500, timeout=0.2):
                 if raw.error() is not None:
                     continue
                 read += 1
+                stall_deadline = time.monotonic() + timeout
                 self._take(raw.value(), raw.partition(), raw.offset())
                 if raw.offset() + 1 >= ends[raw.partition()]:
                     pending.discard(raw.partition())
             for tp in self.consumer.position([TopicPartition(topics.SYMBOLS.name, p) for p in list(pending)]):
                 if tp.offset >= ends[tp.partition]:
                     pending.discard(tp.partition)
+        if pending:
+            log.warning("symbols topic: nothing read for %.0f s with partitions %s short of their end; tables on them "
+                        "stay missing until the next catch-up", timeout, sorted(pending))
         self.chunks_read += read
         return read
 
@@ -120,9 +130,17 @@ class SymbolFeed:
 
     def ensure(self, build_ids: set[str], timeout: float = 10.0) -> int:
         """Make the tables of `build_ids` present if they were ever published: catch up with new chunks, then read
-        again those the cache evicted. Returns how many tables were read again."""
+        again those the cache evicted. Returns how many tables were read again.
+
+        An agent publishes a table before the records that need it, so a build id never read before is on the topic
+        already unless it was never sent: the first miss of each reads up to the end whatever the rate limit; only
+        ids missed before (never published: an unreadable binary) wait for it."""
+        unread = {b for b in build_ids if b not in self.tables and b not in self._where}
         if any(b not in self.tables for b in build_ids):
-            self.catch_up(timeout)
+            self.catch_up(timeout, force=bool(unread - self._missed))
+            if len(self._missed) > MAX_MISSED:
+                self._missed.clear()
+            self._missed |= {b for b in unread if b not in self.tables}
         evicted = [b for b in build_ids if b not in self.tables and b in self._where]
         if not evicted:
             return 0

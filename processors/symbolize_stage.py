@@ -50,11 +50,13 @@ class SymbolizeStage(TopicStage):
             for proc in m.record["processes"]:
                 user.update(mp["build_id"] for mp in proc["mappings"] if mp["build_id"])
         if self.feed is not None and any(b not in self.tables for b in kernel | user):
-            # a table the feed brings may replace one debuginfod gave, under the same build id
-            if self.feed.catch_up() and self.debuginfod is not None and self.debuginfod.forget_replaced(self.tables):
-                self._forget()
-            # the cache is bounded: a table it evicted is read again from the topic
+            # new tables from the topic, and those the bounded cache evicted read again
+            read = self.feed.chunks_read + self.feed.refetched
             self.feed.ensure({b for b in kernel | user if b not in self.tables})
+            # a table the feed brings may replace one debuginfod gave, under the same build id
+            if self.feed.chunks_read + self.feed.refetched > read and self.debuginfod is not None \
+                    and self.debuginfod.forget_replaced(self.tables):
+                self._forget()
         if self.debuginfod is not None:
             self.debuginfod.new_batch()
             # never the kernel: a vmlinux debuginfo has link-time addresses, the kallsyms table KASLR'd ones

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 
 from processors.symbol_feed import SymbolFeed
@@ -29,5 +30,80 @@ def test_an_evicted_table_is_read_again_from_the_compacted_topic(kafka_bootstrap
         assert feed.ensure({gone}) == 0  # present: nothing read
         assert feed.ensure({build_id_for(f"never-published-{run}")}) == 0
         assert feed.refetched == 1
+    finally:
+        feed.close()
+
+
+def _publish(bootstrap: str, build_ids: list[str]) -> None:
+    produce(bootstrap, [(topics.SYMBOLS.name, f"{c['build_id']}/{c['chunk_index']}", encode("SymbolChunk", c))
+                        for b in build_ids for c in symbol_chunks(b)])
+
+
+def test_a_table_published_after_the_last_catch_up_is_read_whatever_the_rate_limit(kafka_bootstrap) -> None:
+    """An agent publishes a table before the stacks that need it: the first batch to miss it reads the topic to its
+    end even right after another catch-up; an id never published does not make every batch read again."""
+    run = uuid.uuid4().hex[:8]
+    first, late, never, later = (build_id_for(f"rate-{run}-{t}") for t in ("first", "late", "never", "later"))
+    _publish(kafka_bootstrap, [first])
+    feed = SymbolFeed({"bootstrap.servers": kafka_bootstrap}, SymbolTables(), min_interval=3600.0)
+    try:
+        feed.catch_up(force=True)
+        assert first in feed.tables
+        _publish(kafka_bootstrap, [late])
+        feed.ensure({late})  # within the rate limit's hour
+        assert late in feed.tables
+        feed.ensure({never})  # read to the end once: not there
+        assert never not in feed.tables
+        _publish(kafka_bootstrap, [later])
+        feed.ensure({never})  # missed before: rate limited, nothing read
+        assert later not in feed.tables
+        feed.ensure({never, later})  # a new miss beside it reads again
+        assert later in feed.tables and never not in feed.tables
+    finally:
+        feed.close()
+
+
+class _FewAtATime:
+    """A consumer handing out at most 4 messages a call, as fetches of a large topic on a busy broker do."""
+
+    def __init__(self, consumer) -> None:
+        self._consumer = consumer
+
+    def consume(self, num_messages: int = 1, timeout: float = -1):
+        return self._consumer.consume(num_messages=min(num_messages, 4), timeout=timeout)
+
+    def __getattr__(self, name: str):
+        return getattr(self._consumer, name)
+
+
+class _SlowFeed(SymbolFeed):
+    """A feed that takes `delay` seconds over each chunk of `slow` build ids (a loaded machine, a large topic)."""
+
+    slow: set[str] = set()
+    delay = 0.05
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.consumer = _FewAtATime(self.consumer)
+
+    def _take(self, value, partition, offset):
+        chunk = super()._take(value, partition, offset)
+        if chunk is not None and chunk["build_id"] in self.slow:
+            time.sleep(self.delay)
+        return chunk
+
+
+def test_a_catch_up_longer_than_its_timeout_reads_to_the_end(kafka_bootstrap) -> None:
+    """The timeout bounds a stall, not the read: 60 tables at 0.05 s a chunk take ~6 s against a 1 s timeout."""
+    run = uuid.uuid4().hex[:8]
+    ids = [build_id_for(f"slow-{run}-{i}") for i in range(60)]
+    _publish(kafka_bootstrap, ids)
+    feed = _SlowFeed({"bootstrap.servers": kafka_bootstrap}, SymbolTables())
+    feed.slow = set(ids)
+    try:
+        started = time.monotonic()
+        feed.catch_up(timeout=1.0, force=True)
+        assert time.monotonic() - started > 1.0  # the case the test is about: the read outlasted the timeout
+        assert [b for b in ids if b not in feed.tables] == []
     finally:
         feed.close()
