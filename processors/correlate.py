@@ -90,10 +90,14 @@ class CorrelateConfig:
     log_slots: int = 4096  # changelog log keys per partition; a snapshot comes before half are used
     snapshot_min_bytes: int = 1 << 20  # no snapshot before the log since the last one reaches this (or 2x the state)
     chunk_bytes: int = 200 * 1024  # changelog records stay well under Kafka's 1 MB message limit
+    # a partition is shared by many nodes: one node's clock far ahead must not move its event time, or every other
+    # node's records there would fall behind the horizon at once (late) and their mappings expire. Well under the
+    # horizon, so records on time stay on time; clocks of a synchronized fleet differ by far less.
+    max_ahead_ns: int = 10 * SECOND_NS  # how far past the processor's clock a record may move event time
 
     def __post_init__(self) -> None:
         for name in ("horizon_ns", "window_ns", "max_pending", "max_processes", "mappings_ttl_ns", "log_slots",
-                     "snapshot_min_bytes", "chunk_bytes"):
+                     "snapshot_min_bytes", "chunk_bytes", "max_ahead_ns"):
             if getattr(self, name) < 1:
                 raise ValueError(f"correlate setting {name} must be >= 1, got {getattr(self, name)}")
         if self.log_slots < 4:
@@ -112,6 +116,12 @@ class Correlator:
         self._next_mapping_id = 1
         self._stacks: dict[tuple, tuple[tuple, int]] = {}
         self._next_stack = 1
+        self.ceiling_ns = 1 << 63  # the latest event time records may bring: `set_clock`; none until it is called
+
+    def set_clock(self, now_ns: int) -> None:
+        """The processor's clock for the next records (an input, so the join stays a function of what it is given):
+        event time moves at most config.max_ahead_ns past it; records stamped later still match."""
+        self.ceiling_ns = now_ns + self.config.max_ahead_ns
 
     def state(self, partition: int) -> PartitionState:
         st = self.parts.get(partition)
@@ -149,7 +159,11 @@ class Correlator:
             self._set_mappings(st, (node, pid, start), t, rec["mappings"])
         key = (node, pid, start, rec["correlation_id"])
         if t > st.wm[LAUNCH]:
-            st.wm[LAUNCH] = t
+            if t <= self.ceiling_ns:
+                st.wm[LAUNCH] = t
+            else:
+                out.ahead_of_clock += 1
+                st.wm[LAUNCH] = max(st.wm[LAUNCH], self.ceiling_ns)
         try:  # subscripts, not .get, on this path of every launch: decoded records have every field
             nvtx, graph = rec["nvtx_range"], rec["graph"]
         except KeyError:  # a record built without GpuLaunch v3's fields
@@ -179,7 +193,11 @@ class Correlator:
         node, pid, start, s = rec["node"], rec["pid"], rec["process_start_ns"], rec["start_ns"]
         key = (node, pid, start, rec["correlation_id"])
         if s > st.wm[KERNEL]:
-            st.wm[KERNEL] = s
+            if s <= self.ceiling_ns:
+                st.wm[KERNEL] = s
+            else:
+                out.ahead_of_clock += 1
+                st.wm[KERNEL] = max(st.wm[KERNEL], self.ceiling_ns)
         name = rec["kernel_name"]
         try:  # as in _launch
             gid, activity = rec["graph_id"], rec["activity"]

@@ -76,7 +76,9 @@ class CorrelateStage(TopicStage):
 
     # --- hooks (I/O) ------------------------------------------------------------------------------------------
     def before_batch(self, messages: list[Message]) -> None:
-        """Bring the join state of the batch's partitions up to date, then the symbol tables its stacks need."""
+        """Bring the join state of the batch's partitions up to date, then the symbol tables its stacks need; read
+        the clock that bounds the batch's event time."""
+        self.correlator.set_clock(time.time_ns())
         first: dict[tuple[int, int], int] = {}
         for m in messages:
             first.setdefault((m.partition, SIDE_OF[m.topic]), m.offset)
@@ -181,6 +183,8 @@ class CorrelateStage(TopicStage):
             self.counts[(metrics.CORRELATE_UNMATCHED, SIDES[side], reason)] += 1
         if out.replayed:
             self.counts[(metrics.CORRELATE_REPLAYED,)] += out.replayed
+        if out.ahead_of_clock:
+            self.counts[(metrics.CORRELATE_AHEAD,)] += out.ahead_of_clock
         self.counts[(metrics.UNKNOWN_FRAMES,)] += stats.unknown_frames
         return produced
 

@@ -36,6 +36,7 @@ class Outcome:
     invalid: list[tuple[int, str]] = field(default_factory=list)  # (index of the record in the call, reason)
     replayed: int = 0  # records at offsets the state had already seen
     graph_launches: int = 0  # graph launches joined with their first record (every record of theirs is a match)
+    ahead_of_clock: int = 0  # records stamped past the clock's ceiling (Correlator.set_clock): matched, not timed
 
 
 class PartitionState:

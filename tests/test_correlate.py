@@ -202,6 +202,23 @@ def test_late_records_are_counted_unless_their_partner_still_waits():
     assert sum(n for k, n in unmatched(feed.produced).items() if len(k) == 2) == 2
 
 
+def test_a_node_whose_clock_is_ahead_does_not_make_the_others_on_its_partition_late():
+    """Many nodes share a partition: one stamping its records 42 days ahead joins as usual and is counted, but it
+    does not move the partition's event time, so the next node's records are neither late nor without mappings."""
+    now = T0 + 3600 * SECOND_NS
+    feed = Feed(stage())  # the default horizon, 60 s
+    feed.stage.before_batch = lambda messages: feed.stage.correlator.set_clock(now)  # this test's clock
+    ahead = now + 42 * 86400 * SECOND_NS
+    before = REGISTRY.get_sample_value("fleetprof_correlate_ahead_of_clock_total", {"stage": "correlate"}) or 0
+    feed.send(launch(1, ahead, ["main", "run"], node="skewed"), kernel(1, ahead + MS, 500, node="skewed"))
+    feed.send(launch(2, now, ["main", "compute"]), kernel(2, now + MS, 100))
+    feed.send(launch(3, now + 2 * SECOND_NS, ["main", "run"], maps=False), kernel(3, now + 2 * SECOND_NS + MS, 200))
+    assert unmatched(feed.produced) == {}
+    assert gpu_time(feed.produced) == {("main", "run", demangle(GEMM)): 700, ("main", "compute", demangle(GEMM)): 100}
+    assert REGISTRY.get_sample_value("fleetprof_correlate_ahead_of_clock_total", {"stage": "correlate"}) == before + 2
+    assert feed.stage.correlator.parts[0].wm == [now + 10 * SECOND_NS] * 2  # the clock's ceiling, not 42 days on
+
+
 def test_process_start_tells_a_reused_pid_apart():
     feed = Feed(stage())
     feed.send(launch(1, T0, ["main", "run"], start=START), launch(1, T0 + MS, ["main", "compute"], start=START + 1))
