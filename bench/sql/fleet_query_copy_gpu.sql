@@ -1,7 +1,8 @@
--- The query bench's fill for GPU kernel rows, as fleet_query_copy_cpu does for CPU samples.
-INSERT INTO gpu_kernel_samples (ts, node, pid, comm, container_id, device, stream, stack_id, kernel_name, duration_ns,
-                                launches)
+-- The query bench's fill for GPU kernel rows (NVTX range and workload identity too), as fleet_query_copy_cpu does for
+-- CPU samples.
+INSERT INTO gpu_kernel_samples (ts, node, pid, comm, container_id, device, stream, stack_id, kernel_name, nvtx_range,
+                                identity, duration_ns, launches)
 SELECT ts + toIntervalSecond({shift:Int64}), node, pid, comm, container_id, device, stream, stack_id, kernel_name,
-       duration_ns, launches
+       nvtx_range, identity, duration_ns, launches
 FROM gpu_kernel_samples
 WHERE ts >= {from:DateTime} AND ts < {to:DateTime}
