@@ -190,13 +190,15 @@ class CorrelateStage(TopicStage):
 
 
 def config_from_env(env: dict[str, str] | None = None) -> CorrelateConfig:
-    """FLEETPROF_CORRELATE_HORIZON_S, _WINDOW_S, _MAX_PENDING, _MAX_PROCESSES; a bad value names its variable."""
+    """FLEETPROF_CORRELATE_HORIZON_S, _WINDOW_S, _MAX_PENDING, _MAX_PROCESSES, _MAX_AHEAD_S; a bad value names its
+    variable."""
     env = os.environ if env is None else env
     values: dict[str, int] = {}
     for var, field, scale in (("FLEETPROF_CORRELATE_HORIZON_S", "horizon_ns", SECOND_NS),
                               ("FLEETPROF_CORRELATE_WINDOW_S", "window_ns", SECOND_NS),
                               ("FLEETPROF_CORRELATE_MAX_PENDING", "max_pending", 1),
-                              ("FLEETPROF_CORRELATE_MAX_PROCESSES", "max_processes", 1)):
+                              ("FLEETPROF_CORRELATE_MAX_PROCESSES", "max_processes", 1),
+                              ("FLEETPROF_CORRELATE_MAX_AHEAD_S", "max_ahead_ns", SECOND_NS)):
         text = env.get(var, "").strip()
         if not text:
             continue

@@ -33,8 +33,8 @@ CORRELATE_UNMATCHED = Counter("fleetprof_correlate_unmatched_total",
                               "seen (side KERNEL), by reason (EXPIRED, LATE, SUPERSEDED, EVICTED: raise "
                               "FLEETPROF_CORRELATE_MAX_PENDING)", ["stage", "side", "reason"])
 CORRELATE_AHEAD = Counter("fleetprof_correlate_ahead_of_clock_total",
-                          "GPU records stamped more than 10 s past the processor's clock (a node's clock ahead): "
-                          "joined as usual, but they do not move the partition's event time", ["stage"])
+                          "GPU records stamped more than FLEETPROF_CORRELATE_MAX_AHEAD_S (10 s) past the processor's "
+                          "clock: joined as usual, but they do not move the partition's event time", ["stage"])
 CORRELATE_GRAPH_LAUNCHES = Counter("fleetprof_correlate_graph_launches_total",
                                    "Sampled CUDA graph launches joined with at least one of their records (each "
                                    "record is a match)", ["stage"])

@@ -319,7 +319,9 @@ def test_definitions_go_out_once_per_commit():
 
 
 def test_settings_from_the_environment_are_checked():
-    cfg = config_from_env({"FLEETPROF_CORRELATE_HORIZON_S": "90", "FLEETPROF_CORRELATE_MAX_PENDING": "500"})
+    cfg = config_from_env({"FLEETPROF_CORRELATE_HORIZON_S": "90", "FLEETPROF_CORRELATE_MAX_PENDING": "500",
+                           "FLEETPROF_CORRELATE_MAX_AHEAD_S": "2.5"})
+    assert cfg.max_ahead_ns == 2_500_000_000
     assert (cfg.horizon_ns, cfg.max_pending, cfg.window_ns) == (90 * SECOND_NS, 500, 10 * SECOND_NS)
     with pytest.raises(ValueError, match="FLEETPROF_CORRELATE_WINDOW_S='soon' is not a number"):
         config_from_env({"FLEETPROF_CORRELATE_WINDOW_S": "soon"})
