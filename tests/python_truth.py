@@ -8,6 +8,7 @@ Both sides are reduced to Python frames only, root first, each named by its func
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -143,12 +144,12 @@ def write_workloads(folder: Path, lifetime_s: float) -> list[PyWorkload]:
 
 
 def py_spy(pid: int, seconds: float, rate: int, out: Path, blocking: bool = False) -> subprocess.Popen:
-    """py-spy recording `pid` for `seconds` (raw folded stacks with line numbers, into `out`); `blocking`: stopping
-    the process for each sample (py-spy's default) instead of reading it as it runs."""
+    """py-spy recording `pid` for `seconds` (speedscope: each thread's samples in order, with line numbers, into
+    `out`); `blocking`: stopping the process for each sample (py-spy's default) instead of reading it as it runs."""
     exe = Path(sys.executable).parent / "py-spy"
     return subprocess.Popen([str(exe), "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate",
-                             str(rate), *([] if blocking else ["--nonblocking"]), "--format", "raw", "-o", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             str(rate), *([] if blocking else ["--nonblocking"]), "--format", "speedscope", "-o",
+                             str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 _FRAME = re.compile(r"^(?P<name>.*) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
@@ -164,14 +165,36 @@ def _frame(text: str, lines: bool) -> str:
     return f"{name}:{m.group('line')}" if lines and m.group("line") else name
 
 
+def spy_sequences(text: str, lines: bool = False) -> list[list[Chain]]:
+    """py-spy's speedscope output as each thread's Python chains (root first), in the order it read them."""
+    doc = json.loads(text)
+    frames = [f"{f['name']} ({f['file']}:{f['line']})" if f.get("line") else f"{f['name']} ({f['file']})"
+              for f in doc["shared"]["frames"]]
+    return [[tuple(_frame(frames[i], lines) for i in sample) for sample in profile["samples"]]
+            for profile in doc["profiles"]]
+
+
 def spy_chains(text: str, lines: bool = False) -> Counter[Chain]:
-    """py-spy's raw output as Python chains, root first."""
-    out: Counter[Chain] = Counter()
-    for row in text.splitlines():
-        stack, _, count = row.rpartition(" ")
-        if stack and count.isdigit():
-            out[tuple(_frame(f, lines) for f in stack.split(";") if f)] += int(count)
-    return out
+    """py-spy's samples as Python chains, root first, with their counts."""
+    return Counter(chain for thread in spy_sequences(text, lines) for chain in thread)
+
+
+def effective_samples(sequences: list[list[Chain]], leaf: str) -> float:
+    """How many independent readings py-spy's samples of `leaf` are worth. It samples on the wall clock: a process
+    waiting for a CPU is read again and again where it stopped, so neighbours repeat. Per thread n(1-r)/(1+r), r the
+    lag-1 autocorrelation of "the leaf is `leaf`" over its samples with a Python leaf (the usual AR(1) estimate)."""
+    total = 0.0
+    for thread in sequences:
+        x = [1.0 if chain[-1] == leaf else 0.0 for chain in thread if chain]
+        n = len(x)
+        mean = sum(x) / n if n else 0.0
+        var = sum((v - mean) ** 2 for v in x)
+        if n < 3 or var == 0:
+            total += n
+            continue
+        r = sum((x[i] - mean) * (x[i + 1] - mean) for i in range(n - 1)) / var
+        total += n * min(1.0, (1 - r) / (1 + r)) if r > -1 else n
+    return total
 
 
 def our_chains(folded: str, lines: bool = False) -> Counter[Chain]:
