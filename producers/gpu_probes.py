@@ -49,6 +49,9 @@ log = logging.getLogger("fleetprof.gpu_probes")
 
 BPF_SOURCE = Path(__file__).resolve().parent / "bpf" / "gpu_probes.bpf.c"
 MAX_SITES_LIMIT = 64  # wrappers written out in BPF_SOURCE
+# BPF_SOURCE's unwind_progs, in order: the walk's two continuations, then the handlers each slot's wrapper tail-calls
+TAIL_CALLED = (b"gpu_unwind", b"gpu_python", b"handle_launch", b"handle_executed", b"handle_weight", b"handle_range",
+               b"handle_graph", b"handle_memory")
 ATTACH_TRIES = 3  # rescans that may try an object whose attach failed (it may have been a process going away)
 UPROBE_REF_CTR = Path("/sys/bus/event_source/devices/uprobe/format/ref_ctr_offset")
 # Kernel-side counters, by index into the `counters` map (N_COUNTERS in BPF_SOURCE).
@@ -176,8 +179,8 @@ class GpuProbeCollector(RecordMaker):
         if self.python is not None and self.python.procs.attached:
             cflags.append("-DPY_EXTERN")  # the CPU sampler's entries: without them, no process has Python frames
         try:
-            bpf, self.unwinding = load_unwinding_program(bcc, BPF_SOURCE, cflags, (b"gpu_unwind", b"gpu_python"),
-                                                         bcc.BPF.KPROBE, self.unwind, "GPU launch stacks")
+            bpf, self.unwinding = load_unwinding_program(bcc, BPF_SOURCE, cflags, TAIL_CALLED, bcc.BPF.KPROBE,
+                                                         self.unwind, "GPU launch stacks")
         except Exception as exc:  # bcc raises plain Exception; its compiler output already went to stderr
             raise BpfUnavailable(f"GPU probe program failed to compile or load: {exc}") from None
         if (stale := remove_stale_events()):

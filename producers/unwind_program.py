@@ -35,8 +35,8 @@ def _compile(bcc: Any, source: Path, cflags: list[str], walk: tuple[bytes, ...],
 
 def load_unwinding_program(bcc: Any, source: Path, cflags: list[str], walk: tuple[bytes, ...], prog_type: int,
                            unwind: UnwindLoader | None, what: str) -> tuple[Any, str]:
-    """(the loaded bcc.BPF, how it walks user stacks). `walk` names the programs the walk tail-calls, in the order
-    of their places in `unwind_progs` (the native walk's continuation first); `what` says
+    """(the loaded bcc.BPF, how it walks user stacks). `walk` names the programs tail-called through `unwind_progs`, in
+    the order of their places there (the native walk's continuation first); `what` says
     whose stacks, in the one line said when the tables are refused. Raises what bcc raises when even the
     frame-pointer build fails."""
     if unwind is not None:
