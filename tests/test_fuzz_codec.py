@@ -120,3 +120,35 @@ def test_an_int_field_beyond_32_bits_is_a_decode_error():
         assert isinstance(targets.check_decode_message(bad, "gpu.metrics"), Produced)
     edge = head[:index_at] + long_bytes(2**31 - 1) + head[index_at + 1:]
     assert single_object.decode(edge)[1]["devices"][0]["index"] == 2**31 - 1
+
+
+def test_an_int_beyond_32_bits_deep_in_a_long_array_of_records_is_a_decode_error():
+    """The check reads an array of records a column at a time (min and max of each int field): one pid out of range
+    among a thousand samples, at either end of the range, is found; longs beside it are not ints and pass."""
+    import io
+    import json
+
+    import fastavro
+
+    reg = single_object.default_registry()
+    latest = reg.latest("fleetprof.CpuSamples")
+    # ints and longs share Avro's zig-zag varint: a schema with pid as a long writes what a broken int writer would
+    wide = json.loads(json.dumps(latest.parsed).replace('"name": "pid", "type": "int"',
+                                                        '"name": "pid", "type": "long"'))
+    assert wide != latest.parsed
+    samples = [{"pid": 7 + i, "comm": "c", "container_id": "", "identity_id": 2**62, "stack_id": -(2**63),
+                "count": 2**40} for i in range(1000)]
+    record = {"node": "n", "window_start_ns": 0, "window_ns": 10, "frames": [], "stacks": [], "samples": samples,
+              "simulated": False, "frequency_hz": 19}
+
+    def message(pid_at_700: int) -> bytes:
+        body = io.BytesIO()
+        fastavro.schemaless_writer(body, fastavro.parse_schema(wide), {
+            **record, "samples": [*samples[:700], {**samples[700], "pid": pid_at_700}, *samples[701:]]})
+        return single_object.encode("CpuSamples", record)[:single_object.HEADER_LEN] + body.getvalue()
+
+    for ok in (2**31 - 1, -(2**31)):
+        assert single_object.decode(message(ok))[1]["samples"][700]["pid"] == ok
+    for bad in (2**31, -(2**31) - 1, 2**62):
+        with pytest.raises(single_object.DecodeError, match="an int field of fleetprof.CpuSamples holds a value"):
+            single_object.decode(message(bad))
