@@ -61,7 +61,7 @@ def _int_check(schema: Any, named: dict[str, Any]) -> Callable[[Any], bool] | No
     if kind == "record":
         named[schema["name"]] = None  # a record that holds itself: no int found through that path
         fields = [(f["name"], check) for f in schema["fields"] if (check := _int_check(f["type"], named))]
-        check = _record_check(fields) if fields else None
+        check = _RecordCheck(fields) if fields else None
         named[schema["name"]] = check
         return check
     if kind == "array":
@@ -84,10 +84,10 @@ class _RecordCheck:
     """The int check of a record type; over an array of them, its plain int fields are checked a column at a time
     (min and max at C speed: a CpuSamples message holds thousands of samples, each a record)."""
 
-    def __init__(self, fields: list[tuple[str, Callable[[Any], bool]]], plain: list[str]) -> None:
+    def __init__(self, fields: list[tuple[str, Callable[[Any], bool]]]) -> None:
         self.fields = fields
-        self.others = [(name, check) for name, check in fields if name not in plain]
-        self.columns = [itemgetter(name) for name in plain]
+        self.others = [(name, check) for name, check in fields if check is not _plain_int]
+        self.columns = [itemgetter(name) for name, check in fields if check is _plain_int]
 
     def __call__(self, record: Any) -> bool:
         return all(check(record[name]) for name, check in self.fields)
@@ -101,16 +101,9 @@ class _RecordCheck:
         return all(check(r[name]) for r in records for name, check in self.others)
 
 
-def _record_check(fields: list[tuple[str, Callable[[Any], bool]]]) -> _RecordCheck:
-    plain = [name for name, check in fields if getattr(check, "plain_int", False)]
-    return _RecordCheck(fields, plain)
-
-
 def _plain_int(v: Any) -> bool:
+    """A bare `int`'s check (the one a record's fields can have checked a column at a time)."""
     return _INT_MIN <= v <= _INT_MAX
-
-
-_plain_int.plain_int = True  # type: ignore[attr-defined]  # a bare `int`: checkable a column at a time
 
 
 def crc64_avro(schema: dict) -> bytes:

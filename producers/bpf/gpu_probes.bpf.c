@@ -5,8 +5,8 @@
 // RANGE_RING_PAGES, WEIGHT_ENTRIES, MAX_REG, UNWIND_TABLES) and attaches each probe site of each ELF object by path.
 // The launching thread's user stack is unwound by unwind.bpf.h (the agent's call-frame tables, else frame
 // pointers): `launch_<slot>` tail-calls `handle_launch`, which starts the walk, and `gpu_unwind` (tail calls)
-// finishes it and sends the record; a
-// CPython process's launch goes on to `gpu_python` (python.bpf.h: its Python frames, after the native ones) first.
+// finishes it and sends the record; a CPython process's launch goes on to `gpu_python` (python.bpf.h: its Python
+// frames, after the native ones) first.
 //
 // One compiled program serves every object: where a probe's arguments live (register, memory, constant) differs
 // per site and per build, so user space decodes the site's note into `sites[slot]`, and attaches the wrapper
@@ -60,14 +60,15 @@
 #define LOST_RANGES 3
 #define N_COUNTERS 4
 
-// kernel_event.kind: which probe sent it
-#define HANDLE_LAUNCH 2  // places in unwind_progs: producers/gpu_probes.py HANDLERS, in this order
+// places in unwind_progs of the handlers the wrappers tail-call: producers/gpu_probes.py TAIL_CALLED, in this order
+#define HANDLE_LAUNCH 2
 #define HANDLE_EXECUTED 3
 #define HANDLE_WEIGHT 4
 #define HANDLE_RANGE 5
 #define HANDLE_GRAPH 6
 #define HANDLE_MEMORY 7
 
+// kernel_event.kind: which probe sent it
 #define KIND_KERNEL 0
 #define KIND_GRAPH_KERNEL 1
 #define KIND_MEMORY 2
@@ -378,7 +379,7 @@ static __always_inline int on_weight(struct pt_regs *ctx, u32 slot) {
 }
 
 // The handlers, one program each: a wrapper hands its slot over and tail-calls one. Written out per slot (as they
-// were), the six handlers took clang ~0.33 s per slot: 14 s of every agent start at 32 slots, against ~4 s now.
+// were), the six handlers took clang ~0.33 s per slot: 14 s of every agent start at 32 slots, against ~3 s now.
 static __always_inline u32 slot_hit(void) {
     int zero = 0;
     u32 *slot = hit_slot.lookup(&zero);
