@@ -55,6 +55,8 @@ def _int_check(schema: Any, named: dict[str, Any]) -> Callable[[Any], bool] | No
         if all(check is None for _, check in branches):
             return None
         nullable = "null" in schema
+        if sorted(schema, key=str) == ["int", "null"]:
+            return _nullable_int
         checks = [check for _, check in branches if check is not None]
         return lambda v: (v is None and nullable) or any(check(v) for check in checks)
     kind = schema["type"]
@@ -86,8 +88,9 @@ class _RecordCheck:
 
     def __init__(self, fields: list[tuple[str, Callable[[Any], bool]]]) -> None:
         self.fields = fields
-        self.others = [(name, check) for name, check in fields if check is not _plain_int]
+        self.others = [(name, check) for name, check in fields if check not in (_plain_int, _nullable_int)]
         self.columns = [itemgetter(name) for name, check in fields if check is _plain_int]
+        self.nullable_columns = [itemgetter(name) for name, check in fields if check is _nullable_int]
 
     def __call__(self, record: Any) -> bool:
         return all(check(record[name]) for name, check in self.fields)
@@ -98,12 +101,21 @@ class _RecordCheck:
         for column in self.columns:
             if min(map(column, records)) < _INT_MIN or max(map(column, records)) > _INT_MAX:
                 return False
+        for column in self.nullable_columns:  # GpuMetrics: most device fields are ["null", "int"]
+            values = [v for v in map(column, records) if v is not None]
+            if values and (min(values) < _INT_MIN or max(values) > _INT_MAX):
+                return False
         return all(check(r[name]) for r in records for name, check in self.others)
 
 
 def _plain_int(v: Any) -> bool:
     """A bare `int`'s check (the one a record's fields can have checked a column at a time)."""
     return _INT_MIN <= v <= _INT_MAX
+
+
+def _nullable_int(v: Any) -> bool:
+    """A ["null", "int"] union's check (checked a column at a time too, its nulls left out)."""
+    return v is None or _INT_MIN <= v <= _INT_MAX
 
 
 def crc64_avro(schema: dict) -> bytes:

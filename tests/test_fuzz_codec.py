@@ -152,3 +152,35 @@ def test_an_int_beyond_32_bits_deep_in_a_long_array_of_records_is_a_decode_error
     for bad in (2**31, -(2**31) - 1, 2**62):
         with pytest.raises(single_object.DecodeError, match="an int field of fleetprof.CpuSamples holds a value"):
             single_object.decode(message(bad))
+
+
+def test_a_nullable_int_beyond_32_bits_among_nulls_is_a_decode_error():
+    """["null", "int"] fields (most of a GPU's NVML readings) are checked a column at a time too, nulls left out: one
+    device's power out of range among eight, the others null or in range, is found; all nulls pass."""
+    import io
+    import json
+
+    import fastavro
+
+    latest = single_object.default_registry().latest("fleetprof.GpuMetrics")
+    text = json.dumps(latest.parsed)
+    wide = json.loads(text.replace('"name": "power_mw", "type": ["null", "int"]',
+                                   '"name": "power_mw", "type": ["null", "long"]'))
+    assert wide != latest.parsed
+    from tests.fuzz.make_corpus import RECORDS
+
+    device = RECORDS["GpuMetrics"]["devices"][0]
+    poll = {**RECORDS["GpuMetrics"], "processes": []}
+
+    def message(powers: list[int | None]) -> bytes:
+        record = {**poll, "devices": [{**device, "index": i, "power_mw": p} for i, p in enumerate(powers)]}
+        body = io.BytesIO()
+        fastavro.schemaless_writer(body, fastavro.parse_schema(wide), record)
+        return single_object.encode("GpuMetrics", poll)[:single_object.HEADER_LEN] + body.getvalue()
+
+    ok = [None, 2**31 - 1, None, -(2**31), 5, None, 0, None]
+    assert [d["power_mw"] for d in single_object.decode(message(ok))[1]["devices"]] == ok
+    assert [d["power_mw"] for d in single_object.decode(message([None] * 8))[1]["devices"]] == [None] * 8
+    for bad in (2**31, -(2**31) - 1, 2**62):
+        with pytest.raises(single_object.DecodeError, match="an int field of fleetprof.GpuMetrics holds a value"):
+            single_object.decode(message([None, 3, None, bad, None, 4, None, None]))
