@@ -239,6 +239,8 @@ def run(args: argparse.Namespace, raws: list[Raw], samples: int) -> dict:
                      ["topic", "partition", "min_offset", "max_offset", "state", "updated"])
         consumer = SimConsumer(clock, raws)
         extra = {} if args.flush_interval is None else {"flush_interval": args.flush_interval}
+        if args.max_delay is not None:
+            extra["max_delay"] = args.max_delay
         runner = sw.StoreRunner(store, {"bootstrap.servers": "127.0.0.1:1"}, **extra)
         runner.consumer.close()
         runner.consumer = consumer
@@ -316,6 +318,7 @@ def main() -> None:
     ap.add_argument("--input", type=Path, default=ROOT / "bench" / "out" / "sink_input.bin")
     ap.add_argument("--no-rollups", action="store_true", help="drop the hourly rollups' materialized views first")
     ap.add_argument("--flush-interval", type=float, default=None, help="the runner's flush_interval (its default)")
+    ap.add_argument("--max-delay", type=float, default=None, help="the runner's max_delay (its default)")
     ap.add_argument("--code", type=Path, default=ROOT, help="the checkout whose sink and store run")
     args = ap.parse_args()
     sys.path.insert(0, str(args.code.resolve()))

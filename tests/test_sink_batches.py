@@ -180,3 +180,35 @@ def test_a_one_partition_batch_keeps_the_tokens_of_the_sink_before_batches_spann
     two = batch_key({("cpu.samples", 4): (10, 20), ("gpu.metrics", 0): (1, 2)})
     assert two == batch_key({("gpu.metrics", 0): (1, 2), ("cpu.samples", 4): (10, 20)})
     assert two.startswith("batch:") and two != batch_key({("cpu.samples", 4): (10, 21), ("gpu.metrics", 0): (1, 2)})
+
+
+def test_by_default_a_window_burst_is_one_batch_and_nvml_polls_ride_with_it(monkeypatch):
+    """The defaults (flush_interval 2 s, max_delay 15 s): ten seconds of NVML polls between windows forces no batch of
+    its own, and a node window's burst, 1.5 s of sample messages, goes out once, with the polls, at its end."""
+    from tests.fuzz.make_corpus import RECORDS
+
+    clock = [100.0]
+    monkeypatch.setattr(sw.time, "monotonic", lambda: clock[0])
+    store, consumer = Store(), Consumer()
+    r = StoreRunner(store, {"bootstrap.servers": "127.0.0.1:1"})
+    r.consumer.close()
+    r.consumer = consumer
+    poll = {**RECORDS["GpuMetrics"], "node": "a"}
+    for s in range(10):  # polls once a second after the last window: 10 s, no batch
+        consumer.polls = [[Raw("gpu.metrics", 0, s, encode("GpuMetrics", {**poll, "time_ns": T + s * 10**9}))]]
+        for _ in range(4):
+            r.run_once()
+            clock[0] += 0.25
+    assert r.batches == 0
+    for i in range(6):  # the next window's burst: samples in every poll for 1.5 s
+        consumer.polls.append([Raw("cpu.samples", 1 + i % 3, i, cpu(f"n{i}", 1, 1))])
+    for _ in range(6):
+        r.run_once()
+        clock[0] += 0.25
+    assert r.batches == 0
+    r.run_once()  # the burst is over
+    assert r.batches == 1
+    tables = [t for t, _, _ in store.inserts]
+    assert tables.count("cpu_samples") == 1 and "gpu_device_metrics" in tables
+    assert consumer.commits == [[("cpu.samples", 1, 4), ("cpu.samples", 2, 5), ("cpu.samples", 3, 6),
+                                 ("gpu.metrics", 0, 10)]]
