@@ -120,7 +120,7 @@ def test_nvidia_smi_lines() -> None:
 
 def test_nvml_table_pairs_both_readings() -> None:
     sampler = validate.NvmlSampler.__new__(validate.NvmlSampler)
-    sampler.note = ""
+    sampler.note, sampler.source = "", "the agent's collector"
     reading = {"utilization.gpu": 50.0, "memory.used": 100.0, "power.draw": 70.0, "temperature.gpu": 40.0,
                "clocks.sm": 1500.0}
     sampler.pairs = [{"nvml": reading, "smi": {**reading, "power.draw": 72.0}},
@@ -128,7 +128,20 @@ def test_nvml_table_pairs_both_readings() -> None:
     lines = sampler.table().splitlines()
     assert lines[3].split() == ["power.draw", "70.0", "72.0", "2.0"]
     assert lines[2].split() == ["memory.used", "100.0", "100.0", "0.0"]
-    assert lines[-1] == "(2 back-to-back pairs)"
+    assert lines[-1] == "(2 back-to-back pairs; NVML read by the agent's collector)"
+
+
+def test_the_collectors_record_gives_gpu_0_in_nvidia_smis_units() -> None:
+    """The NVML side is what the agent stores: its GpuMetrics device row of GPU 0 (not a MIG device of it), memory
+    in MiB, power in W; a poll it did not make or a field it could not read gives no pair."""
+    gpu0 = {"index": 0, "parent_uuid": "", "gpu_util_pct": 35, "mem_used_bytes": 1536 << 20, "power_mw": 71_500,
+            "temperature_c": 44, "sm_clock_mhz": 1980}
+    mig = {**gpu0, "parent_uuid": "GPU-0", "gpu_util_pct": 99}
+    record = {"devices": [mig, {**gpu0, "index": 1, "gpu_util_pct": 7}, gpu0]}
+    assert validate.collector_reading(record) == {"utilization.gpu": 35.0, "memory.used": 1536.0,
+                                                  "power.draw": 71.5, "temperature.gpu": 44.0, "clocks.sm": 1980.0}
+    assert validate.collector_reading(None) is None
+    assert validate.collector_reading({"devices": [{**gpu0, "power_mw": None}]}) is None
 
 
 def test_script_stops_in_one_line_without_torch(tmp_path: Path) -> None:

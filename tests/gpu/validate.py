@@ -150,6 +150,7 @@ def parse_smi(text: str) -> list[dict[str, float | None]]:
 
 
 def nvml_reading(pynvml: Any, handle: Any) -> dict[str, float]:
+    """GPU 0 read with nvidia-ml-py's plain calls (where the agent's collector cannot be imported)."""
     return {"utilization.gpu": float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu),
             "memory.used": pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**20,
             "power.draw": pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0,
@@ -157,14 +158,29 @@ def nvml_reading(pynvml: Any, handle: Any) -> dict[str, float]:
             "clocks.sm": float(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))}
 
 
+def collector_reading(record: dict | None) -> dict[str, float] | None:
+    """GPU 0 as the agent's collector (producers.nvml_collector) put it in a GpuMetrics record, in nvidia-smi's
+    units; None for a poll it did not make or a field it could not read."""
+    dev = next((d for d in (record or {}).get("devices", []) if d["index"] == 0 and not d["parent_uuid"]), None)
+    fields = ("gpu_util_pct", "mem_used_bytes", "power_mw", "temperature_c", "sm_clock_mhz")
+    if dev is None or any(dev[f] is None for f in fields):
+        return None
+    return {"utilization.gpu": float(dev["gpu_util_pct"]), "memory.used": dev["mem_used_bytes"] / 2**20,
+            "power.draw": dev["power_mw"] / 1000.0, "temperature.gpu": float(dev["temperature_c"]),
+            "clocks.sm": float(dev["sm_clock_mhz"])}
+
+
 class NvmlSampler:
-    """Pairs of (NVML, nvidia-smi) readings of GPU 0, taken back to back while a run goes on."""
+    """Pairs of (NVML, nvidia-smi) readings of GPU 0, taken back to back while a run goes on. NVML is read by the
+    agent's own collector when it imports here (what fleetprof stores), else by nvidia-ml-py's plain calls."""
 
     def __init__(self) -> None:
         self.pairs: list[dict[str, Any]] = []
         self.note = ""
+        self.source = ""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._collector: Any = None
         try:
             import pynvml
         except ImportError:
@@ -179,12 +195,28 @@ class NvmlSampler:
         except pynvml.NVMLError as exc:
             self.note = f"NVML unavailable ({exc}): NVML readings skipped"
             return
+        try:
+            from producers.nvml_collector import NvmlCollector
+            collector = NvmlCollector("validate")
+            if collector.open():
+                self._collector, self.source = collector, "the agent's collector (producers.nvml_collector)"
+        except ImportError as exc:
+            self.source = f"nvidia-ml-py directly (the agent's collector does not import here: {exc})"
+        if not self.source:
+            self.source = "nvidia-ml-py directly (the agent's collector did not open)"
         self._thread = threading.Thread(target=self._run, daemon=True)
 
+    def _reading(self) -> dict[str, float] | None:
+        if self._collector is None:
+            return nvml_reading(self._pynvml, self._handle)
+        return collector_reading(self._collector.poll(time.time_ns()))
+
     def _run(self) -> None:
-        while not self._stop.wait(0.5):
+        while not self._stop.wait(1.0 if self._collector is not None else 0.5):  # its period: at least 1 s
             try:
-                nvml = nvml_reading(self._pynvml, self._handle)
+                nvml = self._reading()
+                if nvml is None:
+                    continue
                 smi = subprocess.run(["nvidia-smi", "-i", "0", f"--query-gpu={','.join(SMI_FIELDS)}",
                                       "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10)
             except (self._pynvml.NVMLError, OSError, subprocess.TimeoutExpired) as exc:
@@ -203,6 +235,8 @@ class NvmlSampler:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        if self._collector is not None:
+            self._collector.close()
 
     def table(self) -> str:
         if not self.pairs:
@@ -214,7 +248,7 @@ class NvmlSampler:
                 mean_n = sum(n for n, _ in both) / len(both)
                 mean_s = sum(s for _, s in both) / len(both)
                 lines.append(f"{f:<18} {mean_n:>12.1f} {mean_s:>18.1f} {max(abs(n - s) for n, s in both):>11.1f}")
-        return "\n".join(lines + [f"({len(self.pairs)} back-to-back pairs)"])
+        return "\n".join(lines + [f"({len(self.pairs)} back-to-back pairs; NVML read by {self.source})"])
 
 
 # ---- the runs ----
@@ -341,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"verdict": verdict, "shim_build": how, "libcupti": cupti, "facts": facts, "comparison": result,
                "copies": copies, "graph_kernels": graph_kernels, "nvtx": ranges,
                "sampled": sampled, "runs": runs, "idle_overhead_ratio": overhead,
-               "nvml": {"note": nvml.note, "pairs": nvml.pairs}}
+               "nvml": {"note": nvml.note, "source": nvml.source, "pairs": nvml.pairs}}
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "gpu_validation.json").write_text(json.dumps(summary, indent=2))
