@@ -213,28 +213,39 @@ def read_chrome_memory(trace: dict[str, Any]) -> KernelTotals:
     return totals
 
 
-def range_facts(lines: Iterable[str]) -> dict[str, Any]:
+def range_facts(lines: Iterable[str], start_ns: int | None = None, end_ns: int | None = None) -> dict[str, Any]:
     """The NVTX range paths of a run under emit_nvtx with the shim as NVTX injection: sampled launches with a path
-    (goal: at least RANGED_GOAL of them), the most frequent paths, graph launches and the shim's NVTX counters."""
-    sampled = ranged = graphs = 0
+    (goal: at least RANGED_GOAL of them), the most frequent paths, graph launches, the APIs (and threads) of the
+    launches without a path, and the shim's NVTX counters. With a window, only the launches inside it count: the
+    measured steps, which run inside ranges; the set-up before them (model, warm-up, graph capture) runs in none."""
+    sampled = ranged = graphs = outside = 0
     paths: dict[str, int] = {}
+    bare: dict[str, int] = {}
     summary: dict[str, Any] = {}
     for line in lines:
         if not line.strip():
             continue
         record = json.loads(line)
         if record["type"] == "launch" and not record["nested"] and record["weight"]:
+            ts = record.get("ts_ns")
+            if start_ns is not None and ts is not None and not start_ns <= ts <= (end_ns or ts):
+                outside += 1
+                continue
             sampled += 1
             graphs += record.get("kind") == "graph"
             path = record.get("nvtx_range")
             if path:
                 ranged += 1
                 paths[path] = paths.get(path, 0) + 1
+            else:
+                what = f"{record.get('api', '?')} (thread {record.get('tid', '?')})"
+                bare[what] = bare.get(what, 0) + 1
         elif record["type"] == "summary":
             summary = {k: v for k, v in record.items() if k.startswith("nvtx_") or k == "launch_ranges"}
     top = sorted(paths.items(), key=lambda kv: -kv[1])[:10]
-    return {"sampled": sampled, "ranged": ranged, "graph_launches": graphs, "top_paths": top, "counters": summary,
-            "ok": sampled > 0 and ranged >= RANGED_GOAL * sampled}
+    unranged = sorted(bare.items(), key=lambda kv: -kv[1])[:10]
+    return {"sampled": sampled, "ranged": ranged, "graph_launches": graphs, "top_paths": top, "unranged": unranged,
+            "outside_window": outside, "counters": summary, "ok": sampled > 0 and ranged >= RANGED_GOAL * sampled}
 
 
 def graph_kernel_count(lines: Iterable[str]) -> int:

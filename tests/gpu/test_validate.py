@@ -192,6 +192,21 @@ def test_range_paths_of_the_nvtx_run() -> None:
     assert validate.range_facts([json.dumps({**x, "nvtx_range": ""}) for x in launches])["ok"] is False
 
 
+def test_range_paths_count_only_the_measured_steps_and_name_the_bare_launches() -> None:
+    """Set-up launches before the measured steps (no range open) do not count against the goal; the launches of the
+    steps without a path are listed by API and thread."""
+    setup = [{"type": "launch", "correlation_id": i, "nested": False, "weight": 1, "kind": "kernel",
+              "api": "cudaMemcpyAsync", "tid": 7, "ts_ns": 100 + i} for i in range(50)]
+    steps = [{"type": "launch", "correlation_id": 100 + i, "nested": False, "weight": 1, "kind": "kernel",
+              "api": "cudaLaunchKernel", "tid": 8, "ts_ns": 1_000 + i,
+              **({"nvtx_range": "step > forward"} if i % 20 else {})} for i in range(100)]
+    lines = [json.dumps(x) for x in [*setup, *steps]]
+    facts = validate.range_facts(lines, 1_000, 2_000)
+    assert (facts["sampled"], facts["ranged"], facts["outside_window"], facts["ok"]) == (100, 95, 50, True)
+    assert facts["unranged"] == [("cudaLaunchKernel (thread 8)", 5)]
+    assert validate.range_facts(lines)["ok"] is False  # 95 of 150 without the window
+
+
 def test_sampled_copies_count_as_timed() -> None:
     lines = [{"type": "launch", "correlation_id": 1, "nested": False, "weight": 1},
              {"type": "launch", "correlation_id": 2, "nested": False, "weight": 1},

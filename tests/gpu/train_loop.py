@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.steps):
             step()
             if not args.no_graphs:
-                graph.replay()
+                with torch.cuda.nvtx.range("graph.replay") if args.nvtx else nullcontext():
+                    graph.replay()
         torch.cuda.synchronize()
     end_ns = time.time_ns()
     if profiler is not None:

@@ -329,7 +329,9 @@ def main(argv: list[str] | None = None) -> int:
                 "FLEETPROF_CUPTI_RECORD": str(nvtx_record), "FLEETPROF_LAUNCH_RATE": "0"}
     runs["shim_nvtx"] = train(args.python, work / "nvtx.json", nvtx_env, args.run_timeout,
                               ["--steps", str(min(args.steps, 50)), "--nvtx"])
-    ranges = range_facts(nvtx_record.read_text().splitlines() if nvtx_record.exists() else [])
+    nvtx_run = runs["shim_nvtx"]
+    ranges = range_facts(nvtx_record.read_text().splitlines() if nvtx_record.exists() else [],
+                         nvtx_run["start_ns"], nvtx_run["end_ns"])
 
     window = runs["shim_record"]
     shim_totals, facts = read_records(record.read_text().splitlines(), window["start_ns"], window["end_ns"])
@@ -351,10 +353,13 @@ def main(argv: list[str] | None = None) -> int:
     print("\nper copy kind GPU time, shim vs torch.profiler:")
     print(format_table(copies).replace("kernel ", "copy   ", 1))
     print(f"graph kernels (graph id set) in the shim's records: {graph_kernels}")
-    print(f"\nNVTX (emit_nvtx, shim as injection): {ranges['ranged']} of {ranges['sampled']} sampled launches with a "
-          f"range path; counters {ranges['counters']}")
+    print(f"\nNVTX (emit_nvtx, shim as injection): {ranges['ranged']} of {ranges['sampled']} sampled launches of the "
+          f"measured steps with a range path ({ranges['outside_window']} before them, not counted); counters "
+          f"{ranges['counters']}")
     for path, count in ranges["top_paths"][:5]:
         print(f"  {count:>7}  {path[:110]}")
+    for what, count in ranges["unranged"][:5]:
+        print(f"  {count:>7}  no range: {what}")
     overhead = runs["shim_idle"]["seconds_per_step"] / runs["plain"]["seconds_per_step"]
     print(f"\nstep time with the shim idle / without it: {overhead:.4f}")
     sampled["step_time_vs_always"] = runs["shim_sampled"]["seconds_per_step"] / window["seconds_per_step"]
