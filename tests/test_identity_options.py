@@ -72,13 +72,18 @@ def test_parse_environ() -> None:
 def test_read_slurm_env_of_a_real_process() -> None:
     env = {"PATH": os.environ.get("PATH", "/usr/bin"), "SLURM_JOB_ID": "31337", "SLURM_ARRAY_TASK_ID": "5",
            "SLURM_JOB_ACCOUNT": "bio"}
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    # Popen returns once execve has begun, before the kernel has laid out the new environment (environ reads empty
+    # until then): the child says when it runs Python
+    child = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(30)"], env=env,
+                             stdout=subprocess.PIPE)
     try:
+        assert child.stdout.readline() == b"up\n"
         assert read_slurm_env(child.pid) == SlurmEnv(job_id="31337", array_task_id="5", account="bio")
         assert process_uid(child.pid) == os.getuid()
     finally:
         child.kill()
         child.wait()
+        child.stdout.close()
     assert read_slurm_env(child.pid) == SlurmEnv()  # gone
     assert process_uid(child.pid) is None
     assert user_name(0) == "root"
