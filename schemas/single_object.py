@@ -1,5 +1,6 @@
 """Avro single-object encoding of any fleetprof record: the marker C3 01, the CRC-64-AVRO fingerprint of the writer
-schema (little endian), then the Avro body, written and read with fastavro.
+schema (little endian), then the Avro body, written with fastavro and read with it or, where the writer schema is
+the reader's, with the compiled reader of schemas/avro_fast.py (the same values; fastavro reads what it is unsure of).
 
 A reader resolves the writer schema by its fingerprint and reads the record into the newest known version of the
 same record name, so schemas evolve without a registry server. This module knows no record in particular: the fast
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -235,8 +237,32 @@ def writer_and_reader(data: bytes, expect: str | None = None,
     return writer, reg.latest(writer.name)
 
 
+# fingerprint -> the compiled reader of that version (schemas/avro_fast.py), None where it cannot read it
+_FAST_READERS: dict[bytes, Callable[[bytes, int], Any] | None] = {}
+
+
+def fast_reader(schema: SchemaVersion) -> Callable[[bytes, int], Any] | None:
+    """The compiled reader of bodies written and read as `schema`, None where there is none (FLEETPROF_AVRO_FAST=0
+    turns it off)."""
+    if schema.fingerprint not in _FAST_READERS:
+        reader = None
+        if os.environ.get("FLEETPROF_AVRO_FAST", "1") != "0":
+            from schemas import avro_fast  # builds the C reader on first use
+
+            reader = avro_fast.reader_for(schema.parsed)
+        _FAST_READERS[schema.fingerprint] = reader
+    return _FAST_READERS[schema.fingerprint]
+
+
 def read_body(data: bytes, writer: SchemaVersion, reader: SchemaVersion) -> dict:
     """The record after the header of `data`, written with `writer`, read as `reader`; or DecodeError."""
+    if writer is reader:
+        fast = fast_reader(writer)
+        if fast is not None:
+            try:
+                return fast(data, HEADER_LEN)
+            except ValueError:
+                pass  # the compiled reader decides no error: fastavro reads it and says what is wrong, if anything
     buf = io.BytesIO(data)
     buf.seek(HEADER_LEN)
     try:

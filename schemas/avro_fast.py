@@ -1,0 +1,117 @@
+"""A compiled reader for Avro bodies whose writer schema is the reader schema (schemas/avro_fast.c): the values
+fastavro gives, 3-5x faster (bench/sink_cost.py). It is strict and never decides an error: where it is unsure of a
+body it raises ValueError and schemas/single_object.py reads the message with fastavro, which says what is wrong.
+
+Built with gcc on first use into .build/native/ like the project's other C (producers/native_build.py); where it
+cannot be built (no gcc or Python headers, a read-only install, a big-endian host) every message goes through
+fastavro, as before, and `unavailable()` says why.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import sys
+import sysconfig
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from producers.native_build import NativeBuildError, NativeLibrary, build
+
+SOURCE = Path(__file__).with_name("avro_fast.c")
+MODULE = "schemas._avro_fast"
+
+# the type codes of avro_fast.c
+T_NULL, T_BOOLEAN, T_INT, T_LONG, T_FLOAT, T_DOUBLE, T_BYTES, T_STRING = range(8)
+T_RECORD, T_ENUM, T_ARRAY, T_MAP, T_UNION, T_FIXED = range(8, 14)
+_PRIMITIVES = {"null": T_NULL, "boolean": T_BOOLEAN, "int": T_INT, "long": T_LONG, "float": T_FLOAT,
+               "double": T_DOUBLE, "bytes": T_BYTES, "string": T_STRING}
+
+_module: Any = None
+_why_not: str | None = None
+
+
+def _python_include() -> list[Path]:
+    include = Path(sysconfig.get_paths()["include"])
+    if not (include / "Python.h").exists():
+        raise NativeBuildError(f"no Python.h in {include} (Debian libpython3-dev)")
+    return [include]
+
+
+LIBRARY = NativeLibrary(name="avro_fast", sources=(str(SOURCE),), output="_avro_fast.so",
+                        cflags=("-fvisibility=hidden",), include_dirs=_python_include)
+
+
+def _load() -> Any:
+    global _module, _why_not
+    if _module is not None or _why_not is not None:
+        return _module
+    try:
+        if sys.byteorder != "little":
+            raise NativeBuildError("avro_fast.c reads floats as little-endian")
+        path = build(LIBRARY)
+        loader = importlib.machinery.ExtensionFileLoader(MODULE, str(path))
+        spec = importlib.util.spec_from_file_location(MODULE, str(path), loader=loader)
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+        _module = module
+    except (NativeBuildError, OSError, ImportError) as exc:
+        _why_not = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return _module
+
+
+def unavailable() -> str | None:
+    """Why the compiled reader is not in use, None when it is."""
+    _load()
+    return _why_not
+
+
+def type_tree(schema: Any, named: dict[str, Any] | None = None) -> Any:
+    """The type tree avro_fast.c walks, from a schema fastavro.parse_schema returned; ValueError for what it cannot
+    read (a logical type, a recursive record)."""
+    named = {} if named is None else named
+    if isinstance(schema, str):
+        if schema in _PRIMITIVES:
+            return _PRIMITIVES[schema]
+        if schema not in named or named[schema] is None:
+            raise ValueError(f"unknown or recursive named type {schema}")
+        return named[schema]
+    if isinstance(schema, list):
+        return (T_UNION, tuple(type_tree(s, named) for s in schema))
+    if "logicalType" in schema:
+        raise ValueError(f"logical type {schema['logicalType']} is not read here")
+    kind = schema["type"]
+    if kind in _PRIMITIVES:
+        return _PRIMITIVES[kind]
+    if kind == "record":
+        named[schema["name"]] = None  # a field naming its own record is recursive: not read here
+        fields = schema["fields"]
+        tree = (T_RECORD, tuple(sys.intern(f["name"]) for f in fields), tuple(type_tree(f["type"], named)
+                                                                                for f in fields))
+    elif kind == "enum":
+        tree = (T_ENUM, tuple(sys.intern(s) for s in schema["symbols"]))
+    elif kind == "array":
+        return (T_ARRAY, type_tree(schema["items"], named))
+    elif kind == "map":
+        return (T_MAP, type_tree(schema["values"], named))
+    elif kind == "fixed":
+        tree = (T_FIXED, int(schema["size"]))
+    else:
+        raise ValueError(f"unknown Avro type {kind}")
+    named[schema["name"]] = tree
+    return tree
+
+
+def reader_for(parsed_schema: Any) -> Callable[[bytes, int], Any] | None:
+    """read(data, offset) for bodies of `parsed_schema`, raising ValueError where unsure; None when the compiled
+    reader is unavailable or cannot read this schema."""
+    module = _load()
+    if module is None:
+        return None
+    try:
+        tree = type_tree(parsed_schema)
+    except ValueError:
+        return None
+    read = module.read
+    return lambda data, offset: read(tree, data, offset)

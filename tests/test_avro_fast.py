@@ -1,0 +1,120 @@
+"""The compiled Avro reader (schemas/avro_fast.c) gives exactly fastavro's values, types and key order for every
+schema, and on hostile bytes it either gives fastavro's value or leaves the message to fastavro: it never accepts a
+body that single_object's fastavro path calls corrupt."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import fastavro
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from schemas import avro_fast, single_object
+from schemas.cpu_batch_writer import long_bytes
+from tests.fuzz.records import EDITS, mutate, record_of
+
+FUZZ = settings(max_examples=80, deadline=None, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+REGISTRY = single_object.default_registry()
+SCHEMAS = [name.split(".", 1)[1] for name in REGISTRY.names()]
+
+
+def same(a: object, b: object) -> bool:
+    """Equal values of the same types all the way down (True is not 1 here), dicts in the same key order."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def by_fastavro(data: bytes, schema: single_object.SchemaVersion) -> object:
+    """single_object's fastavro path: the record, or DecodeError."""
+    buf = io.BytesIO(data)
+    buf.seek(single_object.HEADER_LEN)
+    try:
+        record = fastavro.schemaless_reader(buf, schema.parsed, schema.parsed)
+    except Exception as exc:
+        raise single_object.DecodeError(str(exc)) from None
+    if buf.tell() != len(data):
+        raise single_object.DecodeError("trailing bytes")
+    if schema.ints_fit is not None and not schema.ints_fit(record):
+        raise single_object.DecodeError("int beyond 32 bits")
+    return record
+
+
+def test_the_compiled_reader_is_built_here():
+    why = avro_fast.unavailable()
+    if why is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"the compiled Avro reader is unavailable: {why}")
+        pytest.skip(f"the compiled Avro reader is unavailable: {why}")
+    assert all(single_object.fast_reader(REGISTRY.latest(n)) is not None for n in REGISTRY.names())
+
+
+@pytest.mark.parametrize("name", SCHEMAS)
+def test_records_read_exactly_as_fastavro_reads_them_and_mutations_never_pass_where_fastavro_fails(name):
+    schema = REGISTRY.latest(f"fleetprof.{name}")
+    fast = single_object.fast_reader(schema)
+    if fast is None:
+        pytest.skip(f"no compiled reader: {avro_fast.unavailable()}")
+
+    @FUZZ
+    @given(record_of(name), EDITS)
+    def check(record, edits):
+        data = single_object.encode(name, record)
+        want = by_fastavro(data, schema)
+        assert same(fast(data, single_object.HEADER_LEN), want)
+        mutated = mutate(data, edits)
+        try:
+            got = fast(mutated, single_object.HEADER_LEN)
+        except ValueError:
+            return  # left to fastavro
+        assert same(got, by_fastavro(mutated, schema))
+
+    check()
+
+
+@pytest.mark.parametrize("body, why", [
+    (long_bytes(1) + b"ab", "trailing bytes"),
+    (b"\x80" * 10 + b"\x01", "varint beyond 64 bits"),
+    (long_bytes(-3) + b"abc", "negative length"),
+    (long_bytes(4) + b"\xff\xfe\xfd\xfc", "invalid UTF-8"),
+    (long_bytes(9) + b"abc", "length beyond the body"),
+])
+def test_the_compiled_reader_refuses_what_it_is_unsure_of(body, why):
+    bytes_schema = single_object.SchemaVersion("t.Bytes", 1, {"type": "string"}, b"\0" * 8)
+    read = avro_fast.reader_for(bytes_schema.parsed)
+    if read is None:
+        pytest.skip(f"no compiled reader: {avro_fast.unavailable()}")
+    with pytest.raises(ValueError):
+        read(b"h" * single_object.HEADER_LEN + body, single_object.HEADER_LEN)
+
+
+@pytest.mark.parametrize("kind, body, want", [
+    ("int", long_bytes(2**31 - 1), 2**31 - 1), ("int", long_bytes(-(2**31)), -(2**31)),
+    ("int", long_bytes(2**31), None),
+    ("long", long_bytes(2**63 - 1), 2**63 - 1), ("long", long_bytes(-(2**63)), -(2**63)),
+    ("boolean", b"\x01", True), ("boolean", b"\x00", False), ("boolean", b"\x02", None),
+    ("double", b"\0\0\0\0\0\0\xf0\x3f", 1.0), ("float", b"\0\0\xc0\x3f", 1.5),
+])
+def test_edges_of_the_primitive_types(kind, body, want):
+    read = avro_fast.reader_for(kind)
+    if read is None:
+        pytest.skip(f"no compiled reader: {avro_fast.unavailable()}")
+    if want is None:
+        with pytest.raises(ValueError):
+            read(body, 0)
+    else:
+        assert same(read(body, 0), want)
+
+
+def test_a_recursive_or_logical_schema_is_left_to_fastavro():
+    recursive = fastavro.parse_schema({"type": "record", "name": "t.Node", "fields": [
+        {"name": "next", "type": ["null", "t.Node"]}]}, named_schemas={})
+    logical = fastavro.parse_schema({"type": "long", "logicalType": "timestamp-millis"})
+    assert avro_fast.reader_for(recursive) is None and avro_fast.reader_for(logical) is None
