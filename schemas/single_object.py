@@ -206,6 +206,12 @@ def encode_as(schema: SchemaVersion, record: dict) -> bytes:
         body = fast(record)
         if body is not None:
             return MARKER + schema.fingerprint + body
+    compiled = fast_writer(schema)
+    if compiled is not None:
+        try:
+            return compiled(record, MARKER + schema.fingerprint)
+        except ValueError:
+            pass  # a value it does not take as is: fastavro coerces it or says what is wrong
     buf = io.BytesIO()
     buf.write(MARKER)
     buf.write(schema.fingerprint)
@@ -239,6 +245,21 @@ def writer_and_reader(data: bytes, expect: str | None = None,
 
 # fingerprint -> the compiled reader of that version (schemas/avro_fast.py), None where it cannot read it
 _FAST_READERS: dict[bytes, Callable[[bytes, int], Any] | None] = {}
+
+
+_COMPILED_WRITERS: dict[bytes, Callable[[Any, bytes], bytes] | None] = {}
+
+
+def fast_writer(schema: SchemaVersion) -> Callable[[Any, bytes], bytes] | None:
+    """The compiled writer of `schema` (schemas/avro_fast.py), None where there is none (FLEETPROF_AVRO_FAST=0)."""
+    if schema.fingerprint not in _COMPILED_WRITERS:
+        writer = None
+        if os.environ.get("FLEETPROF_AVRO_FAST", "1") != "0":
+            from schemas import avro_fast
+
+            writer = avro_fast.writer_for(schema.parsed)
+        _COMPILED_WRITERS[schema.fingerprint] = writer
+    return _COMPILED_WRITERS[schema.fingerprint]
 
 
 def fast_reader(schema: SchemaVersion) -> Callable[[bytes, int], Any] | None:
