@@ -20,7 +20,7 @@ import fastavro
 import numpy as np
 
 from processors.messages import Message, Produced, decode_message
-from schemas import single_object
+from schemas import avro_fast, single_object
 from schemas.single_object import HEADER_LEN, MARKER, SchemaVersion
 
 LONG, INT, BOOL, ENUM, STRING = range(5)
@@ -50,6 +50,8 @@ class _Layout:
         self.tail = fastavro.parse_schema({"type": "record", "name": f"{sv.name}Tail", "fields": rest},
                                           named_schemas={}) if rest else None
         self.tail_fields = [f["name"] for f in rest]
+        # None: fastavro reads every new tail
+        self.read_tail = avro_fast.reader_for(self.tail) if self.tail is not None else None
         # a new tail's ints are checked once, in a record whose head (checked for every message) is zeros
         self.ints_fit = sv.ints_fit
         self.zero_head = {name: (symbols[0] if kind == ENUM else "" if kind == STRING else 0)
@@ -192,12 +194,8 @@ class BatchDecoder:
             raw = data[a:b]
             tail = cache.get(raw)
             if tail is None:
-                fo = io.BytesIO(raw)
-                try:
-                    tail = fastavro.schemaless_reader(fo, lay.tail, None)
-                except Exception:  # noqa: BLE001 - the slow path says what is wrong with it
-                    tail = None
-                if tail is None or fo.tell() != len(raw) or (
+                tail = self._tail(lay, raw)
+                if tail is None or (
                         lay.ints_fit is not None and not lay.ints_fit({**lay.zero_head, **tail})):
                     good[k] = False
                     out.append(None)
@@ -207,6 +205,21 @@ class BatchDecoder:
                 cache[raw] = tail
             out.append(tail)
         return out
+
+    @staticmethod
+    def _tail(lay: _Layout, raw: bytes) -> dict | None:
+        """The tail record filling `raw` exactly, None where it does not."""
+        if lay.read_tail is not None:
+            try:
+                return lay.read_tail(raw, 0)
+            except ValueError:
+                pass  # the compiled reader decides nothing: fastavro reads it
+        fo = io.BytesIO(raw)
+        try:
+            tail = fastavro.schemaless_reader(fo, lay.tail, None)
+        except Exception:  # noqa: BLE001 - the slow path says what is wrong with it
+            return None
+        return tail if fo.tell() == len(raw) else None
 
 
 __all__ = ["BatchDecoder"]

@@ -5,13 +5,14 @@ schemas/single_object.py uses fastavro, which says what is wrong or coerces what
 
 Built with gcc on first use into .build/native/ like the project's other C (producers/native_build.py); where it
 cannot be built (no gcc or Python headers, a read-only install, a big-endian host) every message goes through
-fastavro, as before, and `unavailable()` says why.
+fastavro, as before, and `unavailable()` says why; FLEETPROF_AVRO_FAST=0 turns it off (for A/B benches).
 """
 
 from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import os
 import sys
 import sysconfig
 from collections.abc import Callable
@@ -48,6 +49,9 @@ def _load() -> Any:
     global _module, _why_not
     if _module is not None or _why_not is not None:
         return _module
+    if os.environ.get("FLEETPROF_AVRO_FAST", "1") == "0":
+        _why_not = "turned off (FLEETPROF_AVRO_FAST=0)"
+        return None
     try:
         if sys.byteorder != "little":
             raise NativeBuildError("avro_fast.c reads floats as little-endian")
@@ -80,6 +84,8 @@ def type_tree(schema: Any, named: dict[str, Any] | None = None) -> Any:
         return named[schema]
     if isinstance(schema, list):
         return (T_UNION, tuple(type_tree(s, named) for s in schema))
+    if not isinstance(schema, dict):
+        raise ValueError(f"not an Avro schema: {schema!r}")
     if "logicalType" in schema:
         raise ValueError(f"logical type {schema['logicalType']} is not read here")
     kind = schema["type"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -253,12 +252,9 @@ _COMPILED_WRITERS: dict[bytes, Callable[[Any, bytes], bytes] | None] = {}
 def fast_writer(schema: SchemaVersion) -> Callable[[Any, bytes], bytes] | None:
     """The compiled writer of `schema` (schemas/avro_fast.py), None where there is none (FLEETPROF_AVRO_FAST=0)."""
     if schema.fingerprint not in _COMPILED_WRITERS:
-        writer = None
-        if os.environ.get("FLEETPROF_AVRO_FAST", "1") != "0":
-            from schemas import avro_fast
+        from schemas import avro_fast  # builds the C codec on first use
 
-            writer = avro_fast.writer_for(schema.parsed)
-        _COMPILED_WRITERS[schema.fingerprint] = writer
+        _COMPILED_WRITERS[schema.fingerprint] = avro_fast.writer_for(schema.parsed)
     return _COMPILED_WRITERS[schema.fingerprint]
 
 
@@ -266,12 +262,9 @@ def fast_reader(schema: SchemaVersion) -> Callable[[bytes, int], Any] | None:
     """The compiled reader of bodies written and read as `schema`, None where there is none (FLEETPROF_AVRO_FAST=0
     turns it off)."""
     if schema.fingerprint not in _FAST_READERS:
-        reader = None
-        if os.environ.get("FLEETPROF_AVRO_FAST", "1") != "0":
-            from schemas import avro_fast  # builds the C reader on first use
+        from schemas import avro_fast  # builds the C codec on first use
 
-            reader = avro_fast.reader_for(schema.parsed)
-        _FAST_READERS[schema.fingerprint] = reader
+        _FAST_READERS[schema.fingerprint] = avro_fast.reader_for(schema.parsed)
     return _FAST_READERS[schema.fingerprint]
 
 
