@@ -6,8 +6,8 @@
  * fastavro's error behaviour, only its values.
  *
  * Type tree: a primitive is a Python int (T_NULL .. T_STRING); a complex type is a tuple whose first item is its
- * kind: (T_RECORD, names, types), (T_ENUM, symbols), (T_ARRAY, items), (T_MAP, values), (T_UNION, branches),
- * (T_FIXED, size).
+ * kind: (T_RECORD, names, types, {name: default}), (T_ENUM, symbols), (T_ARRAY, items), (T_MAP, values),
+ * (T_UNION, branches), (T_FIXED, size).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -367,14 +367,19 @@ static int write_primitive(output *o, long kind, PyObject *value) {
     return refuse("unknown primitive type");
 }
 
+/* a field the record lacks is written as its default (fastavro does the same), refused where it has none */
 static int write_record(output *o, PyObject *type, PyObject *value, int depth) {
     PyObject *names = PyTuple_GET_ITEM(type, 1), *types = PyTuple_GET_ITEM(type, 2);
+    PyObject *defaults = PyTuple_GET_ITEM(type, 3);
     if (!PyDict_CheckExact(value))
         return refuse("not a dict");
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(names); i++) {
-        PyObject *field = PyDict_GetItemWithError(value, PyTuple_GET_ITEM(names, i));
+        PyObject *name = PyTuple_GET_ITEM(names, i);
+        PyObject *field = PyDict_GetItemWithError(value, name);
+        if (field == NULL && !PyErr_Occurred())
+            field = PyDict_GetItemWithError(defaults, name);
         if (field == NULL)
-            return PyErr_Occurred() ? -1 : refuse("a field is missing");
+            return PyErr_Occurred() ? -1 : refuse("a field without a default is missing");
         if (write_value(o, PyTuple_GET_ITEM(types, i), field, depth + 1) < 0)
             return -1;
     }

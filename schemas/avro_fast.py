@@ -94,8 +94,9 @@ def type_tree(schema: Any, named: dict[str, Any] | None = None) -> Any:
     if kind == "record":
         named[schema["name"]] = None  # a field naming its own record is recursive: not read here
         fields = schema["fields"]
-        tree = (T_RECORD, tuple(sys.intern(f["name"]) for f in fields), tuple(type_tree(f["type"], named)
-                                                                                for f in fields))
+        tree = (T_RECORD, tuple(sys.intern(f["name"]) for f in fields),
+                tuple(type_tree(f["type"], named) for f in fields),
+                {f["name"]: f["default"] for f in fields if "default" in f})
     elif kind == "enum":
         tree = (T_ENUM, tuple(sys.intern(s) for s in schema["symbols"]))
     elif kind == "array":

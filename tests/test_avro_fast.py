@@ -142,8 +142,9 @@ def test_records_are_written_byte_for_byte_as_fastavro_writes_them(name):
 
 
 def test_values_the_writer_does_not_take_as_is_are_left_to_fastavro():
-    """fastavro's coercions (a default for a missing field, an int for a double, a tuple for an array, True for a
-    long) give fastavro's bytes through encode_as; the compiled writer refuses each of them."""
+    """fastavro's coercions (an int for a double, a tuple for an array, True for a long) give fastavro's bytes
+    through encode_as; the compiled writer refuses each of them. A missing field is written as its default, as
+    fastavro writes it."""
     schema = single_object.SchemaVersion("t.R", 1, fastavro.parse_schema({"type": "record", "name": "t.R", "fields": [
         {"name": "d", "type": "double"}, {"name": "n", "type": "long"}, {"name": "xs", "type": {"type": "array",
                                                                                               "items": "long"}},
@@ -152,9 +153,16 @@ def test_values_the_writer_does_not_take_as_is_are_left_to_fastavro():
     if write is None:
         pytest.skip(f"no compiled writer: {avro_fast.unavailable()}")
     plain = {"d": 1.5, "n": 3, "xs": [1, 2], "s": "é"}
-    assert write(plain, b"") == by_fastavro_writer(plain, schema)[single_object.HEADER_LEN:]
+    defaulted = {"d": 1.5, "n": -3, "xs": []}
+    for record in (plain, defaulted):
+        assert write(record, b"") == by_fastavro_writer(record, schema)[single_object.HEADER_LEN:]
     for coerced in ({"d": 1, "n": 3, "xs": [1], "s": ""}, {"d": 1.0, "n": True, "xs": [1], "s": ""},
-                    {"d": 1.0, "n": 3, "xs": (1, 2), "s": ""}, {"d": 1.0, "n": 3, "xs": []}):
+                    {"d": 1.0, "n": 3, "xs": (1, 2), "s": ""}):
         with pytest.raises(ValueError):
             write(coerced, b"")
         assert single_object.encode_as(schema, coerced) == by_fastavro_writer(coerced, schema)
+    missing = {"n": 3, "xs": [], "s": ""}  # d has no default: fastavro's error
+    with pytest.raises(ValueError, match="refuse|without a default"):
+        write(missing, b"")
+    with pytest.raises(ValueError, match="no value and no default for d"):
+        single_object.encode_as(schema, missing)
