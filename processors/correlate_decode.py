@@ -31,7 +31,8 @@ MAX_TAILS = 100_000  # distinct launch tails kept (a tail is a launching path's 
 
 
 class _Layout:
-    """A record's leading primitive fields (read here) and the rest (its tail, read by fastavro and cached)."""
+    """A record's leading primitive fields (read here) and the rest (its tail, read by the compiled reader or fastavro,
+    and cached)."""
 
     def __init__(self, sv: SchemaVersion) -> None:
         self.name = sv.name
