@@ -3,23 +3,25 @@ values fastavro gives, 3-5x faster; for records of the types fastavro reads, the
 strict and decide nothing: where the reader is unsure of a body, or the writer of a value, it raises ValueError and
 schemas/single_object.py uses fastavro, which says what is wrong or coerces what it accepts.
 
-Built with gcc on first use into .build/native/ like the project's other C (producers/native_build.py); where it
+Built with gcc on first use into .build/native/, the cache of the project's other C; where it
 cannot be built (no gcc or Python headers, a read-only install, a big-endian host) every message goes through
 fastavro, as before, and `unavailable()` says why; FLEETPROF_AVRO_FAST=0 turns it off (for A/B benches).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.machinery
 import importlib.util
 import os
+import shutil
+import subprocess
 import sys
 import sysconfig
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-from producers.native_build import NativeBuildError, NativeLibrary, build
 
 SOURCE = Path(__file__).with_name("avro_fast.c")
 MODULE = "schemas._avro_fast"
@@ -34,15 +36,39 @@ _module: Any = None
 _why_not: str | None = None
 
 
-def _python_include() -> list[Path]:
+# the same cache as the project's other C (producers/native_build.py), which this layer may not import
+BUILD_DIR = Path(os.environ.get("FLEETPROF_NATIVE_BUILD", SOURCE.parent.parent / ".build" / "native"))
+
+
+class BuildError(RuntimeError):
+    """The extension could not be built; the message is one line."""
+
+
+def _build() -> Path:
+    """The built extension module (built now if missing or stale: the source, flags and Python decide its name)."""
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        raise BuildError("no gcc (bash infra/setup.sh installs it)")
     include = Path(sysconfig.get_paths()["include"])
     if not (include / "Python.h").exists():
-        raise NativeBuildError(f"no Python.h in {include} (Debian libpython3-dev)")
-    return [include]
-
-
-LIBRARY = NativeLibrary(name="avro_fast", sources=(str(SOURCE),), output="_avro_fast.so",
-                        cflags=("-fvisibility=hidden",), include_dirs=_python_include)
+        raise BuildError(f"no Python.h in {include} (Debian libpython3-dev)")
+    cmd = [gcc, "-O2", "-g", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Werror", f"-I{include}"]
+    digest = hashlib.sha256(SOURCE.read_bytes() + repr((cmd, sys.version)).encode()).hexdigest()[:16]
+    out_dir = BUILD_DIR / f"avro_fast-{digest}"
+    target = out_dir / "_avro_fast.so"
+    if target.exists():
+        return target
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".avro_fast-", dir=out_dir.parent))
+    done = subprocess.run([*cmd, str(SOURCE), "-o", str(staging / target.name)], capture_output=True, text=True)
+    if done.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise BuildError(f"gcc failed: {next(iter(done.stderr.splitlines()), '')[:300]}")
+    try:
+        staging.rename(out_dir)  # atomic: a concurrent build either wins or finds it done
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
 
 
 def _load() -> Any:
@@ -54,14 +80,14 @@ def _load() -> Any:
         return None
     try:
         if sys.byteorder != "little":
-            raise NativeBuildError("avro_fast.c reads floats as little-endian")
-        path = build(LIBRARY)
+            raise BuildError("avro_fast.c reads floats as little-endian")
+        path = _build()
         loader = importlib.machinery.ExtensionFileLoader(MODULE, str(path))
         spec = importlib.util.spec_from_file_location(MODULE, str(path), loader=loader)
         module = importlib.util.module_from_spec(spec)
         loader.exec_module(module)
         _module = module
-    except (NativeBuildError, OSError, ImportError) as exc:
+    except (BuildError, OSError, ImportError) as exc:
         _why_not = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return _module
 
