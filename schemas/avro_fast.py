@@ -137,30 +137,33 @@ def type_tree(schema: Any, named: dict[str, Any] | None = None) -> Any:
     return tree
 
 
-def writer_for(parsed_schema: Any) -> Callable[[Any, bytes], bytes] | None:
-    """write(record, prefix) -> prefix + the body fastavro writes, raising ValueError for a value it does not take
-    as is (a missing field, an int where a float goes: fastavro's coercions are left to fastavro); None as for
-    reader_for."""
+def _tree(parsed_schema: Any) -> tuple[Any, Any] | None:
+    """(the module, the schema's type tree), None where the codec is unavailable or cannot handle the schema."""
     module = _load()
     if module is None:
         return None
     try:
-        tree = type_tree(parsed_schema)
+        return module, type_tree(parsed_schema)
     except ValueError:
         return None
-    write = module.write
+
+
+def writer_for(parsed_schema: Any) -> Callable[[Any, bytes], bytes] | None:
+    """write(record, prefix) -> prefix + the body fastavro writes (a missing field as its default), raising
+    ValueError for a value fastavro would have to coerce (an int where a float goes, a tuple for an array) or a
+    missing field without a default: those are left to fastavro; None as for reader_for."""
+    found = _tree(parsed_schema)
+    if found is None:
+        return None
+    write, tree = found[0].write, found[1]
     return lambda record, prefix: write(tree, record, prefix)
 
 
 def reader_for(parsed_schema: Any) -> Callable[[bytes, int], Any] | None:
     """read(data, offset) for bodies of `parsed_schema`, raising ValueError where unsure; None when the compiled
     reader is unavailable or cannot read this schema."""
-    module = _load()
-    if module is None:
+    found = _tree(parsed_schema)
+    if found is None:
         return None
-    try:
-        tree = type_tree(parsed_schema)
-    except ValueError:
-        return None
-    read = module.read
+    read, tree = found[0].read, found[1]
     return lambda data, offset: read(tree, data, offset)

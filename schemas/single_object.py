@@ -242,30 +242,29 @@ def writer_and_reader(data: bytes, expect: str | None = None,
     return writer, reg.latest(writer.name)
 
 
-# fingerprint -> the compiled reader of that version (schemas/avro_fast.py), None where it cannot read it
-_FAST_READERS: dict[bytes, Callable[[bytes, int], Any] | None] = {}
+# fingerprint -> the compiled (reader, writer) of that version (schemas/avro_fast.py), each None where there is none
+_COMPILED: dict[bytes, tuple[Callable[[bytes, int], Any] | None, Callable[[Any, bytes], bytes] | None]] = {}
 
 
-_COMPILED_WRITERS: dict[bytes, Callable[[Any, bytes], bytes] | None] = {}
-
-
-def fast_writer(schema: SchemaVersion) -> Callable[[Any, bytes], bytes] | None:
-    """The compiled writer of `schema` (schemas/avro_fast.py), None where there is none (FLEETPROF_AVRO_FAST=0)."""
-    if schema.fingerprint not in _COMPILED_WRITERS:
+def _compiled(schema: SchemaVersion) -> tuple[Callable[[bytes, int], Any] | None, Callable[[Any, bytes], bytes] | None]:
+    pair = _COMPILED.get(schema.fingerprint)
+    if pair is None:
         from schemas import avro_fast  # builds the C codec on first use
 
-        _COMPILED_WRITERS[schema.fingerprint] = avro_fast.writer_for(schema.parsed)
-    return _COMPILED_WRITERS[schema.fingerprint]
+        pair = _COMPILED[schema.fingerprint] = (avro_fast.reader_for(schema.parsed),
+                                                avro_fast.writer_for(schema.parsed))
+    return pair
 
 
 def fast_reader(schema: SchemaVersion) -> Callable[[bytes, int], Any] | None:
     """The compiled reader of bodies written and read as `schema`, None where there is none (FLEETPROF_AVRO_FAST=0
     turns it off)."""
-    if schema.fingerprint not in _FAST_READERS:
-        from schemas import avro_fast  # builds the C codec on first use
+    return _compiled(schema)[0]
 
-        _FAST_READERS[schema.fingerprint] = avro_fast.reader_for(schema.parsed)
-    return _FAST_READERS[schema.fingerprint]
+
+def fast_writer(schema: SchemaVersion) -> Callable[[Any, bytes], bytes] | None:
+    """The compiled writer of `schema`, None where there is none (FLEETPROF_AVRO_FAST=0 turns it off)."""
+    return _compiled(schema)[1]
 
 
 def read_body(data: bytes, writer: SchemaVersion, reader: SchemaVersion) -> dict:
