@@ -1,9 +1,11 @@
 """Everything the agent sends, on its way to Kafka: one bounded queue for every kind of record.
 
 Units (a window's CPU batch, a drain's GPU launches or kernels, an NVML poll, the symbol tables some of them need)
-leave in the order they were put. librdkafka is handed one step at a time — a run of symbol tables, or a run of
-record units up to `inflight_bytes` — and the next only once the broker acknowledged the last, so a table is in
-Kafka before any record that needs it. Whatever librdkafka holds is delivered once (idempotent, no expiry).
+leave in the order they were put. librdkafka is handed one step at a time — messages of symbol tables, or of record
+units — never more than `inflight_bytes` (or one message) in flight, whatever the kind: a broker that is up but slow
+must not let librdkafka hold more than the bound allows, since all of it counts once Kafka goes away. Records go only
+once every table step before them is acknowledged, so a table is in Kafka before any record that needs it. Whatever
+librdkafka holds is delivered once (idempotent, no expiry).
 
 What waits here counts against `max_bytes` (while Kafka is away, what librdkafka holds counts too). Beyond it the
 oldest whole record units are dropped, never those just put; symbol tables only when nothing else is left to drop,
@@ -55,7 +57,8 @@ class Tally:
 
 @dataclass
 class _Step:
-    """Units handed to librdkafka together, done when every message has its delivery report."""
+    """Messages handed to librdkafka together, done when each has its delivery report; `units` are those whose last
+    message is among them (a large unit may span steps)."""
 
     symbols: bool
     units: list[Unit] = field(default_factory=list)
@@ -78,7 +81,8 @@ class Outbox:
         self.max_bytes = max_bytes
         self.inflight_bytes = max(1, min(inflight_bytes, max_bytes // 2))
         self.held: deque[Unit] = deque()
-        self.held_bytes = 0
+        self.held_bytes = 0  # of messages not handed over yet
+        self._head_sent = 0  # messages of held[0] already handed over: that unit is no longer droppable
         self._steps: list[_Step] = []  # with librdkafka now, in the order handed over
         self._inflight = 0  # their bytes
         self.put_tally, self.sent, self.dropped = _tallies(), _tallies(), _tallies()
@@ -119,14 +123,17 @@ class Outbox:
         newest = {id(u) for u in units}  # what is put now stays, its tables too: a window larger than the bound
         dropped = _tallies()             # still goes while Kafka takes it
         while self._over():
-            victim = next((u for u in self.held if u.kind != "symbols" and id(u) not in newest), None)
+            started = id(self.held[0]) if self._head_sent else None
+            victim = next((u for u in self.held if u.kind != "symbols" and id(u) not in newest
+                           and id(u) != started), None)
             if victim is not None:
                 self._drop([victim], dropped)
                 continue
-            tables = next((u for u in self.held if u.kind == "symbols" and id(u) not in newest), None)
+            tables = next((u for u in self.held if u.kind == "symbols" and id(u) not in newest
+                           and id(u) != started), None)
             if tables is None:
                 break  # only the newest units, or what librdkafka holds: never dropped here
-            self._drop([tables, *(u for u in self.held if u.needs & tables.tables)], dropped)
+            self._drop([tables, *(u for u in self.held if u.needs & tables.tables and id(u) != started)], dropped)
             self.encoder.forget(tables.tables)
         if any(t.units for t in dropped.values()):
             self._log_drops(dropped)
@@ -145,8 +152,12 @@ class Outbox:
 
     def _drop(self, units: list[Unit], into: dict[str, Tally]) -> None:
         for unit in units:
+            if self._head_sent and unit is self.held[0]:  # at exit only: part of it is with librdkafka already
+                self.held_bytes -= sum(len(m[2]) for m in unit.messages[self._head_sent:])
+                self._head_sent = 0
+            else:
+                self.held_bytes -= unit.size
             self.held.remove(unit)
-            self.held_bytes -= unit.size
             self.dropped[unit.kind].add(unit)
             into[unit.kind].add(unit)
             DROPPED.labels(unit.kind).inc(unit.records)
@@ -180,37 +191,45 @@ class Outbox:
         log.error("a %s message was refused for good and is lost (%d so far): %s", kind, self.unsendable[kind], reason)
 
     def _may_hand_over(self) -> bool:
-        """Tables go whenever Kafka is ready; records once every table before them is acknowledged, while what is in
-        flight stays under `inflight_bytes`."""
-        if not self.held or not self.link.ready:
+        """While Kafka is ready and what is in flight is under `inflight_bytes`: tables at once, records once every
+        table before them is acknowledged."""
+        if not self.held or not self.link.ready or not self._next_fits():
             return False
-        if self.held[0].kind == "symbols":
-            return True
-        return not any(step.symbols for step in self._steps) and self._inflight < self.inflight_bytes
+        return self.held[0].kind == "symbols" or not any(step.symbols for step in self._steps)
+
+    def _next_fits(self) -> bool:
+        """The next message stays within `inflight_bytes`, or nothing is in flight (one message always may go)."""
+        size = len(self.held[0].messages[self._head_sent][2])
+        return not self._inflight or self._inflight + size <= self.inflight_bytes
 
     def _hand_over(self) -> None:
-        """Give librdkafka the next step: the symbol tables at the head, or a run of record units."""
+        """Give librdkafka the next step: messages of the tables at the head, or of the record units there, while
+        what is in flight stays under `inflight_bytes` (one message at least)."""
         symbols = self.held[0].kind == "symbols"
         step = _Step(symbols)
-        while self.held and (self.held[0].kind == "symbols") == symbols and \
-                (not step.units or symbols or self._inflight + step.size < self.inflight_bytes):
-            unit = self.held.popleft()
-            step.units.append(unit)
-            step.size += unit.size
-        self.held_bytes -= step.size
-        self._inflight += step.size
         if not self._steps:  # the stall clock runs from the oldest message without a report, not the newest
             self._last_ack = time.monotonic()
-        self._steps.append(step)
-        for unit in step.units:
-            for topic, key, value, _ in unit.messages:
-                step.unacked += 1
-                try:
-                    self.publisher.publish(topic, key, value,
-                                           done=lambda ok, why, k=unit.kind: self._acked(step, k, ok, why))
-                except PublishError as exc:  # refused before it left (larger than the producer allows, say)
-                    step.unacked -= 1
-                    self._refused(unit.kind, str(exc))
+        self._steps.append(step)  # before publishing: a delivery report may come while the next one is queued
+        while self.held and (self.held[0].kind == "symbols") == symbols:
+            if step.size and not self._next_fits():
+                break
+            unit = self.held[0]
+            topic, key, value, _ = unit.messages[self._head_sent]
+            self._head_sent += 1
+            step.size += len(value)
+            self._inflight += len(value)
+            self.held_bytes -= len(value)
+            if self._head_sent == len(unit.messages):
+                self.held.popleft()
+                self._head_sent = 0
+                step.units.append(unit)
+            step.unacked += 1
+            try:
+                self.publisher.publish(topic, key, value,
+                                       done=lambda ok, why, k=unit.kind: self._acked(step, k, ok, why))
+            except PublishError as exc:  # refused before it left (larger than the producer allows, say)
+                step.unacked -= 1
+                self._refused(unit.kind, str(exc))
 
     def pump(self) -> bool:
         """Serve delivery reports; hand over what may go (see _may_hand_over). Never waits. True when it moved

@@ -71,6 +71,32 @@ def test_a_message_kafka_refuses_is_counted_and_the_rest_delivered(kafka_bootstr
     assert sorted(m.value()[0] for m in got) == [1, 3]
 
 
+def test_what_librdkafka_holds_stays_under_the_in_flight_limit_for_large_tables_too(kafka_bootstrap: str) -> None:
+    """A broker that is up but slow must not let librdkafka hold more than the bound allows (all of it counts once
+    Kafka goes away): symbol tables many messages long go a few messages at a time, records only after them."""
+    run = uuid.uuid4().hex[:8]
+    topic = Topic(f"inflight-{run}", "CpuStackBatch", 1, -1)
+    from fleetprof.broker import create_topics
+
+    create_topics(kafka_bootstrap, [topic])
+    config = {"bootstrap.servers": kafka_bootstrap}
+    link = KafkaLink(config, [topic.name])
+    link.state = READY
+    box = Outbox(Publisher(config), link, OutboxEncoder(), 400_000)  # in flight: at most 200,000 bytes
+    tables = Unit("symbols", [(topic.name, f"b1/{i}", bytes([i]) * 90_000, 1) for i in range(12)], frozenset({"b1"}))
+    records = Unit("cpu", [(topic.name, "r", bytes([100 + i]) * 90_000, 5) for i in range(3)], needs=frozenset({"b1"}))
+    box.add([tables, records])
+    most = box._inflight
+    assert 0 < most <= 200_000 and box.held[0] is tables and box._head_sent == 2  # the unit is handed over in parts
+    while not box.empty:
+        most = max(most, box._inflight)
+        box.pump() or box.publisher.poll(0.02)
+    assert most <= 200_000 and box.sent["symbols"].records == 12 and box.sent["cpu"].records == 15
+    assert box.pending_bytes == 0
+    got = read_topic(kafka_bootstrap, topic.name, lambda m: True, want=15, timeout=30)
+    assert [m.value()[0] for m in got] == [*range(12), 100, 101, 102]  # in order, each once
+
+
 CID = "ab" * 32
 
 
