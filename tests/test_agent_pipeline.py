@@ -61,7 +61,8 @@ def test_agent_once_publishes_what_the_pipeline_stores_and_symbolizes(kafka_boot
     assert _stored(store, node, workload.pid) == summary["samples"]
     _, rows = store.query_sql(TOP_LEAF_SQL, {"node": node, "pid": workload.pid})
     assert rows and rows[0][0] in ("leaf", "tick"), f"top leaf functions: {rows}"
-    assert agent_s < 30, f"the agent took {agent_s:.1f} s"
+    # a hang guard, not a timing goal (bench/ has those): bcc compiling beside the other test worker took 33 s
+    assert agent_s < 60, f"the agent took {agent_s:.1f} s"
 
 
 def test_agent_loops_until_sigterm_and_sends_each_table_once(kafka_bootstrap, workload) -> None:  # noqa: F811
