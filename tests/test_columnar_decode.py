@@ -112,7 +112,7 @@ def test_the_reader_takes_the_v3_schema_file():
 
 
 @given(batch_st)
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 def test_random_batches_decode_like_the_codec(batch):
     data = single_object.encode("CpuStackBatch", batch)
     assert write_batch(batch) == data  # the test writer writes what fastavro writes when it uses one block
@@ -122,7 +122,7 @@ def test_random_batches_decode_like_the_codec(batch):
 
 
 @given(batch_st, st.randoms(use_true_random=False))
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 def test_arrays_in_many_blocks_with_and_without_sizes(batch, rnd):
     data = write_batch(batch, rnd)
     assert single_object.decode(data)[1] == batch
@@ -190,7 +190,7 @@ def test_every_truncation_is_a_decode_error():
 @given(st.sampled_from(_small_messages()), st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255),
                                                               st.sampled_from(["set", "insert", "delete"])),
                                                     min_size=1, max_size=4))
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_corrupt_bytes_give_decode_error_or_the_codec_record(data, edits):
     corrupt = bytearray(data)
     for pos, byte, how in edits:
