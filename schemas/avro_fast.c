@@ -266,6 +266,41 @@ static PyObject *avro_read(PyObject *self, PyObject *args) {
     return value;
 }
 
+/* read_each(tree, datas, offset): for each bytes object of the list, what read(tree, data, offset) returns, or None
+ * where it would raise ValueError (the caller reads those with fastavro); a batch without a call per message. */
+static PyObject *avro_read_each(PyObject *self, PyObject *args) {
+    PyObject *tree, *datas;
+    Py_ssize_t offset;
+    if (!PyArg_ParseTuple(args, "OO!n", &tree, &PyList_Type, &datas, &offset))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(datas);
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(datas, i);
+        PyObject *value = NULL;
+        if (PyBytes_Check(item) && offset >= 0 && offset <= PyBytes_GET_SIZE(item)) {
+            const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(item);
+            cursor c = {b + offset, b + PyBytes_GET_SIZE(item)};
+            value = read_value(&c, tree, 0);
+            if (value != NULL && c.p != c.end)
+                Py_CLEAR(value);  /* trailing bytes */
+            if (value == NULL && PyErr_Occurred()) {
+                if (!PyErr_ExceptionMatches(PyExc_ValueError)) {  /* out of memory, say: not the body's fault */
+                    Py_DECREF(out);
+                    return NULL;
+                }
+                PyErr_Clear();
+            }
+        }
+        if (value == NULL)
+            value = Py_NewRef(Py_None);
+        PyList_SET_ITEM(out, i, value);
+    }
+    return out;
+}
+
 /* --- writing: the bytes fastavro writes, for values of exactly the types fastavro gives when reading; anything else
  * (a missing field, an int where a float goes, a union beyond null and one type) raises ValueError and the caller
  * writes the record with fastavro. */
@@ -482,6 +517,8 @@ static PyObject *avro_write(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"read", avro_read, METH_VARARGS, "read(tree, data, offset): the Avro body of data[offset:] as Python values"},
+    {"read_each", avro_read_each, METH_VARARGS,
+     "read_each(tree, datas, offset): read() of each bytes of the list, None where it would raise ValueError"},
     {"write", avro_write, METH_VARARGS, "write(tree, value, prefix): prefix + the Avro body of value"},
     {NULL, NULL, 0, NULL},
 };

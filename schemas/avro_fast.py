@@ -167,3 +167,14 @@ def reader_for(parsed_schema: Any) -> Callable[[bytes, int], Any] | None:
         return None
     read, tree = found[0].read, found[1]
     return lambda data, offset: read(tree, data, offset)
+
+
+def batch_reader_for(parsed_schema: Any) -> Callable[[list[bytes], int], list] | None:
+    """read_each(datas, offset): for each bytes, read(data, offset) of reader_for, or None where that would raise
+    ValueError; None as for reader_for."""
+    found = _tree(parsed_schema)
+    if found is None:
+        return None
+    read_each, tree = found[0].read_each, found[1]
+    return lambda datas, offset: read_each(tree, datas, offset)
+

@@ -84,6 +84,35 @@ def test_records_read_exactly_as_fastavro_reads_them_and_mutations_never_pass_wh
     check()
 
 
+@pytest.mark.parametrize("name", ["GpuLaunch", "GpuKernel"])
+def test_a_batch_reads_each_body_as_one_read_does_and_none_where_it_refuses(name):
+    schema = REGISTRY.latest(f"fleetprof.{name}")
+    one = compiled(single_object.fast_reader(schema))
+    each = compiled(avro_fast.batch_reader_for(schema.parsed))
+    datas: list = []
+
+    @settings(FUZZ, max_examples=30)
+    @given(record_of(name), EDITS)
+    def collect(record, edits):
+        data = single_object.encode(name, record)
+        datas.extend([data, mutate(data, edits), data[:-1], data + b"\0"])
+
+    collect()
+    datas += [b"", b"short", bytearray(datas[0]), None]  # too short for the header; not bytes: None, never a crash
+
+    def single(data: object) -> object:
+        if not isinstance(data, bytes) or len(data) < single_object.HEADER_LEN:
+            return None
+        try:
+            return one(data, single_object.HEADER_LEN)
+        except ValueError:
+            return None
+
+    got = each(datas, single_object.HEADER_LEN)
+    assert len(got) == len(datas) and all(same(g, single(d)) for g, d in zip(got, datas, strict=True))
+    assert sum(g is None for g in got) >= 30 and sum(g is not None for g in got) >= 30
+
+
 @pytest.mark.parametrize("body, why", [
     (long_bytes(1) + b"ab", "trailing bytes"),
     (b"\x80" * 10 + b"\x01", "varint beyond 64 bits"),
