@@ -11,6 +11,7 @@ window, with the sample's stack id (launching stack and leaf)."""
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -101,9 +102,15 @@ class LaunchStacks:
         return uncached
 
 
+NewDefinitions = Callable[[list[int], Callable[[int], Iterable[int]]], tuple[list[int], set[int]]]
+
+
 def build_gpu_samples(matches: list[tuple], unmatched: list[tuple], window_ns: int, stacks: LaunchStacks,
-                      tables: TableLookup, stats: SymbolizeStats | None = None) -> list[dict]:
-    """GpuSamples records, one per (node, window) touched by the matches and unmatched counts of one call."""
+                      tables: TableLookup, stats: SymbolizeStats | None = None,
+                      new_definitions: NewDefinitions | None = None) -> list[dict]:
+    """GpuSamples records, one per (node, window) touched by the matches and unmatched counts of one call. Each
+    carries the definitions of the stacks its samples name and of their frames; with `new_definitions` (see
+    SentDefinitions.new_ids) only those it returns: the ones not sent yet, built and sized alone."""
     stats = stats if stats is not None else SymbolizeStats()
     resolved = stacks.resolve(matches, tables, stats)
     sums: dict[tuple, list[int]] = defaultdict(lambda: [0, 0, 0])
@@ -164,8 +171,12 @@ def build_gpu_samples(matches: list[tuple], unmatched: list[tuple], window_ns: i
     for rec in records.values():
         rec["timeline"].sort(key=_start)
         sids = list(dict.fromkeys(s["stack_id"] for s in rec["samples"]))
+        if new_definitions is None:
+            fdefs = {f[0]: f for sid in sids for f in defs[sid][1]}
+        else:
+            sids, fids = new_definitions(sids, lambda sid: defs[sid][0])
+            fdefs = {f[0]: f for sid in sids for f in defs[sid][1] if f[0] in fids}
         rec["stacks"] = [{"stack_id": sid, "frame_ids": list(defs[sid][0])} for sid in sids]
-        fdefs = {f[0]: f for sid in sids for f in defs[sid][1]}
         rec["frames"] = [{"frame_id": f[0], "function": f[1], "binary": f[2], "kind": f[3], "build_id": f[4]}
                          for f in fdefs.values()]
     return list(records.values())
@@ -203,8 +214,8 @@ def estimated_bytes(rec: dict) -> int:
 def split_gpu_samples(rec: dict, max_bytes: int) -> list[dict]:
     """Split a GpuSamples record by its samples and timeline records so that each part's estimated_bytes stays under
     max_bytes (but for a part of one item that alone is over); each part carries exactly the stacks and frames its
-    samples and timeline records reference, and the first one the unmatched counts. Every sample and timeline
-    record goes to exactly one part, in order, so the totals are those of the whole."""
+    samples and timeline records reference (of those `rec` carries), and the first one the unmatched counts. Every
+    sample and timeline record goes to exactly one part, in order, so the totals are those of the whole."""
     timeline = rec.get("timeline", [])
     if len(rec["samples"]) + len(timeline) <= 1 or estimated_bytes(rec) <= max_bytes:
         return [rec]
@@ -215,10 +226,10 @@ def split_gpu_samples(rec: dict, max_bytes: int) -> list[dict]:
     size = max_bytes + 1  # no part yet
 
     def defs_bytes(sid: int, part: tuple) -> int:
-        if sid in part[2]:
+        st = stacks.get(sid)
+        if st is None or sid in part[2]:  # defined in this part already, or sent before (not carried)
             return 0
-        st = stacks[sid]
-        new = [f for f in dict.fromkeys(st["frame_ids"]) if f not in part[3]]
+        new = [f for f in dict.fromkeys(st["frame_ids"]) if f not in part[3] and f in frames]
         return _stack_bytes(st) + sum(_frame_bytes(frames[f]) for f in new)
 
     for which, items, cost_of in ((0, rec["samples"], _sample_bytes), (1, timeline, _timeline_bytes)):
@@ -231,9 +242,9 @@ def split_gpu_samples(rec: dict, max_bytes: int) -> list[dict]:
                 cost = cost_of(item) + defs_bytes(sid, parts[-1])
             part = parts[-1]
             part[which].append(item)
-            if sid not in part[2]:
+            if sid not in part[2] and sid in stacks:
                 part[2][sid] = None
-                part[3].update(dict.fromkeys(stacks[sid]["frame_ids"]))
+                part[3].update((f, None) for f in stacks[sid]["frame_ids"] if f in frames)
             size += cost
     return [{**rec, "samples": samples, "timeline": tl, "stacks": [stacks[s] for s in used],
              "frames": [frames[f] for f in fids], "unmatched": rec["unmatched"] if i == 0 else []}

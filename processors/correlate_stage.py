@@ -163,14 +163,14 @@ class CorrelateStage(TopicStage):
             join(m.partition, SIDE_OF[m.topic], m.offset, m.record, out, i)
         touched = dict.fromkeys(m.partition for m in messages)
         stats = SymbolizeStats()
+        # only definitions not sent yet are built (and then pending until the commit)
         records = build_gpu_samples(out.matches, out.unmatched, self.correlator.config.window_ns, self.stacks,
-                                    self.tables.get, stats)
+                                    self.tables.get, stats, self.sent.new_ids)
         produced = [dead_letter(self.name, messages[i].topic, messages[i].partition, messages[i].offset,
                                 messages[i].key, messages[i].value, reason) for i, reason in out.invalid]
         for rec in records:
-            for part in split_gpu_samples(rec, STAGE_OUTPUT_MAX_BYTES):
-                produced.append(Produced(topics.GPU_SAMPLES.name, rec["node"], topics.GPU_SAMPLES.schema,
-                                         self.sent.new_only(part)))
+            for part in _each_definition_once(split_gpu_samples(rec, STAGE_OUTPUT_MAX_BYTES)):
+                produced.append(Produced(topics.GPU_SAMPLES.name, rec["node"], topics.GPU_SAMPLES.schema, part))
         slots = self.correlator.config.log_slots
         for p in touched:
             for rec in changelog(self.correlator, self.group, p):
@@ -187,6 +187,22 @@ class CorrelateStage(TopicStage):
             self.counts[(metrics.CORRELATE_AHEAD,)] += out.ahead_of_clock
         self.counts[(metrics.UNKNOWN_FRAMES,)] += stats.unknown_frames
         return produced
+
+
+def _each_definition_once(parts: list[dict]) -> list[dict]:
+    """The parts of one record with each stack and frame definition in the first part that carries it only."""
+    if len(parts) == 1:
+        return parts
+    stacks: set[int] = set()
+    frames: set[int] = set()
+    out = []
+    for part in parts:
+        kept = [s for s in part["stacks"] if s["stack_id"] not in stacks]
+        fdefs = [f for f in part["frames"] if f["frame_id"] not in frames]
+        stacks.update(s["stack_id"] for s in kept)
+        frames.update(f["frame_id"] for f in fdefs)
+        out.append({**part, "stacks": kept, "frames": fdefs})
+    return out
 
 
 def config_from_env(env: dict[str, str] | None = None) -> CorrelateConfig:

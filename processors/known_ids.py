@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Iterable
 
 
 class KnownIds:
@@ -44,12 +45,21 @@ class SentDefinitions:
 
     def new_only(self, rec: dict) -> dict:
         """`rec` (with "stacks" and "frames") keeping only the definitions not sent yet."""
-        stacks = self.stacks.unseen([s["stack_id"] for s in rec["stacks"]]) - self.pending_stacks
-        kept = [s for s in rec["stacks"] if s["stack_id"] in stacks]
-        frames = self.frames.unseen([f for s in kept for f in s["frame_ids"]]) - self.pending_frames
-        self.pending_stacks |= stacks
+        frame_ids = {s["stack_id"]: s["frame_ids"] for s in rec["stacks"]}
+        stacks, frames = self.new_ids(list(frame_ids), frame_ids.__getitem__)
+        kept = set(stacks)
+        return {**rec, "stacks": [s for s in rec["stacks"] if s["stack_id"] in kept],
+                "frames": [f for f in rec["frames"] if f["frame_id"] in frames]}
+
+    def new_ids(self, stack_ids: list[int], frames_of: Callable[[int], Iterable[int]]) -> tuple[list[int], set[int]]:
+        """Of `stack_ids` (in order), those not sent yet, and the not yet sent frames they name; both pending from
+        now on: a caller builds only these definitions."""
+        unseen = self.stacks.unseen(stack_ids) - self.pending_stacks
+        stacks = [s for s in stack_ids if s in unseen]
+        frames = self.frames.unseen([f for s in stacks for f in frames_of(s)]) - self.pending_frames
+        self.pending_stacks |= unseen
         self.pending_frames |= frames
-        return {**rec, "stacks": kept, "frames": [f for f in rec["frames"] if f["frame_id"] in frames]}
+        return stacks, frames
 
     def commit(self) -> None:
         self.stacks.add(self.pending_stacks)

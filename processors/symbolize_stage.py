@@ -104,12 +104,7 @@ class SymbolizeStage(TopicStage):
 
     def _new_only(self, res: Symbolized) -> dict:
         """self.sent.new_only(res.record()), building only the definitions that go out."""
-        sent = self.sent
-        stacks = sent.stacks.unseen(list(res.stacks)) - sent.pending_stacks
-        kept = [s for s in res.stacks if s in stacks]
-        frames = sent.frames.unseen([f for s in kept for f in res.stacks[s]]) - sent.pending_frames
-        sent.pending_stacks |= stacks
-        sent.pending_frames |= frames
+        kept, frames = self.sent.new_ids(list(res.stacks), res.stacks.__getitem__)
         return res.record(kept, frames)
 
     def after_commit(self) -> None:

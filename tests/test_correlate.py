@@ -318,6 +318,32 @@ def test_definitions_go_out_once_per_commit():
     assert (len(a["stacks"]), len(a["frames"])) == (1, 3) and (len(b["stacks"]), len(b["frames"])) == (0, 0)
 
 
+def test_a_record_split_in_parts_defines_each_stack_and_frame_once(monkeypatch):
+    import processors.correlate_stage as correlate_stage
+
+    monkeypatch.setattr(correlate_stage, "STAGE_OUTPUT_MAX_BYTES", 700)  # a few samples per part
+    feed = Feed(stage())
+    paths = [["main", "run"], ["main", "run", "compute"], ["main", "compute"], ["main"]]
+    events = []
+    for i in range(24):
+        events += [launch(100 + i, T0 + 10 * i, paths[i % 4]), kernel(100 + i, T0 + 10 * i + 1, 5 + i, f"k{i % 6}")]
+    parts = [p.record for p in feed.send(*events) if p.topic == "gpu.samples"]
+    assert len(parts) > 2 and sum(len(p["timeline"]) for p in parts) == 24
+    assert sum(len(p["samples"]) for p in parts) == 12  # 4 paths x 6 kernels, every 12th launch alike
+    defined = [s["stack_id"] for p in parts for s in p["stacks"]]
+    frames = [f["frame_id"] for p in parts for f in p["frames"]]
+    used = {s["stack_id"] for p in parts for s in p["samples"] + p["timeline"]}
+    assert len(defined) == len(set(defined)) and set(defined) == used  # each once, every one used
+    named = {f for p in parts for s in p["stacks"] for f in s["frame_ids"]}
+    assert len(frames) == len(set(frames)) and set(frames) == named
+    for i, p in enumerate(parts):  # a stack is defined no later than the first part that uses it
+        before = {s["stack_id"] for q in parts[:i + 1] for s in q["stacks"]}
+        assert {s["stack_id"] for s in p["samples"] + p["timeline"]} <= before
+    again = [p.record for p in feed.send(launch(200, T0 + 500, ["main", "run"]), kernel(200, T0 + 501, 5, "k0"))
+             if p.topic == "gpu.samples"]
+    assert [(len(p["stacks"]), len(p["frames"])) for p in again] == [(0, 0)]  # all sent and committed
+
+
 def test_settings_from_the_environment_are_checked():
     cfg = config_from_env({"FLEETPROF_CORRELATE_HORIZON_S": "90", "FLEETPROF_CORRELATE_MAX_PENDING": "500",
                            "FLEETPROF_CORRELATE_MAX_AHEAD_S": "2.5"})
