@@ -206,6 +206,7 @@ def run(args: argparse.Namespace, raws: list[Raw], samples: int) -> dict:
 
     import processors.store_writer as sw
     from fleetprof.store import open_store
+    from processors.gc_policy import tune_collector
 
     engine = {"s": 0.0, "calls": 0}
     original = chdb_backend.ChdbBackend._query_locked
@@ -242,6 +243,7 @@ def run(args: argparse.Namespace, raws: list[Raw], samples: int) -> dict:
         if args.max_delay is not None:
             extra["max_delay"] = args.max_delay
         runner = sw.StoreRunner(store, {"bootstrap.servers": "127.0.0.1:1"}, **extra)
+        tune_collector()  # as the runner's start() does (not called here: the consumer is a stand-in)
         runner.consumer.close()
         runner.consumer = consumer
         written: dict[tuple[str, int, int], float] = {}

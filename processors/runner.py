@@ -20,6 +20,7 @@ from typing import TypeVar
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from processors import metrics
+from processors.gc_policy import tune_collector
 from processors.messages import Message, Produced, dead_letter, decode_message
 from schemas import single_object, topics
 from schemas.wire import MESSAGE_MAX_BYTES
@@ -149,6 +150,7 @@ class TopicRunner:
         self._watched: tuple[str, float] | None = None  # the transactional call in progress, and when it is stuck
 
     def start(self) -> None:
+        tune_collector()
         self.producer.init_transactions(self.txn_timeout)
         self.consumer.subscribe(list(self.stage.inputs))
 

@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from processors import metrics
+from processors.gc_policy import tune_collector
 from processors.known_ids import KnownIds
 from processors.messages import Message, Produced, dead_letter, decode_message
 from processors.runner import (
@@ -109,6 +110,7 @@ class StoreRunner:
 
     # --- group membership -------------------------------------------------------------------------------------
     def start(self) -> None:
+        tune_collector()
         self.consumer.subscribe(list(self.inputs), on_assign=self._on_assign, on_revoke=self._on_revoke)
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:

@@ -1,0 +1,49 @@
+"""A processor process collects garbage less often than CPython's default, unless FLEETPROF_GC=default; the runners
+set it when they start."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+from pathlib import Path
+
+from processors.gc_policy import THRESHOLDS, tune_collector
+
+
+def test_thresholds_are_raised_unless_told_to_keep_the_default() -> None:
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        assert tune_collector({"FLEETPROF_GC": "default"}) == (700, 10, 10)
+        assert tune_collector({}) == THRESHOLDS == gc.get_threshold()
+        assert THRESHOLDS[0] > 50 * 700
+    finally:
+        gc.set_threshold(*before)
+
+
+def test_a_topic_runner_and_the_sink_set_them_when_they_start() -> None:
+    code = """
+import gc
+from processors.runner import TopicRunner
+from processors.store_writer import StoreRunner
+class Raise(Exception):
+    pass
+def stop(*a, **k):
+    raise Raise
+for runner in (TopicRunner, StoreRunner):
+    gc.set_threshold(700, 10, 10)
+    fake = runner.__new__(runner)
+    fake.producer = type("P", (), {"init_transactions": stop})()
+    fake.consumer = type("C", (), {"subscribe": stop})()
+    fake.inputs, fake.txn_timeout = (), 1.0
+    try:
+        runner.start(fake)
+    except Raise:
+        pass
+    print(gc.get_threshold())
+"""
+    # in a process of its own: the thresholds are the process's; the runners' clients stand in for Kafka's
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.returncode == 0 and out.stdout.split("\n")[:2] == [str(THRESHOLDS)] * 2, out.stdout + out.stderr
