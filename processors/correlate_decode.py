@@ -1,5 +1,5 @@
 """The correlator's inputs decoded a batch at a time: GpuLaunch and GpuKernel messages written with the newest
-schema, read by the compiled codec (schemas/avro_fast.c) in one call per batch where it is built; otherwise their
+schema, read by the compiled codec (schemas/avro_read.c) in one call per batch where it is built; otherwise their
 leading fields read for every message of the batch at once with numpy, a launch's tail (user_addrs, mappings,
 code_objects, simulated: it repeats with the launching path) decoded once per distinct bytes and cached.
 

@@ -1,7 +1,7 @@
-"""A compiled Avro reader and writer (schemas/avro_fast.c): for bodies whose writer schema is the reader schema, the
-values fastavro gives, 3-5x faster; for records of the types fastavro reads, the bytes fastavro writes. Both are
-strict and decide nothing: where the reader is unsure of a body, or the writer of a value, it raises ValueError and
-schemas/single_object.py uses fastavro, which says what is wrong or coerces what it accepts.
+"""A compiled Avro reader and writer (schemas/avro_read.c, avro_write.c): for bodies whose writer schema is the
+reader schema, the values fastavro gives, 3-5x faster; for records of the types fastavro reads, the bytes fastavro
+writes. Both are strict and decide nothing: where the reader is unsure of a body, or the writer of a value, it
+raises ValueError and schemas/single_object.py uses fastavro, which says what is wrong or coerces what it accepts.
 
 Built with gcc on first use into .build/native/, the cache of the project's other C; where it
 cannot be built (no gcc or Python headers, a read-only install, a big-endian host) every message goes through
@@ -23,10 +23,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-SOURCE = Path(__file__).with_name("avro_fast.c")
+HERE = Path(__file__).parent
+# the extension module, reading, writing; and what they share
+SOURCES = tuple(HERE / name for name in ("avro_fast.c", "avro_read.c", "avro_write.c"))
+HEADER = HERE / "avro_fast.h"
 MODULE = "schemas._avro_fast"
 
-# the type codes of avro_fast.c
+# the type codes of avro_fast.h
 T_NULL, T_BOOLEAN, T_INT, T_LONG, T_FLOAT, T_DOUBLE, T_BYTES, T_STRING = range(8)
 T_RECORD, T_ENUM, T_ARRAY, T_MAP, T_UNION, T_FIXED = range(8, 14)
 _PRIMITIVES = {"null": T_NULL, "boolean": T_BOOLEAN, "int": T_INT, "long": T_LONG, "float": T_FLOAT,
@@ -37,7 +40,7 @@ _why_not: str | None = None
 
 
 # the same cache as the project's other C (producers/native_build.py), which this layer may not import
-BUILD_DIR = Path(os.environ.get("FLEETPROF_NATIVE_BUILD", SOURCE.parent.parent / ".build" / "native"))
+BUILD_DIR = Path(os.environ.get("FLEETPROF_NATIVE_BUILD", HERE.parent / ".build" / "native"))
 
 
 class BuildError(RuntimeError):
@@ -53,14 +56,16 @@ def _build() -> Path:
     if not (include / "Python.h").exists():
         raise BuildError(f"no Python.h in {include} (Debian libpython3-dev)")
     cmd = [gcc, "-O2", "-g", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Werror", f"-I{include}"]
-    digest = hashlib.sha256(SOURCE.read_bytes() + repr((cmd, sys.version)).encode()).hexdigest()[:16]
+    code = b"".join(path.read_bytes() for path in (*SOURCES, HEADER))
+    digest = hashlib.sha256(code + repr((cmd, sys.version)).encode()).hexdigest()[:16]
     out_dir = BUILD_DIR / f"avro_fast-{digest}"
     target = out_dir / "_avro_fast.so"
     if target.exists():
         return target
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".avro_fast-", dir=out_dir.parent))
-    done = subprocess.run([*cmd, str(SOURCE), "-o", str(staging / target.name)], capture_output=True, text=True)
+    done = subprocess.run([*cmd, *map(str, SOURCES), "-o", str(staging / target.name)], capture_output=True,
+                          text=True)
     if done.returncode != 0:
         shutil.rmtree(staging, ignore_errors=True)
         raise BuildError(f"gcc failed: {next(iter(done.stderr.splitlines()), '')[:300]}")
@@ -80,7 +85,7 @@ def _load() -> Any:
         return None
     try:
         if sys.byteorder != "little":
-            raise BuildError("avro_fast.c reads floats as little-endian")
+            raise BuildError("avro_read.c reads floats as little-endian")
         path = _build()
         loader = importlib.machinery.ExtensionFileLoader(MODULE, str(path))
         spec = importlib.util.spec_from_file_location(MODULE, str(path), loader=loader)
@@ -99,7 +104,7 @@ def unavailable() -> str | None:
 
 
 def type_tree(schema: Any, named: dict[str, Any] | None = None) -> Any:
-    """The type tree avro_fast.c walks, from a schema fastavro.parse_schema returned; ValueError for what it cannot
+    """The type tree the C codec walks, from a schema fastavro.parse_schema returned; ValueError for what it cannot
     read (a logical type, a recursive record)."""
     named = {} if named is None else named
     if isinstance(schema, str):
@@ -177,4 +182,3 @@ def batch_reader_for(parsed_schema: Any) -> Callable[[list[bytes], int], list] |
         return None
     read_each, tree = found[0].read_each, found[1]
     return lambda datas, offset: read_each(tree, datas, offset)
-

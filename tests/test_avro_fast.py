@@ -1,4 +1,4 @@
-"""The compiled Avro reader (schemas/avro_fast.c) gives exactly fastavro's values, types and key order for every
+"""The compiled Avro reader (schemas/avro_read.c) gives exactly fastavro's values, types and key order for every
 schema, and on hostile bytes it either gives fastavro's value or leaves the message to fastavro: it never accepts a
 body that single_object's fastavro path calls corrupt."""
 
