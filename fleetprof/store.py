@@ -398,8 +398,9 @@ class Store:
             return done
 
     def insert(self, table: str, rows: Sequence[Sequence[Any]], column_names: list[str],
-               dedup_token: str | None = None) -> None:
-        """Insert rows; with a dedup_token, inserting the same token again (e.g. after a crash) is a no-op."""
+               dedup_token: str | None = None, column_oriented: bool = False) -> None:
+        """Insert rows (column_oriented: `rows` is one sequence per column); with a dedup_token, inserting the same
+        token again (e.g. after a crash) is a no-op."""
         if not _TABLE_RE.match(table):
             raise StoreError(f"not a table name: {table!r}")
         if not rows:
@@ -413,7 +414,8 @@ class Store:
         types = self._column_types(table, column_names)
         try:
             with self._writers.lease() as client:
-                client.insert(table, rows, column_names=column_names, column_type_names=types, settings=settings)
+                client.insert(table, rows, column_names=column_names, column_type_names=types, settings=settings,
+                              column_oriented=column_oriented)
         except Exception:
             self._types.pop(table, None)  # a migration may have changed the table since: ask again on the retry
             raise

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from schemas import single_object
@@ -53,10 +54,11 @@ def dead_letter(stage: str, topic: str, partition: int, offset: int, key: bytes 
     return Produced("deadletter", key, "DeadLetter", record)
 
 
-def decode_message(stage: str, raw, expect: dict[str, str], max_bytes: int,
-                   columnar: bool = False) -> Message | Produced:
+def decode_message(stage: str, raw, expect: dict[str, str], max_bytes: int, columnar: bool = False,
+                   columns: Mapping[str, str] | None = None) -> Message | Produced:
     """A confluent_kafka Message to a decoded Message, or the dead letter saying why it is not one. columnar: CPU
-    stack batches come with each process's stacks as a PackedStacks (see `cpu_batch_reader.decode_columnar`)."""
+    stack batches come with each process's stacks as a PackedStacks (see `cpu_batch_reader.decode_columnar`).
+    columns: record name -> an array of records read as columns (`single_object.read_columns`)."""
     topic, partition, offset, value, key = raw.topic(), raw.partition(), raw.offset(), raw.value(), raw.key()
     if value is None:
         return dead_letter(stage, topic, partition, offset, key, value, "empty message (no value)")
@@ -64,7 +66,10 @@ def decode_message(stage: str, raw, expect: dict[str, str], max_bytes: int,
         return dead_letter(stage, topic, partition, offset, key, value,
                            f"oversize message: {len(value)} bytes > limit {max_bytes}")
     try:
-        name, record = (decode_columnar if columnar else single_object.decode)(value, expect=expect.get(topic))
+        if columnar:
+            name, record = decode_columnar(value, expect=expect.get(topic))
+        else:
+            name, record = single_object.decode(value, expect=expect.get(topic), columns=columns)
     except single_object.DecodeError as exc:
         return dead_letter(stage, topic, partition, offset, key, value, str(exc))
     return Message(topic, partition, offset, key, name, record, value)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import lru_cache
 
 from processors.messages import Message
+from schemas.wire import U64, long_to_u64
 from schemas.wire import identity_key as _identity_key
-from schemas.wire import long_to_u64
 
 FRAME_COLUMNS = ["frame_id", "function", "binary", "kind", "last_seen", "build_id"]
 STACK_COLUMNS = ["stack_id", "frame_ids", "last_seen"]
@@ -42,14 +42,32 @@ COPY_LABEL_PREFIXES = ("[memcpy ", "[memset")
 
 # Tables whose rows are keyed by content (ReplacingMergeTree): safe to write again, no dedup token needed.
 DEFINITION_TABLES = ("frames", "stacks")
-# Definitions with a TTL from their time column: never written older than the write (see _not_older_than)
-REFRESHED = {"frames": "last_seen", "stacks": "last_seen", "workload_identities": "updated"}
+# Definitions with a TTL from their time column: never written older than the write (see _not_older_than); the
+# column and its ticks per second (DateTime: seconds, DateTime64(3): milliseconds)
+REFRESHED = {"frames": ("last_seen", 1), "stacks": ("last_seen", 1), "workload_identities": ("updated", 1000)}
 
 
 @dataclass
 class Rows:
+    """A table's rows: as lists of values (`rows`), or, where the record came as columns, as one list per column
+    (`by_column`, inserted column-oriented: no list per row, no pivot in clickhouse-connect)."""
+
     columns: list[str]
     rows: list[list] = field(default_factory=list)
+    by_column: list[list] | None = None
+
+    def __len__(self) -> int:
+        return len(self.by_column[0]) if self.by_column is not None else len(self.rows)
+
+    def extend(self, more: Rows) -> None:
+        """`more`'s rows after these (its columns are these)."""
+        if self.by_column is not None and more.by_column is not None:
+            for mine, theirs in zip(self.by_column, more.by_column, strict=True):
+                mine.extend(theirs)
+            return
+        if self.by_column is not None:  # rows after columns: a batch mixing both (tests) is kept as rows
+            self.rows, self.by_column = [list(r) for r in zip(*self.by_column, strict=True)], None
+        self.rows.extend(more.rows if more.by_column is None else (list(r) for r in zip(*more.by_column, strict=True)))
 
 
 # The unsigned and narrow integer columns of the tables (sql/migrations). Avro's int and long are signed and wider: a
@@ -76,27 +94,32 @@ COLUMN_RANGES: dict[str, dict[str, tuple[int, int]]] = {
     "alerts": {"gpu_index": _U16},
     "profile_windows": {"frequency_hz": _U32},
 }
-_DATETIME_MAX_S = 2**32 - 1
+# Columns whose values come through long_to_u64: in range by construction, so check_ranges skips them
+_U64_BY_CONSTRUCTION = frozenset({"frame_id", "stack_id", "frame_ids", "graph_node_id"})
+_DATETIME_MAX_S = 2**32 - 1  # DateTime is seconds since 1970 in a UInt32
 # a few ids per node, each on hundreds of rows a window
-identity_key = lru_cache(maxsize=1 << 16)(_identity_key)  # DateTime is seconds since 1970 in a UInt32
+identity_key = lru_cache(maxsize=1 << 16)(_identity_key)
+
+# Time columns are given as ClickHouse stores them, ticks since 1970 (DateTime: seconds, DateTime64(3): ms), not as
+# datetime objects: clickhouse-connect would call .timestamp() on each of them (~5% of the sink thread, py-spy).
 
 
-def _ts(ns: int) -> datetime:
-    """A DateTime column's value; ValueError outside its range (1970 to 2106)."""
+def _ts(ns: int) -> int:
+    """A DateTime column's value (seconds); ValueError outside its range (1970 to 2106)."""
     seconds = ns // 1_000_000_000
     if not 0 <= seconds <= _DATETIME_MAX_S:
         raise ValueError(f"time {ns} ns lies outside ClickHouse DateTime (1970 to 2106)")
-    return datetime.fromtimestamp(seconds, tz=UTC)
+    return seconds
 
 
 def check_ranges(table: str, rows: Rows) -> Rows:
     """`rows`, or ValueError naming the first value that its column cannot hold."""
     ranges = COLUMN_RANGES.get(table, {})
     for i, name in enumerate(rows.columns):
-        if name not in ranges or not rows.rows:
+        if name not in ranges or name in _U64_BY_CONSTRUCTION or not len(rows):
             continue
         lo, hi = ranges[name]
-        column = [row[i] for row in rows.rows]
+        column = rows.by_column[i] if rows.by_column is not None else [row[i] for row in rows.rows]
         if not isinstance(column[0], list):  # the common case, a whole column at C speed
             try:
                 if lo <= min(column) and max(column) <= hi:
@@ -110,11 +133,12 @@ def check_ranges(table: str, rows: Rows) -> Rows:
     return rows
 
 
-def _ts_ms(ns: int) -> datetime:
-    return datetime.fromtimestamp((ns // 1_000_000) / 1000, tz=UTC)
+def _ts_ms(ns: int) -> int:
+    """A DateTime64(3) column's value (milliseconds)."""
+    return ns // 1_000_000
 
 
-def _definitions(rec: dict, ts: datetime) -> dict[str, Rows]:
+def _definitions(rec: dict, ts: int) -> dict[str, Rows]:
     """The frames and stacks a CpuSamples or GpuSamples record defines (both have the same shapes)."""
     return {
         "frames": Rows(FRAME_COLUMNS, [[long_to_u64(f["frame_id"]), f["function"], f["binary"], f["kind"], ts,
@@ -124,24 +148,36 @@ def _definitions(rec: dict, ts: datetime) -> dict[str, Rows]:
     }
 
 
-def _profile_window(rec: dict, ts: datetime, kind: str) -> Rows:
+def _profile_window(rec: dict, ts: int, kind: str, samples: int) -> Rows:
     """Where a window's samples came from (migration 0012): simulated or not, and the CPU sampling frequency."""
-    if not rec["samples"]:
+    if not samples:
         return Rows(PROFILE_WINDOW_COLUMNS)
     return Rows(PROFILE_WINDOW_COLUMNS, [[ts, rec["node"], kind, bool(rec.get("simulated", False)),
                                           rec.get("frequency_hz", 0)]])
 
 
 def cpu_samples_rows(rec: dict) -> dict[str, Rows]:
+    """The rows of a CpuSamples record; its samples a list of records, or columns (single_object.read_columns)."""
     ts = _ts(rec["window_start_ns"])
-    return {
-        **_definitions(rec, ts),
-        "cpu_samples": Rows(CPU_SAMPLE_COLUMNS, [[ts, rec["node"], s["pid"], s["comm"], s["container_id"],
-                                                  long_to_u64(s["stack_id"]), s["count"],
-                                                  identity_key(s.get("identity_id", 0))]
-                                                 for s in rec["samples"]]),
-        "profile_windows": _profile_window(rec, ts, "cpu"),
-    }
+    samples = rec["samples"]
+    if isinstance(samples, dict):
+        table = _cpu_sample_columns(samples, ts, rec["node"])
+    else:
+        table = Rows(CPU_SAMPLE_COLUMNS, [[ts, rec["node"], s["pid"], s["comm"], s["container_id"],
+                                           long_to_u64(s["stack_id"]), s["count"],
+                                           identity_key(s.get("identity_id", 0))] for s in samples])
+    return {**_definitions(rec, ts), "cpu_samples": table,
+            "profile_windows": _profile_window(rec, ts, "cpu", len(table))}
+
+
+def _cpu_sample_columns(samples: dict[str, list], ts: int, node: str) -> Rows:
+    """cpu_samples as columns from a record's sample columns (a record without samples may have no columns)."""
+    n = len(samples.get("pid", ()))
+    ids = samples.get("identity_id")
+    return Rows(CPU_SAMPLE_COLUMNS, by_column=[
+        [ts] * n, [node] * n, samples.get("pid", []), samples.get("comm", []), samples.get("container_id", []),
+        [s + U64 if s < 0 else s for s in samples.get("stack_id", [])],  # long_to_u64, inline
+        samples.get("count", []), list(map(identity_key, ids)) if ids is not None else [""] * n])
 
 
 def gpu_metrics_rows(rec: dict) -> dict[str, Rows]:
@@ -184,7 +220,7 @@ def gpu_samples_rows(rec: dict) -> dict[str, Rows]:
         "gpu_unmatched": Rows(GPU_UNMATCHED_COLUMNS, [
             [ts, node, u["pid"], u["side"], u["reason"], u["events"], u["duration_ns"], u["launches"]]
             for u in rec["unmatched"]]),
-        "profile_windows": _profile_window(rec, ts, "gpu"),
+        "profile_windows": _profile_window(rec, ts, "gpu", len(samples)),
     }
 
 
@@ -195,12 +231,16 @@ def _timeline(rec: dict, node: str) -> Rows:
     for s in rec["samples"]:
         if s["comm"]:
             comms.setdefault(s["pid"], s["comm"])
+    timeline = rec.get("timeline", [])
+    if timeline:  # every start a DateTime, checked at its ends (ns fit in a long: seconds are monotone in them)
+        _ts(min(t["start_ns"] for t in timeline))
+        _ts(max(t["start_ns"] for t in timeline))
     return Rows(GPU_TIMELINE_COLUMNS, [
-        [_ts(t["start_ns"]), node, t["pid"], comms.get(t["pid"], ""), t["device"], t["stream"], t["start_ns"],
-         t["end_ns"], t["activity"], t["name"], long_to_u64(t["stack_id"]), t["weight"], t.get("bytes", 0),
-         t.get("nvtx_range", ""), t.get("graph_id", 0), long_to_u64(t.get("graph_node_id", 0)),
+        [t["start_ns"] // 1_000_000_000, node, t["pid"], comms.get(t["pid"], ""), t["device"], t["stream"],
+         t["start_ns"], t["end_ns"], t["activity"], t["name"], long_to_u64(t["stack_id"]), t["weight"],
+         t.get("bytes", 0), t.get("nvtx_range", ""), t.get("graph_id", 0), long_to_u64(t.get("graph_node_id", 0)),
          t.get("correlation_id", 0), identity_key(t.get("identity_id", 0))]
-        for t in rec.get("timeline", [])])
+        for t in timeline])
 
 
 def identity_rows(rec: dict) -> dict[str, Rows]:
@@ -229,31 +269,35 @@ ROW_BUILDERS = {
     "fleetprof.WorkloadIdentity": identity_rows,
 }
 SINK_INPUTS = ("cpu.samples", "gpu.metrics", "gpu.samples", "alerts", "identities")
+# the records whose array of records the sink reads as columns (decode_message's `columns`): a CpuSamples record
+# holds ~1,500 samples, each a cpu_samples row, and its columns go to the insert as they are
+READ_AS_COLUMNS = {"fleetprof.CpuSamples": "samples"}
 
 
 def rows_for(messages: list[Message], written_at: datetime | None = None) -> dict[str, Rows]:
     """All rows of a batch, merged per table, in message order. `written_at`: when the batch is written; no
     definition's last_seen is older (see _not_older_than)."""
     out: dict[str, Rows] = {}
+    written_s = None if written_at is None else int(written_at.timestamp())
     for m in messages:
         for table, rows in ROW_BUILDERS[m.name](m.record).items():
             check_ranges(table, rows)
-            if written_at is not None and table in REFRESHED:
-                _not_older_than(rows, written_at, REFRESHED[table])
-            if table in out:
-                out[table].rows.extend(rows.rows)
-            else:
-                out[table] = Rows(rows.columns, list(rows.rows))
+            if written_s is not None and table in REFRESHED:
+                column, per_second = REFRESHED[table]
+                _not_older_than(rows, written_s * per_second, column)
+            if table not in out:
+                out[table] = Rows(rows.columns, [], None if rows.by_column is None else [[] for _ in rows.columns])
+            out[table].extend(rows)
     return out
 
 
-def _not_older_than(rows: Rows, written_at: datetime, column: str = "last_seen") -> None:
+def _not_older_than(rows: Rows, written_at: int, column: str) -> None:
     """A definition's last_seen is its window's start, but never older than the write. Frame and stack ids are
     content hashes shared by every node and window, and a definition goes out once an hour: one first carried by an
     old window (a replay, a node with a wrong clock) would otherwise reach the table already past its 90-day TTL,
     be dropped on insert, and leave every newer sample of that frame unnamed until it is sent again. An identity's
     definition likewise: an agent sends it when first seen and then only every few hours."""
     at = rows.columns.index(column)
-    for row in rows.rows:
+    for row in rows.rows:  # definitions are rows (their records are lists of records)
         if row[at] < written_at:
             row[at] = written_at

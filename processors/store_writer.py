@@ -31,7 +31,7 @@ from processors.runner import (
     expected_schemas,
     skip_consumer_error,
 )
-from processors.sink import DEFINITION_TABLES, SINK_INPUTS, Rows, rows_for
+from processors.sink import DEFINITION_TABLES, READ_AS_COLUMNS, SINK_INPUTS, Rows, rows_for
 from schemas import single_object
 
 log = logging.getLogger("fleetprof.sink")
@@ -231,7 +231,7 @@ class StoreRunner:
         for tp in tps:  # in partition then offset order: a batch written again is built exactly as the first time
             for raw in batch[tp]:
                 metrics.MESSAGES_IN.labels(self.name, tp[0]).inc()
-                item = decode_message(self.name, raw, self.expect, self.max_message_bytes)
+                item = decode_message(self.name, raw, self.expect, self.max_message_bytes, columns=READ_AS_COLUMNS)
                 (decoded if isinstance(item, Message) else dead).append(item)
         tables = self._rows(decoded, dead)
         key = batch_key(ranges)
@@ -280,6 +280,10 @@ class StoreRunner:
                 self._retry(lambda: self.store.insert(table, data, rows.columns))
             known.add(fresh_ids)
             metrics.ROWS_OUT.labels(self.name, table).inc(len(data))
+        elif rows.by_column is not None and len(rows):
+            self._retry(lambda: self.store.insert(table, rows.by_column, rows.columns, dedup_token=token,
+                                                  column_oriented=True))
+            metrics.ROWS_OUT.labels(self.name, table).inc(len(rows))
         elif rows.rows:
             self._retry(lambda: self.store.insert(table, rows.rows, rows.columns, dedup_token=token))
             metrics.ROWS_OUT.labels(self.name, table).inc(len(rows.rows))

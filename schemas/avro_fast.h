@@ -3,7 +3,8 @@
  *
  * Type tree: a primitive is a Python int (T_NULL .. T_STRING); a complex type is a tuple whose first item is its
  * kind: (T_RECORD, names, types, {name: default}), (T_ENUM, symbols), (T_ARRAY, items), (T_MAP, values),
- * (T_UNION, branches), (T_FIXED, size).
+ * (T_UNION, branches), (T_FIXED, size); and (T_COLUMNS, record), an array of records read as one list per field
+ * ({name: [values]}: what a consumer that wants whole columns reads, see avro_fast.columns_reader_for).
  */
 #ifndef FLEETPROF_AVRO_FAST_H
 #define FLEETPROF_AVRO_FAST_H
@@ -14,7 +15,7 @@
 #include <string.h>
 
 enum { T_NULL, T_BOOLEAN, T_INT, T_LONG, T_FLOAT, T_DOUBLE, T_BYTES, T_STRING,
-       T_RECORD, T_ENUM, T_ARRAY, T_MAP, T_UNION, T_FIXED };
+       T_RECORD, T_ENUM, T_ARRAY, T_MAP, T_UNION, T_FIXED, T_COLUMNS };
 
 #define MAX_DEPTH 64
 

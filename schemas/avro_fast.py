@@ -31,7 +31,7 @@ MODULE = "schemas._avro_fast"
 
 # the type codes of avro_fast.h
 T_NULL, T_BOOLEAN, T_INT, T_LONG, T_FLOAT, T_DOUBLE, T_BYTES, T_STRING = range(8)
-T_RECORD, T_ENUM, T_ARRAY, T_MAP, T_UNION, T_FIXED = range(8, 14)
+T_RECORD, T_ENUM, T_ARRAY, T_MAP, T_UNION, T_FIXED, T_COLUMNS = range(8, 15)
 _PRIMITIVES = {"null": T_NULL, "boolean": T_BOOLEAN, "int": T_INT, "long": T_LONG, "float": T_FLOAT,
                "double": T_DOUBLE, "bytes": T_BYTES, "string": T_STRING}
 
@@ -182,3 +182,23 @@ def batch_reader_for(parsed_schema: Any) -> Callable[[list[bytes], int], list] |
         return None
     read_each, tree = found[0].read_each, found[1]
     return lambda datas, offset: read_each(tree, datas, offset)
+
+
+def columns_reader_for(parsed_schema: Any, field: str) -> Callable[[bytes, int], Any] | None:
+    """As reader_for, but the record's array-of-records `field` comes as {item field: [values]} (one list per
+    column, in item order) instead of a list of dicts; None as for reader_for, or where `field` is not such an
+    array."""
+    found = _tree(parsed_schema)
+    if found is None:
+        return None
+    read, tree = found[0].read, found[1]
+    if tree[0] != T_RECORD or field not in tree[1]:
+        return None
+    at = tree[1].index(field)
+    array = tree[2][at]
+    if not (isinstance(array, tuple) and array[0] == T_ARRAY and isinstance(array[1], tuple)
+            and array[1][0] == T_RECORD):
+        return None
+    types = (*tree[2][:at], (T_COLUMNS, array[1]), *tree[2][at + 1:])
+    columnar = (T_RECORD, tree[1], types, tree[3])
+    return lambda data, offset: read(columnar, data, offset)

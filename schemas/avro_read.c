@@ -102,6 +102,48 @@ static PyObject *read_array(cursor *c, PyObject *type, int depth) {
     }
 }
 
+/* An array of records as {field name: [values]}: the lists are filled a record at a time, no dict per record. */
+static PyObject *read_columns(cursor *c, PyObject *type, int depth) {
+    PyObject *record = PyTuple_GET_ITEM(type, 1);
+    PyObject *names = PyTuple_GET_ITEM(record, 1), *types = PyTuple_GET_ITEM(record, 2);
+    Py_ssize_t n = PyTuple_GET_SIZE(names);
+    PyObject *columns = PyDict_New(), *lists = PyTuple_New(n);  /* the tuple holds the lists while they fill */
+    int64_t count;
+    if (columns == NULL || lists == NULL)
+        goto failed;
+    for (Py_ssize_t f = 0; f < n; f++) {
+        PyObject *list = PyList_New(0);
+        if (list == NULL)
+            goto failed;
+        PyTuple_SET_ITEM(lists, f, list);
+        if (PyDict_SetItem(columns, PyTuple_GET_ITEM(names, f), list) < 0)
+            goto failed;
+    }
+    for (;;) {
+        if (read_block(c, &count) < 0) {
+            fail("corrupt array block");
+            goto failed;
+        }
+        if (count == 0)
+            break;
+        for (int64_t i = 0; i < count; i++)
+            for (Py_ssize_t f = 0; f < n; f++) {
+                PyObject *value = read_value(c, PyTuple_GET_ITEM(types, f), depth + 2);
+                if (value == NULL || PyList_Append(PyTuple_GET_ITEM(lists, f), value) < 0) {
+                    Py_XDECREF(value);
+                    goto failed;
+                }
+                Py_DECREF(value);
+            }
+    }
+    Py_DECREF(lists);
+    return columns;
+failed:
+    Py_XDECREF(columns);
+    Py_XDECREF(lists);
+    return NULL;
+}
+
 static PyObject *read_string(cursor *c) {
     Py_ssize_t n;
     if (read_length(c, &n) < 0)
@@ -205,6 +247,8 @@ static PyObject *read_value(cursor *c, PyObject *type, int depth) {
         return read_record(c, type, depth);
     case T_ARRAY:
         return read_array(c, type, depth);
+    case T_COLUMNS:
+        return read_columns(c, type, depth);
     case T_MAP:
         return read_map(c, type, depth);
     case T_ENUM: {

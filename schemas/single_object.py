@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import json
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from operator import itemgetter
 from pathlib import Path
@@ -289,8 +289,47 @@ def read_body(data: bytes, writer: SchemaVersion, reader: SchemaVersion) -> dict
     return record
 
 
-def decode(data: bytes, expect: str | None = None, registry: SchemaRegistry | None = None) -> tuple[str, dict]:
-    """Decode one message into (record name, record) read with the newest version of its schema. For CPU stack
-    batches with their stacks left columnar, see schemas/cpu_batch_reader.py."""
+def decode(data: bytes, expect: str | None = None, registry: SchemaRegistry | None = None,
+           columns: Mapping[str, str] | None = None) -> tuple[str, dict]:
+    """Decode one message into (record name, record) read with the newest version of its schema. columns: record
+    name -> an array-of-records field that comes as {item field: [values]} (read_columns). For CPU stack batches
+    with their stacks left columnar, see schemas/cpu_batch_reader.py."""
     writer, reader = writer_and_reader(data, expect, registry)
-    return writer.name, read_body(data, writer, reader)
+    field = columns.get(writer.name) if columns else None
+    if field is None:
+        return writer.name, read_body(data, writer, reader)
+    return writer.name, read_columns(data, writer, reader, field)
+
+
+# (fingerprint, field) -> the compiled reader with that field as columns, None where there is none
+_COLUMNS_READERS: dict[tuple[bytes, str], Callable[[bytes, int], Any] | None] = {}
+
+
+def read_columns(data: bytes, writer: SchemaVersion, reader: SchemaVersion, field: str) -> dict:
+    """As read_body, with the record's array of records `field` as {item field: [values]}: the compiled codec
+    fills the lists without a dict per item; otherwise the items are read as usual and turned into columns."""
+    if writer is reader:
+        key = (writer.fingerprint, field)
+        if key not in _COLUMNS_READERS:
+            from schemas import avro_fast
+
+            _COLUMNS_READERS[key] = avro_fast.columns_reader_for(writer.parsed, field)
+        fast = _COLUMNS_READERS[key]
+        if fast is not None:
+            try:
+                return fast(data, HEADER_LEN)
+            except ValueError:
+                pass  # as in read_body: fastavro decides
+    record = read_body(data, writer, reader)
+    items = record[field]
+    names = list(items[0]) if items else _item_fields(reader.parsed, field)
+    record[field] = {name: [item[name] for item in items] for name in names}
+    return record
+
+
+def _item_fields(parsed: dict, field: str) -> list[str]:
+    """The field names of the records in the array `field` of a parsed record schema."""
+    for f in parsed["fields"]:
+        if f["name"] == field and isinstance(f["type"], dict) and isinstance(f["type"].get("items"), dict):
+            return [g["name"] for g in f["type"]["items"].get("fields", [])]
+    raise ValueError(f"{parsed.get('name')}.{field} is not an array of records")

@@ -36,11 +36,12 @@ class StoreDyingBeforeAfter:
         self.node = node
         self.data_inserts = 0
 
-    def insert(self, table, rows, column_names, dedup_token=None):
+    def insert(self, table, rows, column_names, dedup_token=None, column_oriented=False):
         if table == "sink_state" and rows[0][4] == "AFTER" and self.data_inserts:
             raise Crash()
-        self.store.insert(table, rows, column_names, dedup_token=dedup_token)
-        if table == "cpu_samples" and any(r[1] == self.node for r in rows):
+        self.store.insert(table, rows, column_names, dedup_token=dedup_token, column_oriented=column_oriented)
+        if table == "cpu_samples" and any(r[1] == self.node for r in (zip(*rows, strict=True) if column_oriented
+                                                                      else rows)):
             self.data_inserts += 1
 
     def __getattr__(self, name):

@@ -1,6 +1,7 @@
 """sink rows: result records to ClickHouse rows, exactly (ids as UInt64, times as the window start)."""
 
-from datetime import UTC, datetime, timedelta
+import time
+from datetime import UTC, datetime
 
 import pytest
 
@@ -18,7 +19,7 @@ def test_cpu_samples_rows():
            "samples": [{"pid": 3, "comm": "c", "container_id": "k", "stack_id": -2, "count": 9},
                        {"pid": 4, "comm": "c", "container_id": "", "identity_id": -2, "stack_id": -2, "count": 1}]}
     rows = cpu_samples_rows(rec)
-    ts = datetime.fromtimestamp(T // 10**9, tz=UTC)
+    ts = T // 10**9  # DateTime: seconds since 1970, as the column holds them
     assert rows["frames"].rows == [[2**64 - 1, "f", "b", "NATIVE", ts, ""]]
     assert rows["stacks"].rows == [[2**64 - 2, [2**64 - 1, 5], ts]]
     # a v2 sample (no identity_id) stores '', an id its 16 hex digits of the unsigned value
@@ -35,7 +36,7 @@ def test_gpu_metrics_rows_keep_nulls_and_the_simulated_label():
             "mem_util_pct": None, "used_memory_bytes": 100, "identity_id": 0x1234}
     rows = gpu_metrics_rows({"node": "n", "time_ns": T, "simulated": True, "devices": [dev, dev | {"identity_id": 5}],
                              "processes": [proc]})
-    ts = datetime.fromtimestamp(1_764_000_000.123, tz=UTC)
+    ts = 1_764_000_000_123  # DateTime64(3): milliseconds
     device = [ts, "n", 1, "GPU-1", "H100 (simulated)", "", None, 5, 7, 8, 1, 2, 3, 4, 40, None, 6, 0, [79], True]
     assert rows["gpu_device_metrics"].rows == [device + [""], device + ["0000000000000005"]]
     assert rows["gpu_process_metrics"].rows == [[ts, "n", 1, 9, "python", "", 50, None, 100, True,
@@ -47,7 +48,7 @@ def test_identity_rows_are_the_dimension_table_row():
                      pod_name="train-0", namespace="ml", pod_uid="u-1", labels=(("team", "vision"),), team="vision")
     rec = ident.record("node-1", T, simulated=True)
     (row,) = identity_rows(rec)["workload_identities"].rows
-    assert row == [f"{ident.identity_id:016x}", "node-1", datetime.fromtimestamp(1_764_000_000.123, tz=UTC), "pod",
+    assert row == [f"{ident.identity_id:016x}", "node-1", 1_764_000_000_123, "pod",
                    "containerd", "ab" * 32, "trainer", "train-0", "ml", "u-1", {"team": "vision"}, "", "", "", "", "",
                    "", "", "vision", True]
     with pytest.raises(ValueError, match="identity_id 0"):
@@ -71,12 +72,43 @@ def test_a_definition_first_carried_by_an_old_window_is_written_as_seen_now(stor
            "samples": [{"pid": 3, "comm": "c", "container_id": "", "stack_id": 8, "count": 1}]}
     now = datetime(2026, 12, 2, 12, 0, 0, tzinfo=UTC)
     rows = rows_for([Message("cpu.samples", 0, 0, None, "fleetprof.CpuSamples", rec)], now)
-    assert rows["frames"].rows[0][4] == now and rows["stacks"].rows[0][2] == now
-    assert rows["cpu_samples"].rows[0][0] == datetime(2020, 1, 1, tzinfo=UTC)  # samples keep their window
+    now_s = int(now.timestamp())
+    assert rows["frames"].rows[0][4] == now_s and rows["stacks"].rows[0][2] == now_s
+    assert rows["cpu_samples"].rows[0][0] == old // 10**9  # samples keep their window
     newer = dict(rec, window_start_ns=int(now.timestamp() + 60) * 10**9)
     assert rows_for([Message("cpu.samples", 0, 1, None, "fleetprof.CpuSamples", newer)], now)["frames"].rows[0][4] \
-        == now + timedelta(seconds=60)
+        == now_s + 60
     for table in ("frames", "stacks"):
         store.insert(table, rows[table].rows, rows[table].columns)
     _, found = store.query_sql("SELECT function FROM frames WHERE frame_id = 7", {})
     assert found == [("f",)]
+
+
+def test_samples_read_as_columns_give_the_rows_their_records_give(store) -> None:
+    recent = (int(time.time()) // 10 * 10 - 3600) * 10**9  # inside the table's TTL
+    rec = {"node": "n", "window_start_ns": recent, "window_ns": 10**10, "frames": [], "stacks": [],
+           "frequency_hz": 19,
+           "samples": [{"pid": 3, "comm": "c", "container_id": "k", "stack_id": -2, "count": 9, "identity_id": 0},
+                       {"pid": 4, "comm": "d", "container_id": "", "identity_id": -2, "stack_id": 7, "count": 1}]}
+    items = rec["samples"]
+    columnar = rec | {"samples": {name: [s[name] for s in items] for name in items[0]}}
+    by_rows, by_columns = cpu_samples_rows(rec), cpu_samples_rows(columnar)
+    assert by_columns["cpu_samples"].by_column is not None
+    assert [list(r) for r in zip(*by_columns["cpu_samples"].by_column, strict=True)] == by_rows["cpu_samples"].rows
+    assert by_columns["profile_windows"].rows == by_rows["profile_windows"].rows != []
+    none = cpu_samples_rows(rec | {"samples": {}})  # no samples: no rows, and no window row
+    assert len(none["cpu_samples"]) == 0 and none["profile_windows"].rows == []
+    # a batch mixing both shapes merges in message order; one of columns only stays columns
+    msgs = [Message("cpu.samples", 0, i, None, "fleetprof.CpuSamples", r | {"node": f"n{i}"})
+            for i, r in enumerate([columnar, rec, columnar])]
+    assert [r[1] for r in rows_for(msgs)["cpu_samples"].rows] == ["n0", "n0", "n1", "n1", "n2", "n2"]
+    merged = rows_for([msgs[0], msgs[2]])["cpu_samples"]
+    assert merged.by_column[1] == ["n0", "n0", "n2", "n2"] and len(merged) == 4
+    with pytest.raises(ValueError, match="pid"):  # a column is range-checked as a whole
+        rows_for([Message("cpu.samples", 0, 9, None, "fleetprof.CpuSamples",
+                          columnar | {"samples": columnar["samples"] | {"pid": [3, -1]}})])
+    store.insert("cpu_samples", merged.by_column, merged.columns, column_oriented=True)
+    _, found = store.query_sql("SELECT node, pid, stack_id, count, identity FROM cpu_samples WHERE node IN "
+                               "('n0', 'n2') ORDER BY node, pid", {})
+    assert found == [("n0", 3, 2**64 - 2, 9, ""), ("n0", 4, 7, 1, "fffffffffffffffe"),
+                     ("n2", 3, 2**64 - 2, 9, ""), ("n2", 4, 7, 1, "fffffffffffffffe")]

@@ -62,8 +62,9 @@ class Store:
     def __init__(self) -> None:
         self.inserts: list[tuple[str, list, str | None]] = []
 
-    def insert(self, table, rows, column_names, dedup_token=None):
-        self.inserts.append((table, [list(r) for r in rows], dedup_token))
+    def insert(self, table, rows, column_names, dedup_token=None, column_oriented=False):
+        as_rows = zip(*rows, strict=True) if column_oriented else rows
+        self.inserts.append((table, [list(r) for r in as_rows], dedup_token))
 
     def query_store(self, name, params):
         assert name == "sink_batches"

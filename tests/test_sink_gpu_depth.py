@@ -4,14 +4,13 @@ paths, the timeline's records one by one; v2 records still store; a re-inserted 
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
 
 from processors.messages import Message
 from processors.sink import gpu_samples_rows, rows_for
 
 # a window start, Unix ns: an hour ago, inside the tables' TTL (older rows are dropped on insert)
 T = (int(time.time()) // 10 * 10 - 3600) * 10**9 + 123_456_789
-TS = datetime.fromtimestamp(T // 10**9, tz=UTC)
+TS = T // 10**9  # DateTime: seconds since 1970
 
 
 def sample(kernel: str, stack: int, ns: int, launches: int, **more) -> dict:
@@ -54,7 +53,7 @@ def test_v3_samples_copies_and_timeline_rows():
         [TS, "n1", 7, "train", "k", 1, 13, 2**64 - 5, "[memcpy HtoD]", "pinned>device", "step > forward", 800, 4096, 2,
          ""],
         [TS, "n1", 7, "train", "k", 1, 13, 6, "[memset]", "device", "", 100, 512, 1, ""]]
-    later = datetime.fromtimestamp(T // 10**9 + 1, tz=UTC)
+    later = TS + 1
     # comm from the record's samples of the pid (pid 8's say none); ts: the record's own start second
     assert rows["gpu_timeline"].rows == [
         [TS, "n1", 7, "train", 1, 13, T + 5, T + 2005, "KERNEL", "gemm", 5, 3, 0, "step > forward", 2, 2**64 - 1, 99,
@@ -113,10 +112,10 @@ class StoreDyingBeforeAfter:
         self.node = node
         self.timeline_inserts = 0
 
-    def insert(self, table, rows, column_names, dedup_token=None):
+    def insert(self, table, rows, column_names, dedup_token=None, column_oriented=False):
         if table == "sink_state" and rows[0][4] == "AFTER" and self.timeline_inserts:
             raise Crash()
-        self.store.insert(table, rows, column_names, dedup_token=dedup_token)
+        self.store.insert(table, rows, column_names, dedup_token=dedup_token, column_oriented=column_oriented)
         # this test's node: the topic also holds other tests' records, which a new group reads first
         if table == "gpu_timeline" and any(r[list(column_names).index("node")] == self.node for r in rows):
             self.timeline_inserts += 1
