@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import lru_cache
+from itertools import chain
 
 from processors.messages import Message
 from schemas.wire import U64, long_to_u64
@@ -120,12 +121,14 @@ def check_ranges(table: str, rows: Rows) -> Rows:
             continue
         lo, hi = ranges[name]
         column = rows.by_column[i] if rows.by_column is not None else [row[i] for row in rows.rows]
-        if not isinstance(column[0], list):  # the common case, a whole column at C speed
-            try:
-                if lo <= min(column) and max(column) <= hi:
-                    continue
-            except TypeError:  # a None (a nullable column): value by value below
-                pass
+        try:  # a whole column at C speed: an array column's elements, a nullable column's values
+            values = list(chain.from_iterable(column)) if isinstance(column[0], list) else column
+            if None in values:
+                values = [v for v in values if v is not None]
+            if not values or (lo <= min(values) and max(values) <= hi):
+                continue
+        except TypeError:  # not all numbers: value by value below, which names the first bad one
+            pass
         for value in column:
             for v in value if isinstance(value, list) else (value,):
                 if v is not None and not lo <= v <= hi:

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 import pytest
 
 from processors.messages import Message
-from processors.sink import cpu_samples_rows, gpu_metrics_rows, identity_rows, rows_for
+from processors.sink import Rows, check_ranges, cpu_samples_rows, gpu_metrics_rows, identity_rows, rows_for
 from producers.workload_identity import Identity
 
 T = 1_764_000_000_123_456_789
@@ -112,3 +112,17 @@ def test_samples_read_as_columns_give_the_rows_their_records_give(store) -> None
                                "('n0', 'n2') ORDER BY node, pid", {})
     assert found == [("n0", 3, 2**64 - 2, 9, ""), ("n0", 4, 7, 1, "fffffffffffffffe"),
                      ("n2", 3, 2**64 - 2, 9, ""), ("n2", 4, 7, 1, "fffffffffffffffe")]
+
+
+@pytest.mark.parametrize("column, values, bad", [
+    ("gpu_util_pct", [None, 5, None], None), ("gpu_util_pct", [None, None], None),
+    ("gpu_util_pct", [None, 256, 3], 256), ("temperature_c", [-5, None, -40000], -40000),
+    ("xid_errors", [[], [79, 13], []], None), ("xid_errors", [[], [79, 2**32]], 2**32),
+])
+def test_nullable_and_array_columns_are_range_checked_whole(column, values, bad) -> None:
+    rows = Rows(["node", column], [["n", v] for v in values])
+    if bad is None:
+        assert check_ranges("gpu_device_metrics", rows) is rows
+    else:
+        with pytest.raises(ValueError, match=f"gpu_device_metrics.{column} = {bad} lies outside"):
+            check_ranges("gpu_device_metrics", rows)
