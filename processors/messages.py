@@ -55,10 +55,10 @@ def dead_letter(stage: str, topic: str, partition: int, offset: int, key: bytes 
 
 
 def decode_message(stage: str, raw, expect: dict[str, str], max_bytes: int, columnar: bool = False,
-                   columns: Mapping[str, str] | None = None) -> Message | Produced:
+                   columns: Mapping[str, tuple[str, ...]] | None = None) -> Message | Produced:
     """A confluent_kafka Message to a decoded Message, or the dead letter saying why it is not one. columnar: CPU
     stack batches come with each process's stacks as a PackedStacks (see `cpu_batch_reader.decode_columnar`).
-    columns: record name -> an array of records read as columns (`single_object.read_columns`)."""
+    columns: record name -> its arrays of records read as columns (`single_object.read_columns`)."""
     topic, partition, offset, value, key = raw.topic(), raw.partition(), raw.offset(), raw.value(), raw.key()
     if value is None:
         return dead_letter(stage, topic, partition, offset, key, value, "empty message (no value)")

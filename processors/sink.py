@@ -32,6 +32,9 @@ IDENTITY_COLUMNS = ["identity", "node", "updated", "kind", "container_runtime", 
                     "pod_name", "namespace", "pod_uid", "labels", "slurm_job_id", "slurm_step", "slurm_user",
                     "slurm_array_job_id", "slurm_array_task_id", "slurm_account", "systemd_unit", "team", "simulated"]
 _IDENTITY_FIELDS = IDENTITY_COLUMNS[3:-1]  # the WorkloadIdentity fields stored as they are
+# the GpuMetrics device and process fields stored as they are, in column order (between node and simulated)
+_DEVICE_FIELDS = ["index", *DEVICE_COLUMNS[3:-2]]
+_PROCESS_FIELDS = ["device_index", *PROCESS_COLUMNS[3:-2]]
 
 ALERT_COLUMNS = ["alert_id", "kind", "state", "node", "gpu_index", "gpu_uuid", "started", "time", "threshold",
                  "observed", "message", "evidence"]
@@ -176,27 +179,39 @@ def cpu_samples_rows(rec: dict) -> dict[str, Rows]:
 def _cpu_sample_columns(samples: dict[str, list], ts: int, node: str) -> Rows:
     """cpu_samples as columns from a record's sample columns (a record without samples may have no columns)."""
     n = len(samples.get("pid", ()))
-    ids = samples.get("identity_id")
     return Rows(CPU_SAMPLE_COLUMNS, by_column=[
         [ts] * n, [node] * n, samples.get("pid", []), samples.get("comm", []), samples.get("container_id", []),
         [s + U64 if s < 0 else s for s in samples.get("stack_id", [])],  # long_to_u64, inline
-        samples.get("count", []), list(map(identity_key, ids)) if ids is not None else [""] * n])
+        samples.get("count", []), _identity_column(samples.get("identity_id"), n)])
 
 
 def gpu_metrics_rows(rec: dict) -> dict[str, Rows]:
+    """The rows of a GpuMetrics record; its devices and processes lists of records, or columns (read_columns)."""
     ts = _ts_ms(rec["time_ns"])
     sim = rec.get("simulated", False)
-    devices = Rows(DEVICE_COLUMNS, [
-        [ts, rec["node"], d["index"], d["uuid"], d["name"], d["parent_uuid"], d["gpu_util_pct"], d["mem_util_pct"],
-         d["mem_used_bytes"], d["mem_total_bytes"], d["sm_clock_mhz"], d["mem_clock_mhz"], d["power_mw"],
-         d["power_limit_mw"], d["temperature_c"], d["pcie_tx_kbps"], d["pcie_rx_kbps"], d["clock_event_reasons"],
-         d["xid_errors"], sim, identity_key(d.get("identity_id", 0))]
-        for d in rec["devices"]])
-    procs = Rows(PROCESS_COLUMNS, [
-        [ts, rec["node"], p["device_index"], p["pid"], p["comm"], p["container_id"], p["sm_util_pct"],
-         p["mem_util_pct"], p["used_memory_bytes"], sim, identity_key(p.get("identity_id", 0))]
-        for p in rec["processes"]])
-    return {"gpu_device_metrics": devices, "gpu_process_metrics": procs}
+    devices, procs = rec["devices"], rec["processes"]
+    if isinstance(devices, dict):
+        n = len(devices.get("index", ()))
+        devices_rows = Rows(DEVICE_COLUMNS, by_column=[
+            [ts] * n, [rec["node"]] * n, *(devices.get(f, []) for f in _DEVICE_FIELDS), [sim] * n,
+            _identity_column(devices.get("identity_id"), n)])
+    else:
+        devices_rows = Rows(DEVICE_COLUMNS, [[ts, rec["node"], *(d[f] for f in _DEVICE_FIELDS), sim,
+                                              identity_key(d.get("identity_id", 0))] for d in devices])
+    if isinstance(procs, dict):
+        n = len(procs.get("pid", ()))
+        procs_rows = Rows(PROCESS_COLUMNS, by_column=[
+            [ts] * n, [rec["node"]] * n, *(procs.get(f, []) for f in _PROCESS_FIELDS), [sim] * n,
+            _identity_column(procs.get("identity_id"), n)])
+    else:
+        procs_rows = Rows(PROCESS_COLUMNS, [[ts, rec["node"], *(p[f] for f in _PROCESS_FIELDS), sim,
+                                             identity_key(p.get("identity_id", 0))] for p in procs])
+    return {"gpu_device_metrics": devices_rows, "gpu_process_metrics": procs_rows}
+
+
+def _identity_column(ids: list[int] | None, n: int) -> list[str]:
+    """The identity column of n rows whose records' identity_id column is `ids` (None: records before it)."""
+    return list(map(identity_key, ids)) if ids is not None else [""] * n
 
 
 def gpu_samples_rows(rec: dict) -> dict[str, Rows]:
@@ -272,9 +287,10 @@ ROW_BUILDERS = {
     "fleetprof.WorkloadIdentity": identity_rows,
 }
 SINK_INPUTS = ("cpu.samples", "gpu.metrics", "gpu.samples", "alerts", "identities")
-# the records whose array of records the sink reads as columns (decode_message's `columns`): a CpuSamples record
-# holds ~1,500 samples, each a cpu_samples row, and its columns go to the insert as they are
-READ_AS_COLUMNS = {"fleetprof.CpuSamples": "samples"}
+# the records whose arrays of records the sink reads as columns (decode_message's `columns`): a CpuSamples record
+# holds ~1,500 samples, each a cpu_samples row, and its columns go to the insert as they are; a GpuMetrics record a
+# row per GPU and per GPU process
+READ_AS_COLUMNS = {"fleetprof.CpuSamples": ("samples",), "fleetprof.GpuMetrics": ("devices", "processes")}
 
 
 def rows_for(messages: list[Message], written_at: datetime | None = None) -> dict[str, Rows]:

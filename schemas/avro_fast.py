@@ -184,21 +184,22 @@ def batch_reader_for(parsed_schema: Any) -> Callable[[list[bytes], int], list] |
     return lambda datas, offset: read_each(tree, datas, offset)
 
 
-def columns_reader_for(parsed_schema: Any, field: str) -> Callable[[bytes, int], Any] | None:
-    """As reader_for, but the record's array-of-records `field` comes as {item field: [values]} (one list per
-    column, in item order) instead of a list of dicts; None as for reader_for, or where `field` is not such an
-    array."""
+def columns_reader_for(parsed_schema: Any, fields: tuple[str, ...]) -> Callable[[bytes, int], Any] | None:
+    """As reader_for, but each of the record's arrays of records `fields` comes as {item field: [values]} (one list
+    per column, in item order) instead of a list of dicts; None as for reader_for, or where one of `fields` is not
+    such an array."""
     found = _tree(parsed_schema)
     if found is None:
         return None
     read, tree = found[0].read, found[1]
-    if tree[0] != T_RECORD or field not in tree[1]:
+    if tree[0] != T_RECORD:
         return None
-    at = tree[1].index(field)
-    array = tree[2][at]
-    if not (isinstance(array, tuple) and array[0] == T_ARRAY and isinstance(array[1], tuple)
-            and array[1][0] == T_RECORD):
-        return None
-    types = (*tree[2][:at], (T_COLUMNS, array[1]), *tree[2][at + 1:])
-    columnar = (T_RECORD, tree[1], types, tree[3])
+    types = list(tree[2])
+    for field in fields:
+        array = types[tree[1].index(field)] if field in tree[1] else None
+        if not (isinstance(array, tuple) and array[0] == T_ARRAY and isinstance(array[1], tuple)
+                and array[1][0] == T_RECORD):
+            return None
+        types[tree[1].index(field)] = (T_COLUMNS, array[1])
+    columnar = (T_RECORD, tree[1], tuple(types), tree[3])
     return lambda data, offset: read(columnar, data, offset)

@@ -290,30 +290,30 @@ def read_body(data: bytes, writer: SchemaVersion, reader: SchemaVersion) -> dict
 
 
 def decode(data: bytes, expect: str | None = None, registry: SchemaRegistry | None = None,
-           columns: Mapping[str, str] | None = None) -> tuple[str, dict]:
+           columns: Mapping[str, tuple[str, ...]] | None = None) -> tuple[str, dict]:
     """Decode one message into (record name, record) read with the newest version of its schema. columns: record
-    name -> an array-of-records field that comes as {item field: [values]} (read_columns). For CPU stack batches
-    with their stacks left columnar, see schemas/cpu_batch_reader.py."""
+    name -> its arrays of records that come as {item field: [values]} (read_columns). For CPU stack batches with
+    their stacks left columnar, see schemas/cpu_batch_reader.py."""
     writer, reader = writer_and_reader(data, expect, registry)
-    field = columns.get(writer.name) if columns else None
-    if field is None:
+    fields = columns.get(writer.name) if columns else None
+    if not fields:
         return writer.name, read_body(data, writer, reader)
-    return writer.name, read_columns(data, writer, reader, field)
+    return writer.name, read_columns(data, writer, reader, fields)
 
 
-# (fingerprint, field) -> the compiled reader with that field as columns, None where there is none
-_COLUMNS_READERS: dict[tuple[bytes, str], Callable[[bytes, int], Any] | None] = {}
+# (fingerprint, fields) -> the compiled reader with those fields as columns, None where there is none
+_COLUMNS_READERS: dict[tuple[bytes, tuple[str, ...]], Callable[[bytes, int], Any] | None] = {}
 
 
-def read_columns(data: bytes, writer: SchemaVersion, reader: SchemaVersion, field: str) -> dict:
-    """As read_body, with the record's array of records `field` as {item field: [values]}: the compiled codec
-    fills the lists without a dict per item; otherwise the items are read as usual and turned into columns."""
+def read_columns(data: bytes, writer: SchemaVersion, reader: SchemaVersion, fields: tuple[str, ...]) -> dict:
+    """As read_body, with each of the record's arrays of records `fields` as {item field: [values]}: the compiled
+    codec fills the lists without a dict per item; otherwise the items are read as usual and turned into columns."""
     if writer is reader:
-        key = (writer.fingerprint, field)
+        key = (writer.fingerprint, fields)
         if key not in _COLUMNS_READERS:
             from schemas import avro_fast
 
-            _COLUMNS_READERS[key] = avro_fast.columns_reader_for(writer.parsed, field)
+            _COLUMNS_READERS[key] = avro_fast.columns_reader_for(writer.parsed, fields)
         fast = _COLUMNS_READERS[key]
         if fast is not None:
             try:
@@ -321,9 +321,10 @@ def read_columns(data: bytes, writer: SchemaVersion, reader: SchemaVersion, fiel
             except ValueError:
                 pass  # as in read_body: fastavro decides
     record = read_body(data, writer, reader)
-    items = record[field]
-    names = list(items[0]) if items else _item_fields(reader.parsed, field)
-    record[field] = {name: [item[name] for item in items] for name in names}
+    for field in fields:
+        items = record[field]
+        names = list(items[0]) if items else _item_fields(reader.parsed, field)
+        record[field] = {name: [item[name] for item in items] for name in names}
     return record
 
 

@@ -113,30 +113,30 @@ def test_a_batch_reads_each_body_as_one_read_does_and_none_where_it_refuses(name
     assert sum(g is None for g in got) >= 30 and sum(g is not None for g in got) >= 30
 
 
-def as_columns(record: dict, field: str, names: list[str]) -> dict:
-    """`record` with its array of records `field` as {item field: [values]}."""
-    return {**record, field: {n: [item[n] for item in record[field]] for n in names}}
+def as_columns(record: dict, fields: tuple[str, ...], names: dict[str, list[str]]) -> dict:
+    """`record` with each of its arrays of records `fields` as {item field: [values]}."""
+    return {**record, **{f: {n: [item[n] for item in record[f]] for n in names[f]} for f in fields}}
 
 
-@pytest.mark.parametrize("name, field", [("CpuSamples", "samples"), ("GpuSamples", "samples"),
-                                         ("GpuMetrics", "devices")])
-def test_an_array_read_as_columns_holds_what_its_records_hold_and_refuses_what_they_refuse(name, field):
+@pytest.mark.parametrize("name, fields", [("CpuSamples", ("samples",)), ("GpuSamples", ("samples",)),
+                                          ("GpuMetrics", ("devices", "processes"))])
+def test_arrays_read_as_columns_hold_what_their_records_hold_and_refuse_what_they_refuse(name, fields):
     schema = REGISTRY.latest(f"fleetprof.{name}")
     one = compiled(single_object.fast_reader(schema))
-    columns = compiled(avro_fast.columns_reader_for(schema.parsed, field))
-    names = single_object._item_fields(schema.parsed, field)
+    columns = compiled(avro_fast.columns_reader_for(schema.parsed, fields))
+    names = {f: single_object._item_fields(schema.parsed, f) for f in fields}
     seen = {"empty": 0, "refused": 0}
 
     @settings(FUZZ, max_examples=60)
     @given(record_of(name), EDITS)
     def check(record, edits):
         data = single_object.encode(name, record)
-        seen["empty"] += not record[field]
+        seen["empty"] += not record[fields[0]]
         assert same(columns(data, single_object.HEADER_LEN), as_columns(one(data, single_object.HEADER_LEN),
-                                                                       field, names))
+                                                                       fields, names))
         for body in (mutate(data, edits), data[:-1], data + b"\0"):
             try:
-                want = as_columns(one(body, single_object.HEADER_LEN), field, names)
+                want = as_columns(one(body, single_object.HEADER_LEN), fields, names)
             except ValueError:
                 seen["refused"] += 1
                 with pytest.raises(ValueError):
@@ -146,7 +146,7 @@ def test_an_array_read_as_columns_holds_what_its_records_hold_and_refuses_what_t
 
     check()
     assert seen["empty"] >= 1 and seen["refused"] >= 60  # an empty array gives empty columns; bad bodies refused
-    assert avro_fast.columns_reader_for(schema.parsed, "node") is None  # not an array of records
+    assert avro_fast.columns_reader_for(schema.parsed, (*fields, "node")) is None  # not an array of records
 
 
 def test_decoding_as_columns_gives_the_same_columns_on_every_path(monkeypatch):
@@ -156,12 +156,12 @@ def test_decoding_as_columns_gives_the_same_columns_on_every_path(monkeypatch):
               "simulated": False, "frequency_hz": 19}
     want = {"pid": [1, 2], "comm": ["a", "b"], "container_id": ["", "k"], "identity_id": [-5, 0],
             "stack_id": [-2, 9], "count": [3, 1]}
-    columns = {"fleetprof.CpuSamples": "samples"}
+    columns = {"fleetprof.CpuSamples": ("samples",)}
     data = single_object.encode("CpuSamples", record)
     compiled(single_object.fast_reader(REGISTRY.latest("fleetprof.CpuSamples")))
     assert single_object.decode(data, columns=columns)[1]["samples"] == want  # the compiled reader
     monkeypatch.setattr(single_object, "_COLUMNS_READERS", {})
-    monkeypatch.setattr(avro_fast, "columns_reader_for", lambda schema, field: None)
+    monkeypatch.setattr(avro_fast, "columns_reader_for", lambda schema, fields: None)
     assert single_object.decode(data, columns=columns)[1]["samples"] == want  # fastavro, then turned into columns
     empty = single_object.decode(single_object.encode("CpuSamples", record | {"samples": []}), columns=columns)
     assert empty[1]["samples"] == {name: [] for name in want}

@@ -34,13 +34,21 @@ def test_gpu_metrics_rows_keep_nulls_and_the_simulated_label():
            "clock_event_reasons": 0, "xid_errors": [79]}
     proc = {"device_index": 1, "pid": 9, "comm": "python", "container_id": "", "sm_util_pct": 50,
             "mem_util_pct": None, "used_memory_bytes": 100, "identity_id": 0x1234}
-    rows = gpu_metrics_rows({"node": "n", "time_ns": T, "simulated": True, "devices": [dev, dev | {"identity_id": 5}],
-                             "processes": [proc]})
+    rec = {"node": "n", "time_ns": T, "simulated": True, "devices": [dev, dev | {"identity_id": 5}],
+           "processes": [proc]}
+    rows = gpu_metrics_rows(rec)
     ts = 1_764_000_000_123  # DateTime64(3): milliseconds
     device = [ts, "n", 1, "GPU-1", "H100 (simulated)", "", None, 5, 7, 8, 1, 2, 3, 4, 40, None, 6, 0, [79], True]
     assert rows["gpu_device_metrics"].rows == [device + [""], device + ["0000000000000005"]]
     assert rows["gpu_process_metrics"].rows == [[ts, "n", 1, 9, "python", "", 50, None, 100, True,
                                                  "0000000000001234"]]
+    # read as columns (the sink's decode): the same rows, column by column; records before identities store ''
+    columnar = rec | {"devices": {k: [d.get(k, 0) for d in rec["devices"]] for k in dev | {"identity_id": 0}},
+                      "processes": {k: [p[k] for p in rec["processes"]] for k in proc if k != "identity_id"}}
+    by_columns = gpu_metrics_rows(columnar)
+    for table, want in [("gpu_device_metrics", [device + [""], device + ["0000000000000005"]]),
+                        ("gpu_process_metrics", [[ts, "n", 1, 9, "python", "", 50, None, 100, True, ""]])]:
+        assert [list(r) for r in zip(*by_columns[table].by_column, strict=True)] == want
 
 
 def test_identity_rows_are_the_dimension_table_row():
