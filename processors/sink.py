@@ -187,26 +187,20 @@ def _cpu_sample_columns(samples: dict[str, list], ts: int, node: str) -> Rows:
 
 def gpu_metrics_rows(rec: dict) -> dict[str, Rows]:
     """The rows of a GpuMetrics record; its devices and processes lists of records, or columns (read_columns)."""
-    ts = _ts_ms(rec["time_ns"])
-    sim = rec.get("simulated", False)
-    devices, procs = rec["devices"], rec["processes"]
-    if isinstance(devices, dict):
-        n = len(devices.get("index", ()))
-        devices_rows = Rows(DEVICE_COLUMNS, by_column=[
-            [ts] * n, [rec["node"]] * n, *(devices.get(f, []) for f in _DEVICE_FIELDS), [sim] * n,
-            _identity_column(devices.get("identity_id"), n)])
-    else:
-        devices_rows = Rows(DEVICE_COLUMNS, [[ts, rec["node"], *(d[f] for f in _DEVICE_FIELDS), sim,
-                                              identity_key(d.get("identity_id", 0))] for d in devices])
-    if isinstance(procs, dict):
-        n = len(procs.get("pid", ()))
-        procs_rows = Rows(PROCESS_COLUMNS, by_column=[
-            [ts] * n, [rec["node"]] * n, *(procs.get(f, []) for f in _PROCESS_FIELDS), [sim] * n,
-            _identity_column(procs.get("identity_id"), n)])
-    else:
-        procs_rows = Rows(PROCESS_COLUMNS, [[ts, rec["node"], *(p[f] for f in _PROCESS_FIELDS), sim,
-                                             identity_key(p.get("identity_id", 0))] for p in procs])
-    return {"gpu_device_metrics": devices_rows, "gpu_process_metrics": procs_rows}
+    ts, node, sim = _ts_ms(rec["time_ns"]), rec["node"], rec.get("simulated", False)
+    return {"gpu_device_metrics": _metric_rows(rec["devices"], DEVICE_COLUMNS, _DEVICE_FIELDS, ts, node, sim),
+            "gpu_process_metrics": _metric_rows(rec["processes"], PROCESS_COLUMNS, _PROCESS_FIELDS, ts, node, sim)}
+
+
+def _metric_rows(items: list[dict] | dict[str, list], columns: list[str], fields: list[str], ts: int, node: str,
+                 sim: bool) -> Rows:
+    """ts, node, `fields`, simulated and identity of each device or process: records, or their columns."""
+    if isinstance(items, dict):
+        n = len(items.get(fields[0], ()))
+        return Rows(columns, by_column=[[ts] * n, [node] * n, *(items.get(f, []) for f in fields), [sim] * n,
+                                        _identity_column(items.get("identity_id"), n)])
+    return Rows(columns, [[ts, node, *(item[f] for f in fields), sim, identity_key(item.get("identity_id", 0))]
+                          for item in items])
 
 
 def _identity_column(ids: list[int] | None, n: int) -> list[str]:
