@@ -33,8 +33,8 @@ IDENTITY_COLUMNS = ["identity", "node", "updated", "kind", "container_runtime", 
                     "slurm_array_job_id", "slurm_array_task_id", "slurm_account", "systemd_unit", "team", "simulated"]
 _IDENTITY_FIELDS = IDENTITY_COLUMNS[3:-1]  # the WorkloadIdentity fields stored as they are
 # the GpuMetrics device and process fields stored as they are, in column order (between node and simulated)
-_DEVICE_FIELDS = ["index", *DEVICE_COLUMNS[3:-2]]
-_PROCESS_FIELDS = ["device_index", *PROCESS_COLUMNS[3:-2]]
+_DEVICE_FIELDS = ("index", *DEVICE_COLUMNS[3:-2])
+_PROCESS_FIELDS = ("device_index", *PROCESS_COLUMNS[3:-2])
 
 ALERT_COLUMNS = ["alert_id", "kind", "state", "node", "gpu_index", "gpu_uuid", "started", "time", "threshold",
                  "observed", "message", "evidence"]
@@ -64,14 +64,16 @@ class Rows:
         return len(self.by_column[0]) if self.by_column is not None else len(self.rows)
 
     def extend(self, more: Rows) -> None:
-        """`more`'s rows after these (its columns are these)."""
-        if self.by_column is not None and more.by_column is not None:
-            for mine, theirs in zip(self.by_column, more.by_column, strict=True):
-                mine.extend(theirs)
+        """`more`'s rows after these (the same table, built the same way: rows or columns)."""
+        if self.by_column is None:
+            self.rows.extend(more.rows)
             return
-        if self.by_column is not None:  # rows after columns: a batch mixing both (tests) is kept as rows
-            self.rows, self.by_column = [list(r) for r in zip(*self.by_column, strict=True)], None
-        self.rows.extend(more.rows if more.by_column is None else (list(r) for r in zip(*more.by_column, strict=True)))
+        for mine, theirs in zip(self.by_column, more.by_column, strict=True):
+            mine.extend(theirs)
+
+    def as_rows(self) -> list[list]:
+        """The rows as lists of values, whichever way they are held."""
+        return self.rows if self.by_column is None else [list(r) for r in zip(*self.by_column, strict=True)]
 
 
 # The unsigned and narrow integer columns of the tables (sql/migrations). Avro's int and long are signed and wider: a
@@ -162,97 +164,112 @@ def _profile_window(rec: dict, ts: int, kind: str, samples: int) -> Rows:
                                           rec.get("frequency_hz", 0)]])
 
 
-def cpu_samples_rows(rec: dict) -> dict[str, Rows]:
-    """The rows of a CpuSamples record; its samples a list of records, or columns (single_object.read_columns)."""
-    ts = _ts(rec["window_start_ns"])
-    samples = rec["samples"]
-    if isinstance(samples, dict):
-        table = _cpu_sample_columns(samples, ts, rec["node"])
+def _columns(items: list[dict] | dict[str, list], fields: tuple[str, ...],
+             defaults: dict[str, object]) -> tuple[dict[str, list], int]:
+    """An array of records as {field: [values]} and its length: as the sink reads it (READ_AS_COLUMNS), or made from
+    a list of records. `defaults`: the fields a record may predate, with the value it stands for."""
+    if isinstance(items, dict):
+        columns = dict(items)
+        n = len(next(iter(columns.values()), ()))
     else:
-        table = Rows(CPU_SAMPLE_COLUMNS, [[ts, rec["node"], s["pid"], s["comm"], s["container_id"],
-                                           long_to_u64(s["stack_id"]), s["count"],
-                                           identity_key(s.get("identity_id", 0))] for s in samples])
-    return {**_definitions(rec, ts), "cpu_samples": table,
-            "profile_windows": _profile_window(rec, ts, "cpu", len(table))}
+        n = len(items)
+        columns = {f: [item[f] for item in items] for f in fields}
+        columns.update({f: [item.get(f, d) for item in items] for f, d in defaults.items()})
+    for f, d in defaults.items():
+        columns.setdefault(f, [d] * n)
+    if n == 0:
+        for f in fields:
+            columns.setdefault(f, [])
+    return columns, n
 
 
-def _cpu_sample_columns(samples: dict[str, list], ts: int, node: str) -> Rows:
-    """cpu_samples as columns from a record's sample columns (a record without samples may have no columns)."""
-    n = len(samples.get("pid", ()))
-    return Rows(CPU_SAMPLE_COLUMNS, by_column=[
-        [ts] * n, [node] * n, samples.get("pid", []), samples.get("comm", []), samples.get("container_id", []),
-        [s + U64 if s < 0 else s for s in samples.get("stack_id", [])],  # long_to_u64, inline
-        samples.get("count", []), _identity_column(samples.get("identity_id"), n)])
+def _u64(column: list[int]) -> list[int]:
+    """long_to_u64 of each value."""
+    return [v + U64 if v < 0 else v for v in column]
+
+
+def _identity_column(ids: list[int]) -> list[str]:
+    return list(map(identity_key, ids))
+
+
+_CPU_SAMPLE_FIELDS = ("pid", "comm", "container_id", "stack_id", "count")
+
+
+def cpu_samples_rows(rec: dict) -> dict[str, Rows]:
+    """The rows of a CpuSamples record (its samples as columns, or records)."""
+    ts, node = _ts(rec["window_start_ns"]), rec["node"]
+    s, n = _columns(rec["samples"], _CPU_SAMPLE_FIELDS, {"identity_id": 0})
+    table = Rows(CPU_SAMPLE_COLUMNS, by_column=[
+        [ts] * n, [node] * n, s["pid"], s["comm"], s["container_id"], _u64(s["stack_id"]), s["count"],
+        _identity_column(s["identity_id"])])
+    return {**_definitions(rec, ts), "cpu_samples": table, "profile_windows": _profile_window(rec, ts, "cpu", n)}
 
 
 def gpu_metrics_rows(rec: dict) -> dict[str, Rows]:
-    """The rows of a GpuMetrics record; its devices and processes lists of records, or columns (read_columns)."""
+    """The rows of a GpuMetrics record (its devices and processes as columns, or records)."""
     ts, node, sim = _ts_ms(rec["time_ns"]), rec["node"], rec.get("simulated", False)
     return {"gpu_device_metrics": _metric_rows(rec["devices"], DEVICE_COLUMNS, _DEVICE_FIELDS, ts, node, sim),
             "gpu_process_metrics": _metric_rows(rec["processes"], PROCESS_COLUMNS, _PROCESS_FIELDS, ts, node, sim)}
 
 
-def _metric_rows(items: list[dict] | dict[str, list], columns: list[str], fields: list[str], ts: int, node: str,
-                 sim: bool) -> Rows:
-    """ts, node, `fields`, simulated and identity of each device or process: records, or their columns."""
-    if isinstance(items, dict):
-        n = len(items.get(fields[0], ()))
-        return Rows(columns, by_column=[[ts] * n, [node] * n, *(items.get(f, []) for f in fields), [sim] * n,
-                                        _identity_column(items.get("identity_id"), n)])
-    return Rows(columns, [[ts, node, *(item[f] for f in fields), sim, identity_key(item.get("identity_id", 0))]
-                          for item in items])
+def _metric_rows(items: list[dict] | dict[str, list], columns: list[str], fields: tuple[str, ...], ts: int,
+                 node: str, sim: bool) -> Rows:
+    """ts, node, `fields`, simulated and identity of each device or process."""
+    c, n = _columns(items, fields, {"identity_id": 0})
+    return Rows(columns, by_column=[[ts] * n, [node] * n, *(c[f] for f in fields), [sim] * n,
+                                    _identity_column(c["identity_id"])])
 
 
-def _identity_column(ids: list[int] | None, n: int) -> list[str]:
-    """The identity column of n rows whose records' identity_id column is `ids` (None: records before it)."""
-    return list(map(identity_key, ids)) if ids is not None else [""] * n
+_GPU_SAMPLE_FIELDS = ("pid", "comm", "container_id", "device", "stream", "stack_id", "kernel_name", "duration_ns",
+                      "launches")
+_GPU_SAMPLE_DEFAULTS = {"identity_id": 0, "nvtx_range": "", "bytes": 0, "memory_kinds": ""}
+_TIMELINE_FIELDS = ("pid", "device", "stream", "start_ns", "end_ns", "activity", "name", "stack_id", "weight")
+_TIMELINE_DEFAULTS = {"bytes": 0, "nvtx_range": "", "graph_id": 0, "graph_node_id": 0, "correlation_id": 0,
+                      "identity_id": 0}
 
 
 def gpu_samples_rows(rec: dict) -> dict[str, Rows]:
-    """GpuSamples v1 to v3 (a field an older record lacks reads as its v3 default: no range, no bytes, no timeline).
+    """GpuSamples v1 to v4 (a field an older record lacks reads as its default: no range, no bytes, no timeline).
     Copies and sets are rows of gpu_kernel_samples like kernels (their GPU time), and of gpu_copy_samples with their
     bytes too (migration 0014)."""
-    ts = _ts(rec["window_start_ns"])
-    node = rec["node"]
-    samples = rec["samples"]
-    copies = [s for s in samples if s["kernel_name"].startswith(COPY_LABEL_PREFIXES)]
+    ts, node = _ts(rec["window_start_ns"]), rec["node"]
+    s, n = _columns(rec["samples"], _GPU_SAMPLE_FIELDS, _GPU_SAMPLE_DEFAULTS)
+    stack, ident = _u64(s["stack_id"]), _identity_column(s["identity_id"])
+    kernels = [[ts] * n, [node] * n, s["pid"], s["comm"], s["container_id"], s["device"], s["stream"], stack,
+               s["kernel_name"], s["duration_ns"], s["launches"], s["nvtx_range"], ident]
+    at = [i for i, name in enumerate(s["kernel_name"]) if name.startswith(COPY_LABEL_PREFIXES)]
+    copies = [[ts] * len(at), [node] * len(at), *([column[i] for i in at] for column in (
+        s["pid"], s["comm"], s["container_id"], s["device"], s["stream"], stack, s["kernel_name"], s["memory_kinds"],
+        s["nvtx_range"], s["duration_ns"], s["bytes"], s["launches"], ident))]
     return {
         **_definitions(rec, ts),
-        "gpu_kernel_samples": Rows(GPU_SAMPLE_COLUMNS, [
-            [ts, node, s["pid"], s["comm"], s["container_id"], s["device"], s["stream"],
-             long_to_u64(s["stack_id"]), s["kernel_name"], s["duration_ns"], s["launches"], s.get("nvtx_range", ""),
-             identity_key(s.get("identity_id", 0))]
-            for s in samples]),
-        "gpu_copy_samples": Rows(GPU_COPY_COLUMNS, [
-            [ts, node, s["pid"], s["comm"], s["container_id"], s["device"], s["stream"], long_to_u64(s["stack_id"]),
-             s["kernel_name"], s.get("memory_kinds", ""), s.get("nvtx_range", ""), s["duration_ns"],
-             s.get("bytes", 0), s["launches"], identity_key(s.get("identity_id", 0))]
-            for s in copies]),
-        "gpu_timeline": _timeline(rec, node),
+        "gpu_kernel_samples": Rows(GPU_SAMPLE_COLUMNS, by_column=kernels),
+        "gpu_copy_samples": Rows(GPU_COPY_COLUMNS, by_column=copies),
+        "gpu_timeline": _timeline(rec.get("timeline", []), s, node),
         "gpu_unmatched": Rows(GPU_UNMATCHED_COLUMNS, [
             [ts, node, u["pid"], u["side"], u["reason"], u["events"], u["duration_ns"], u["launches"]]
             for u in rec["unmatched"]]),
-        "profile_windows": _profile_window(rec, ts, "gpu", len(samples)),
+        "profile_windows": _profile_window(rec, ts, "gpu", n),
     }
 
 
-def _timeline(rec: dict, node: str) -> Rows:
+def _timeline(items: list[dict] | dict[str, list], samples: dict[str, list], node: str) -> Rows:
     """One row per matched record, stamped (ts) with its own start second: the timeline reads a time range by it.
     Timeline records carry no comm: a process's is the one its samples in the same record carry."""
     comms: dict[int, str] = {}
-    for s in rec["samples"]:
-        if s["comm"]:
-            comms.setdefault(s["pid"], s["comm"])
-    timeline = rec.get("timeline", [])
-    if timeline:  # every start a DateTime, checked at its ends (ns fit in a long: seconds are monotone in them)
-        _ts(min(t["start_ns"] for t in timeline))
-        _ts(max(t["start_ns"] for t in timeline))
-    return Rows(GPU_TIMELINE_COLUMNS, [
-        [t["start_ns"] // 1_000_000_000, node, t["pid"], comms.get(t["pid"], ""), t["device"], t["stream"],
-         t["start_ns"], t["end_ns"], t["activity"], t["name"], long_to_u64(t["stack_id"]), t["weight"],
-         t.get("bytes", 0), t.get("nvtx_range", ""), t.get("graph_id", 0), long_to_u64(t.get("graph_node_id", 0)),
-         t.get("correlation_id", 0), identity_key(t.get("identity_id", 0))]
-        for t in timeline])
+    for pid, comm in zip(samples["pid"], samples["comm"], strict=True):
+        if comm:
+            comms.setdefault(pid, comm)
+    t, n = _columns(items, _TIMELINE_FIELDS, _TIMELINE_DEFAULTS)
+    starts = t["start_ns"]
+    if n:  # every start a DateTime, checked at its ends (ns fit in a long: seconds are monotone in them)
+        _ts(min(starts))
+        _ts(max(starts))
+    return Rows(GPU_TIMELINE_COLUMNS, by_column=[
+        [start // 1_000_000_000 for start in starts], [node] * n, t["pid"], [comms.get(p, "") for p in t["pid"]],
+        t["device"], t["stream"], starts, t["end_ns"], t["activity"], t["name"], _u64(t["stack_id"]), t["weight"],
+        t["bytes"], t["nvtx_range"], t["graph_id"], _u64(t["graph_node_id"]), t["correlation_id"],
+        _identity_column(t["identity_id"])])
 
 
 def identity_rows(rec: dict) -> dict[str, Rows]:
@@ -283,8 +300,9 @@ ROW_BUILDERS = {
 SINK_INPUTS = ("cpu.samples", "gpu.metrics", "gpu.samples", "alerts", "identities")
 # the records whose arrays of records the sink reads as columns (decode_message's `columns`): a CpuSamples record
 # holds ~1,500 samples, each a cpu_samples row, and its columns go to the insert as they are; a GpuMetrics record a
-# row per GPU and per GPU process
-READ_AS_COLUMNS = {"fleetprof.CpuSamples": ("samples",), "fleetprof.GpuMetrics": ("devices", "processes")}
+# row per GPU and per GPU process, a GpuSamples record one per sample and per timeline record
+READ_AS_COLUMNS = {"fleetprof.CpuSamples": ("samples",), "fleetprof.GpuMetrics": ("devices", "processes"),
+                   "fleetprof.GpuSamples": ("samples", "timeline")}
 
 
 def rows_for(messages: list[Message], written_at: datetime | None = None) -> dict[str, Rows]:

@@ -77,9 +77,9 @@ def test_bogus_records_give_rows_that_insert_or_are_refused(store, schema):
             refused.append(str(exc))
             return
         for table, rows in tables.items():
-            if rows.rows:
-                store.insert(table, rows.rows, rows.columns)
-                inserted += len(rows.rows)
+            if len(rows):
+                store.insert(table, rows.as_rows(), rows.columns)
+                inserted += len(rows)
 
     check = example([VALID[schema]])(check)  # most random records hold some value out of range: one goes in
     check()

@@ -50,7 +50,7 @@ def record(node: str, pid: int, window_start_ns: int) -> dict:
 def store_record(store, rec: dict, offset: int) -> None:
     rows = rows_for([Message("gpu.samples", 0, offset, None, "fleetprof.GpuSamples", rec)])
     for table, found in rows.items():
-        store.insert(table, found.rows, found.columns, dedup_token=f"gpu.samples:0:{offset}:{table}")
+        store.insert(table, found.as_rows(), found.columns, dedup_token=f"gpu.samples:0:{offset}:{table}")
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ def test_cpu_samples_rows():
     assert rows["frames"].rows == [[2**64 - 1, "f", "b", "NATIVE", ts, ""]]
     assert rows["stacks"].rows == [[2**64 - 2, [2**64 - 1, 5], ts]]
     # a v2 sample (no identity_id) stores '', an id its 16 hex digits of the unsigned value
-    assert rows["cpu_samples"].rows == [[ts, "n", 3, "c", "k", 2**64 - 2, 9, ""],
+    assert rows["cpu_samples"].as_rows() == [[ts, "n", 3, "c", "k", 2**64 - 2, 9, ""],
                                         [ts, "n", 4, "c", "", 2**64 - 2, 1, "fffffffffffffffe"]]
 
 
@@ -39,8 +39,8 @@ def test_gpu_metrics_rows_keep_nulls_and_the_simulated_label():
     rows = gpu_metrics_rows(rec)
     ts = 1_764_000_000_123  # DateTime64(3): milliseconds
     device = [ts, "n", 1, "GPU-1", "H100 (simulated)", "", None, 5, 7, 8, 1, 2, 3, 4, 40, None, 6, 0, [79], True]
-    assert rows["gpu_device_metrics"].rows == [device + [""], device + ["0000000000000005"]]
-    assert rows["gpu_process_metrics"].rows == [[ts, "n", 1, 9, "python", "", 50, None, 100, True,
+    assert rows["gpu_device_metrics"].as_rows() == [device + [""], device + ["0000000000000005"]]
+    assert rows["gpu_process_metrics"].as_rows() == [[ts, "n", 1, 9, "python", "", 50, None, 100, True,
                                                  "0000000000001234"]]
     # read as columns (the sink's decode): the same rows, column by column; records before identities store ''
     columnar = rec | {"devices": {k: [d.get(k, 0) for d in rec["devices"]] for k in dev | {"identity_id": 0}},
@@ -48,7 +48,7 @@ def test_gpu_metrics_rows_keep_nulls_and_the_simulated_label():
     by_columns = gpu_metrics_rows(columnar)
     for table, want in [("gpu_device_metrics", [device + [""], device + ["0000000000000005"]]),
                         ("gpu_process_metrics", [[ts, "n", 1, 9, "python", "", 50, None, 100, True, ""]])]:
-        assert [list(r) for r in zip(*by_columns[table].by_column, strict=True)] == want
+        assert by_columns[table].as_rows() == want
 
 
 def test_identity_rows_are_the_dimension_table_row():
@@ -67,7 +67,7 @@ def test_rows_for_merges_tables_in_message_order():
     rec = {"node": "n", "window_start_ns": T, "window_ns": 1, "frames": [], "stacks": [],
            "samples": [{"pid": 1, "comm": "c", "container_id": "", "stack_id": 1, "count": 1}]}
     msgs = [Message("cpu.samples", 0, i, None, "fleetprof.CpuSamples", dict(rec, node=f"n{i}")) for i in range(3)]
-    assert [r[1] for r in rows_for(msgs)["cpu_samples"].rows] == ["n0", "n1", "n2"]
+    assert [r[1] for r in rows_for(msgs)["cpu_samples"].as_rows()] == ["n0", "n1", "n2"]
 
 
 def test_a_definition_first_carried_by_an_old_window_is_written_as_seen_now(store) -> None:
@@ -82,12 +82,12 @@ def test_a_definition_first_carried_by_an_old_window_is_written_as_seen_now(stor
     rows = rows_for([Message("cpu.samples", 0, 0, None, "fleetprof.CpuSamples", rec)], now)
     now_s = int(now.timestamp())
     assert rows["frames"].rows[0][4] == now_s and rows["stacks"].rows[0][2] == now_s
-    assert rows["cpu_samples"].rows[0][0] == old // 10**9  # samples keep their window
+    assert rows["cpu_samples"].as_rows()[0][0] == old // 10**9  # samples keep their window
     newer = dict(rec, window_start_ns=int(now.timestamp() + 60) * 10**9)
     assert rows_for([Message("cpu.samples", 0, 1, None, "fleetprof.CpuSamples", newer)], now)["frames"].rows[0][4] \
         == now_s + 60
     for table in ("frames", "stacks"):
-        store.insert(table, rows[table].rows, rows[table].columns)
+        store.insert(table, rows[table].as_rows(), rows[table].columns)
     _, found = store.query_sql("SELECT function FROM frames WHERE frame_id = 7", {})
     assert found == [("f",)]
 
@@ -102,16 +102,18 @@ def test_samples_read_as_columns_give_the_rows_their_records_give(store) -> None
     columnar = rec | {"samples": {name: [s[name] for s in items] for name in items[0]}}
     by_rows, by_columns = cpu_samples_rows(rec), cpu_samples_rows(columnar)
     assert by_columns["cpu_samples"].by_column is not None
-    assert [list(r) for r in zip(*by_columns["cpu_samples"].by_column, strict=True)] == by_rows["cpu_samples"].rows
+    assert by_columns["cpu_samples"].as_rows() == by_rows["cpu_samples"].as_rows()
     assert by_columns["profile_windows"].rows == by_rows["profile_windows"].rows != []
     none = cpu_samples_rows(rec | {"samples": {}})  # no samples: no rows, and no window row
     assert len(none["cpu_samples"]) == 0 and none["profile_windows"].rows == []
-    # a batch mixing both shapes merges in message order; one of columns only stays columns
+    # a batch of records read either way merges in message order, as columns
     msgs = [Message("cpu.samples", 0, i, None, "fleetprof.CpuSamples", r | {"node": f"n{i}"})
             for i, r in enumerate([columnar, rec, columnar])]
-    assert [r[1] for r in rows_for(msgs)["cpu_samples"].rows] == ["n0", "n0", "n1", "n1", "n2", "n2"]
+    assert [r[1] for r in rows_for(msgs)["cpu_samples"].as_rows()] == ["n0", "n0", "n1", "n1", "n2", "n2"]
     merged = rows_for([msgs[0], msgs[2]])["cpu_samples"]
     assert merged.by_column[1] == ["n0", "n0", "n2", "n2"] and len(merged) == 4
+    with pytest.raises(KeyError):  # a record without a field it must have: row building fails (a dead letter)
+        cpu_samples_rows(rec | {"samples": [{"pid": 1}]})
     with pytest.raises(ValueError, match="pid"):  # a column is range-checked as a whole
         rows_for([Message("cpu.samples", 0, 9, None, "fleetprof.CpuSamples",
                           columnar | {"samples": columnar["samples"] | {"pid": [3, -1]}})])

@@ -42,20 +42,20 @@ def v3_record() -> dict:
 
 def test_v3_samples_copies_and_timeline_rows():
     rows = gpu_samples_rows(v3_record())
-    assert rows["gpu_kernel_samples"].rows == [
+    assert rows["gpu_kernel_samples"].as_rows() == [
         [TS, "n1", 7, "train", "k", 1, 13, 5, "gemm", 6000, 3, "step > forward", ""],
         [TS, "n1", 7, "train", "k", 1, 13, 2**64 - 5, "[memcpy HtoD]", 800, 2, "step > forward", ""],
         [TS, "n1", 7, "train", "k", 1, 13, 6, "[memset]", 100, 1, "", ""],
         [TS, "n1", 8, "", "k", 1, 13, 5, "gemm", 10, 1, "", ""]]
     copies = rows["gpu_copy_samples"]
     assert copies.columns[-6:] == ["memory_kinds", "nvtx_range", "duration_ns", "bytes", "launches", "identity"]
-    assert copies.rows == [
+    assert copies.as_rows() == [
         [TS, "n1", 7, "train", "k", 1, 13, 2**64 - 5, "[memcpy HtoD]", "pinned>device", "step > forward", 800, 4096, 2,
          ""],
         [TS, "n1", 7, "train", "k", 1, 13, 6, "[memset]", "device", "", 100, 512, 1, ""]]
     later = TS + 1
     # comm from the record's samples of the pid (pid 8's say none); ts: the record's own start second
-    assert rows["gpu_timeline"].rows == [
+    assert rows["gpu_timeline"].as_rows() == [
         [TS, "n1", 7, "train", 1, 13, T + 5, T + 2005, "KERNEL", "gemm", 5, 3, 0, "step > forward", 2, 2**64 - 1, 99,
          ""],
         [later, "n1", 7, "train", 1, 13, T + 10**9, T + 10**9 + 400, "MEMCPY", "[memcpy HtoD]", 2**64 - 5, 2, 2048,
@@ -69,14 +69,14 @@ def test_v2_records_store_without_range_copies_or_timeline():
                       for s in rec["samples"]]
     del rec["timeline"]
     rows = gpu_samples_rows(rec)
-    assert [r[-2] for r in rows["gpu_kernel_samples"].rows] == ["", "", "", ""]  # nvtx_range; identity last
-    assert [r[-6:-1] for r in rows["gpu_copy_samples"].rows] == [["", "", 800, 0, 2], ["", "", 100, 0, 1]]
-    assert rows["gpu_timeline"].rows == []
+    assert [r[-2] for r in rows["gpu_kernel_samples"].as_rows()] == ["", "", "", ""]  # nvtx_range; identity last
+    assert [r[-6:-1] for r in rows["gpu_copy_samples"].as_rows()] == [["", "", 800, 0, 2], ["", "", 100, 0, 1]]
+    assert rows["gpu_timeline"].as_rows() == []
 
 
 def write(store, rows: dict, token: str) -> None:
     for table in ("gpu_kernel_samples", "gpu_copy_samples", "gpu_timeline"):
-        store.insert(table, rows[table].rows, rows[table].columns, dedup_token=f"{token}:{table}")
+        store.insert(table, rows[table].as_rows(), rows[table].columns, dedup_token=f"{token}:{table}")
 
 
 def test_v3_rows_insert_and_a_re_inserted_batch_counts_once(store):
