@@ -67,15 +67,16 @@ def test_an_installed_copy_migrates_a_store_and_knows_every_query_outside_the_ch
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
                    check=True, capture_output=True, timeout=300)
     probe = ("import json, fleetprof, producers.cpu_sampler as cs, simulate.loadgen;"
-             "from fleetprof.store import migration_files, named_queries;"
+             "from fleetprof.store import migration_files, named_queries; from schemas import avro_fast;"
              "print(json.dumps([fleetprof.__file__, named_queries(), len(migration_files()),"
-             " cs.BPF_SOURCE.is_file()]))")
+             " cs.BPF_SOURCE.is_file(), avro_fast.unavailable(), str(avro_fast.BUILD_DIR)]))")
     env = {"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
-    where, queries, migrations, bpf = json.loads(done.stdout)
+    where, queries, migrations, bpf, codec_missing, codec_dir = json.loads(done.stdout)
     assert Path(where).is_relative_to(target)  # the installed copy, not the checkout
+    assert codec_missing is None and Path(codec_dir).is_relative_to(target)  # the codec builds where it is installed
     assert queries == named_queries() and migrations == len(migration_files()) and bpf
     migrate = subprocess.run([sys.executable, "-m", "fleetprof", "--data-dir", str(tmp_path / "data"), "db", "migrate"],
                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
@@ -94,5 +95,8 @@ def test_the_dockerfile_parses_and_copies_what_exists():
     install = next(v[0] for cmd, v in by if cmd == "RUN" and "pip install" in v[0])
     assert "python3-bpfcc" in next(v[0] for cmd, v in by if cmd == "RUN" and "apt-get install" in v[0])
     assert "/opt/fleetprof/bin/pip install --no-cache-dir /src" in install
+    # the compiled codec is built into the install at image build (the processors run as a user who cannot write it)
+    assert "avro_fast.unavailable()" in install and "libpython3-dev" in next(
+        v[0] for cmd, v in by if cmd == "RUN" and "apt-get install" in v[0])
     ignored = (REPO_ROOT / ".dockerignore").read_text().split()
     assert {".venv", ".git", ".build"} <= set(ignored)
