@@ -43,6 +43,21 @@ def cpu_seconds(stat: Path) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
+def threads_by_name() -> dict[str, float]:
+    """CPU seconds of this process's live threads summed by name (librdkafka's rdk:*, chDB's pools, the sink), and
+    under "(exited threads)" what threads that ended took: where the store process's CPU goes."""
+    by_name: dict[str, float] = {}
+    for stat in Path("/proc/self/task").glob("*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        name = text[text.index("(") + 1:text.rindex(")")]
+        by_name[name] = by_name.get(name, 0.0) + cpu_seconds(stat)
+    by_name["(exited threads)"] = cpu_seconds(Path("/proc/self/stat")) - sum(by_name.values())
+    return dict(sorted(((k, round(v, 2)) for k, v in by_name.items() if v >= 0.05), key=lambda kv: -kv[1]))
+
+
 class Poller:
     """Polls the store for complete (node, window) CPU samples and records when each first became visible.
 
@@ -146,6 +161,7 @@ def main() -> None:
         stop_sink.set()
         threads[0].join(120)
         result = {"process_cpu_s": round(cpu_seconds(Path("/proc/self/stat")), 2),
+                  "threads_cpu_s": threads_by_name(),
                   "sink_thread_cpu_s": round(sink_cpu[0], 2) if sink_cpu else None,
                   "poller_thread_cpu_s": None if poller.cpu_s is None else round(poller.cpu_s, 2),
                   "sink_batches": sink.batches,
