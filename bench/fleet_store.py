@@ -26,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.sink_cost import thread_cpu  # noqa: E402
 from fleetprof.store import open_store  # noqa: E402
 from processors.store_writer import StoreRunner  # noqa: E402
 
@@ -47,13 +48,8 @@ def threads_by_name() -> dict[str, float]:
     """CPU seconds of this process's live threads summed by name (librdkafka's rdk:*, chDB's pools, the sink), and
     under "(exited threads)" what threads that ended took: where the store process's CPU goes."""
     by_name: dict[str, float] = {}
-    for stat in Path("/proc/self/task").glob("*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        name = text[text.index("(") + 1:text.rindex(")")]
-        by_name[name] = by_name.get(name, 0.0) + cpu_seconds(stat)
+    for (_, name), seconds in thread_cpu().items():
+        by_name[name] = by_name.get(name, 0.0) + seconds
     by_name["(exited threads)"] = cpu_seconds(Path("/proc/self/stat")) - sum(by_name.values())
     return dict(sorted(((k, round(v, 2)) for k, v in by_name.items() if v >= 0.05), key=lambda kv: -kv[1]))
 

@@ -9,8 +9,8 @@ from functools import lru_cache
 from itertools import chain
 
 from processors.messages import Message
-from schemas.wire import U64, long_to_u64
 from schemas.wire import identity_key as _identity_key
+from schemas.wire import long_to_u64, longs_to_u64
 
 FRAME_COLUMNS = ["frame_id", "function", "binary", "kind", "last_seen", "build_id"]
 STACK_COLUMNS = ["stack_id", "frame_ids", "last_seen"]
@@ -158,7 +158,7 @@ def _definitions(rec: dict, ts: int) -> dict[str, Rows]:
     return {
         "frames": Rows(FRAME_COLUMNS, [[long_to_u64(f["frame_id"]), f["function"], f["binary"], f["kind"], ts,
                                         f.get("build_id", "")] for f in rec["frames"]]),
-        "stacks": Rows(STACK_COLUMNS, [[long_to_u64(s["stack_id"]), [long_to_u64(i) for i in s["frame_ids"]], ts]
+        "stacks": Rows(STACK_COLUMNS, [[long_to_u64(s["stack_id"]), longs_to_u64(s["frame_ids"]), ts]
                                        for s in rec["stacks"]]),
     }
 
@@ -190,11 +190,6 @@ def _columns(items: list[dict] | dict[str, list], fields: tuple[str, ...],
     return columns, n
 
 
-def _u64(column: list[int]) -> list[int]:
-    """long_to_u64 of each value."""
-    return [v + U64 if v < 0 else v for v in column]
-
-
 def _identity_column(ids: list[int]) -> list[str]:
     return list(map(identity_key, ids))
 
@@ -207,7 +202,7 @@ def cpu_samples_rows(rec: dict) -> dict[str, Rows]:
     ts, node = _ts(rec["window_start_ns"]), rec["node"]
     s, n = _columns(rec["samples"], _CPU_SAMPLE_FIELDS, {"identity_id": 0})
     table = Rows(CPU_SAMPLE_COLUMNS, by_column=[
-        [ts] * n, [node] * n, s["pid"], s["comm"], s["container_id"], _u64(s["stack_id"]), s["count"],
+        [ts] * n, [node] * n, s["pid"], s["comm"], s["container_id"], longs_to_u64(s["stack_id"]), s["count"],
         _identity_column(s["identity_id"])])
     return {**_definitions(rec, ts), "cpu_samples": table, "profile_windows": _profile_window(rec, ts, "cpu", n)}
 
@@ -241,7 +236,7 @@ def gpu_samples_rows(rec: dict) -> dict[str, Rows]:
     bytes too (migration 0014)."""
     ts, node = _ts(rec["window_start_ns"]), rec["node"]
     s, n = _columns(rec["samples"], _GPU_SAMPLE_FIELDS, _GPU_SAMPLE_DEFAULTS)
-    stack, ident = _u64(s["stack_id"]), _identity_column(s["identity_id"])
+    stack, ident = longs_to_u64(s["stack_id"]), _identity_column(s["identity_id"])
     kernels = [[ts] * n, [node] * n, s["pid"], s["comm"], s["container_id"], s["device"], s["stream"], stack,
                s["kernel_name"], s["duration_ns"], s["launches"], s["nvtx_range"], ident]
     at = [i for i, name in enumerate(s["kernel_name"]) if name.startswith(COPY_LABEL_PREFIXES)]
@@ -274,9 +269,9 @@ def _timeline(items: list[dict] | dict[str, list], samples: dict[str, list], nod
         _ts(max(starts))
     return Rows(GPU_TIMELINE_COLUMNS, by_column=[
         [start // 1_000_000_000 for start in starts], [node] * n, t["pid"], [comms.get(p, "") for p in t["pid"]],
-        t["device"], t["stream"], starts, t["end_ns"], t["activity"], t["name"], _u64(t["stack_id"]), t["weight"],
-        t["bytes"], t["nvtx_range"], t["graph_id"], _u64(t["graph_node_id"]), t["correlation_id"],
-        _identity_column(t["identity_id"])])
+        t["device"], t["stream"], starts, t["end_ns"], t["activity"], t["name"], longs_to_u64(t["stack_id"]),
+        t["weight"], t["bytes"], t["nvtx_range"], t["graph_id"], longs_to_u64(t["graph_node_id"]),
+        t["correlation_id"], _identity_column(t["identity_id"])])
 
 
 def identity_rows(rec: dict) -> dict[str, Rows]:

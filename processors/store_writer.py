@@ -280,13 +280,12 @@ class StoreRunner:
                 self._retry(lambda: self.store.insert(table, data, rows.columns))
             known.add(fresh_ids)
             metrics.ROWS_OUT.labels(self.name, table).inc(len(data))
-        elif rows.by_column is not None and len(rows):
-            self._retry(lambda: self.store.insert(table, rows.by_column, rows.columns, dedup_token=token,
-                                                  column_oriented=True))
+        elif len(rows):
+            by_column = rows.by_column is not None
+            data = rows.by_column if by_column else rows.rows
+            self._retry(lambda: self.store.insert(table, data, rows.columns, dedup_token=token,
+                                                  column_oriented=by_column))
             metrics.ROWS_OUT.labels(self.name, table).inc(len(rows))
-        elif rows.rows:
-            self._retry(lambda: self.store.insert(table, rows.rows, rows.columns, dedup_token=token))
-            metrics.ROWS_OUT.labels(self.name, table).inc(len(rows.rows))
 
     def _state(self, ranges: dict[tuple[str, int], tuple[int, int]], state: str, stamp: datetime) -> None:
         rows = [[t, p, lo, hi, state, stamp] for (t, p), (lo, hi) in ranges.items()]

@@ -24,6 +24,10 @@ def long_to_u64(value: int) -> int:
     return value + U64 if value < 0 else value
 
 
+def longs_to_u64(values: list[int]) -> list[int]:
+    return [v + U64 if v < 0 else v for v in values]
+
+
 def u32_to_int(value: int) -> int:
     """An unsigned 32-bit value (a device or stream id from the probes) as the Avro int with the same bits."""
     return value - (1 << 32) if value >= 1 << 31 else value
