@@ -29,7 +29,8 @@ from tests.pipeline_helpers import sink, symbolizer, wait_for
 
 COMM = "fpwork"  # every workload here runs under this command name, so one agent run can keep just them
 SHARES_SECONDS = 10
-FREQUENCY = 199  # ~1,000 samples of the split workload while it shares the CPUs with three others
+FREQUENCY = 499  # 1,000-2,500 samples of the split workload while it shares the CPUs with three others: ±5 points
+# is then 3-5 standard errors of a share (at 199 Hz, ~600 samples under the suite's load, 2.5: 0.546 seen once)
 
 # Same loop body in every hot function, so CPU time is proportional to iterations: 60% / 30% / 10%. Each calls
 # tick() first: gcc gives a function that calls nothing no frame, and the frame-pointer unwinder then skips its

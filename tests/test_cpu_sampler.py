@@ -209,7 +209,9 @@ def test_processes_that_live_a_third_of_a_second_are_read_while_they_run(short_b
     seen = {p["pid"]: p for p in batch["processes"] if p["pid"] in pids}
     assert len(seen) >= 3, f"only {len(seen)} of the 4 short processes were sampled"
     unread = [pid for pid, p in seen.items() if not _has_its_binary(p, short_binary)]
-    assert not unread, f"sampled but not read while they ran: {unread} of {sorted(seen)}"
+    assert not unread, f"sampled but not read while they ran: {unread} of {sorted(seen)}: " + \
+        "; ".join(f"{pid} read as {seen[pid]['comm']!r} {seen[pid]['exe']!r} with {len(seen[pid]['mappings'])} "
+                  f"mappings" for pid in unread)
 
 
 def test_the_stack_map_is_sized_from_cpus_and_frequency() -> None:
