@@ -232,6 +232,8 @@ def run(args: argparse.Namespace, raws: list[Raw], samples: int) -> dict:
         if args.no_rollups:
             for statement in ("DROP VIEW IF EXISTS cpu_samples_1h_mv", "DROP VIEW IF EXISTS gpu_kernel_samples_1h_mv"):
                 store.query_sql(statement, readonly=False)
+        for statement in args.alter:  # a variant of the schema or its settings, to measure before migrating to it
+            store.query_sql(statement, readonly=False)
         try:  # clickhouse-connect imports pandas at its first insert: not the sink's cost per sample
             import pandas  # noqa: F401
         except ImportError:
@@ -285,10 +287,11 @@ def run(args: argparse.Namespace, raws: list[Raw], samples: int) -> dict:
         pool = sum(v for k, v in others.items() if not k.startswith("rdk:"))
         _, rows = store.query_sql("SELECT sum(count) FROM cpu_samples")
         stored = int(rows[0][0] or 0)
+        result["merges"] = merge_report(store)
         lat = sorted(w for w, _ in written.values())
         after_end = sorted(e for _, e in written.values())
         py = sink_s - engine["s"]
-        result = {
+        result |= {
             "nodes": args.nodes, "windows": args.windows, "rollups": not args.no_rollups,
             "samples_sent": samples, "samples_stored": stored, "batches": runner.batches,
             "engine_calls": engine["calls"],
@@ -313,6 +316,18 @@ def run(args: argparse.Namespace, raws: list[Raw], samples: int) -> dict:
     return result
 
 
+def merge_report(store) -> dict:
+    """The engine's merge counters, and per table its active parts and rows × level (how often its rows were merged
+    again, roughly: a merged part's level is one more than its sources' highest): chDB keeps no part_log."""
+    _, events = store.query_sql("SELECT event, value FROM system.events WHERE event IN ('Merge', 'MergedRows', "
+                                "'MergedUncompressedBytes', 'MergesTimeMilliseconds', 'InsertedRows')")
+    _, tables = store.query_sql("SELECT table, count(), sum(rows), max(level), sum(rows * level) FROM system.parts "
+                                "WHERE active AND database = currentDatabase() GROUP BY table "
+                                "ORDER BY sum(rows * level) DESC")
+    return {"events": dict(events),
+            "tables": {t: {"parts": n, "rows": r, "max_level": lv, "rows_x_level": rl} for t, n, r, lv, rl in tables}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=100)
@@ -321,6 +336,8 @@ def main() -> None:
     ap.add_argument("--no-rollups", action="store_true", help="drop the hourly rollups' materialized views first")
     ap.add_argument("--flush-interval", type=float, default=None, help="the runner's flush_interval (its default)")
     ap.add_argument("--max-delay", type=float, default=None, help="the runner's max_delay (its default)")
+    ap.add_argument("--alter", action="append", default=[], metavar="SQL",
+                    help="a statement run after the migrations (a table setting or codec to try); repeatable")
     ap.add_argument("--code", type=Path, default=ROOT, help="the checkout whose sink and store run")
     args = ap.parse_args()
     sys.path.insert(0, str(args.code.resolve()))
