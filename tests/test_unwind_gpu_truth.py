@@ -39,7 +39,7 @@ COMM = "fpgputruth"
 PERF_SECONDS = 8
 WINDOW_S = PERF_SECONDS + 4
 MIN_SHARE = 0.95
-SLACK = 0.02  # as in tests/test_unwind_truth.py: a chain one tool saw once or twice the other may have missed
+SLACK = 0.02  # as in tests/test_unwind_truth.py (chains the other tool would likely have missed are not judged)
 LAUNCH = "gpusim_launch"
 
 # A C launcher built -O2 -fomit-frame-pointer: its own chain to gpusim_launch (through a function pointer), and the

@@ -247,15 +247,28 @@ def parse_perf_script(text: str, binaries: dict[int, Binaries]) -> dict[int, Cou
     return chains
 
 
+# A chain is judged (counted for or against agreement) once the other tool, sampling as often as it did, would have
+# seen it this many times on average: a rarer one it misses by chance (e^-3, 5% of the time for one at 3), and the
+# tool that took more samples sees more of those, so counting them would judge sample counts, not unwinding.
+LIKELY_SEEN = 3.0
+
+
 def agreement(ours: Counter[Chain], perf: Counter[Chain], expected: Expected | None = None) -> dict:
-    """For each tool: its samples, the share of them whose whole chain the other tool also saw, the share that
-    reaches a thread root and, with `expected` (a set of correct chains, or a test of one), the share that is one."""
+    """For each tool: its samples, the share of them on judged chains (LIKELY_SEEN), the share of those whose whole
+    chain the other tool also saw, the share of all that reaches a thread root and, with `expected` (a set of correct
+    chains, or a test of one), the share of all that is one."""
     def share(counter: Counter[Chain], test: Callable[[Chain], bool]) -> float:
         total = sum(counter.values())
         return sum(n for chain, n in counter.items() if test(chain)) / total if total else 0.0
 
+    def judged(counter: Counter[Chain], other: Counter[Chain]) -> Counter[Chain]:
+        scale = sum(other.values()) / max(sum(counter.values()), 1)
+        return Counter({chain: n for chain, n in counter.items() if n * scale >= LIKELY_SEEN})
+
+    ours_judged, perf_judged = judged(ours, perf), judged(perf, ours)
     out = {"ours_samples": sum(ours.values()), "perf_samples": sum(perf.values()),
-           "ours_in_perf": share(ours, perf.__contains__), "perf_in_ours": share(perf, ours.__contains__),
+           "ours_judged": share(ours, ours_judged.__contains__), "perf_judged": share(perf, perf_judged.__contains__),
+           "ours_in_perf": share(ours_judged, perf.__contains__), "perf_in_ours": share(perf_judged, ours.__contains__),
            "ours_root": share(ours, reaches_root), "perf_root": share(perf, reaches_root)}
     if expected is not None:
         test = expected.__contains__ if isinstance(expected, set) else expected
