@@ -40,12 +40,10 @@ def test_agent_once_publishes_what_the_pipeline_stores_and_symbolizes(kafka_boot
                                                                        workload_binary) -> None:  # noqa: F811
     run = uuid.uuid4().hex[:8]
     node = f"agent-{run}"
-    t0 = time.monotonic()
     out = subprocess.run([sys.executable, "-m", "fleetprof", "agent", "--once", "--window", "2s", "--frequency", "99",
                           "--pid", str(workload.pid), "--node", node, "--format", "json"],
                          env=dict(os.environ, FLEETPROF_KAFKA=kafka_bootstrap), capture_output=True, text=True,
-                         timeout=90)
-    agent_s = time.monotonic() - t0
+                         timeout=90)  # the hang guard: bcc compiling beside the other test worker took 33-66 s
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout.splitlines()[-1])
     assert summary["node"] == node and summary["windows"] == 1
@@ -61,8 +59,6 @@ def test_agent_once_publishes_what_the_pipeline_stores_and_symbolizes(kafka_boot
     assert _stored(store, node, workload.pid) == summary["samples"]
     _, rows = store.query_sql(TOP_LEAF_SQL, {"node": node, "pid": workload.pid})
     assert rows and rows[0][0] in ("leaf", "tick"), f"top leaf functions: {rows}"
-    # a hang guard, not a timing goal (bench/ has those): bcc compiling beside the other test worker took 33 s
-    assert agent_s < 60, f"the agent took {agent_s:.1f} s"
 
 
 def test_agent_loops_until_sigterm_and_sends_each_table_once(kafka_bootstrap, workload) -> None:  # noqa: F811
