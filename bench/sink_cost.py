@@ -287,14 +287,13 @@ def run(args: argparse.Namespace, raws: list[Raw], samples: int) -> dict:
         pool = sum(v for k, v in others.items() if not k.startswith("rdk:"))
         _, rows = store.query_sql("SELECT sum(count) FROM cpu_samples")
         stored = int(rows[0][0] or 0)
-        result["merges"] = merge_report(store)
         lat = sorted(w for w, _ in written.values())
         after_end = sorted(e for _, e in written.values())
         py = sink_s - engine["s"]
-        result |= {
+        result = {
             "nodes": args.nodes, "windows": args.windows, "rollups": not args.no_rollups,
             "samples_sent": samples, "samples_stored": stored, "batches": runner.batches,
-            "engine_calls": engine["calls"],
+            "engine_calls": engine["calls"], "merges": merge_report(store),
             "us_per_sample": {"python": round(py / stored * 1e6, 3),
                               "engine_sink_thread": round(engine["s"] / stored * 1e6, 3),
                               "engine_pool": round(pool / stored * 1e6, 3),

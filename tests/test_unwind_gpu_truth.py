@@ -33,7 +33,16 @@ from simulate.gpu import GPU_SIM
 from tests.elf_helpers import need, unavailable
 from tests.gpu_job import correlator
 from tests.pipeline_helpers import agent_started, sink, symbolizer, wait_for
-from tests.unwind_truth import PYTHON_FRAME, Binaries, Chain, agreement, known_paths, our_chain, perf_chains
+from tests.unwind_truth import (
+    JUDGED_FLOOR,
+    PYTHON_FRAME,
+    Binaries,
+    Chain,
+    agreement,
+    known_paths,
+    our_chain,
+    perf_chains,
+)
 
 COMM = "fpgputruth"
 PERF_SECONDS = 8
@@ -210,6 +219,9 @@ def test_gpu_launch_stacks_match_perf_through_code_without_frame_pointers(kafka_
         if a["ours_samples"] < 50 or a["perf_samples"] < 50:
             failures.append(f"{name}: too few launches to judge: {a}")
             continue
+        if a["ours_judged"] < JUDGED_FLOOR:
+            failures.append(f"{name}: only {a['ours_judged']:.3f} of our launches on chains perf would likely have "
+                            f"seen: {a}")
         pairs = [("ours_root", "perf_root"), ("ours_in_perf", "perf_in_ours")]
         if expected is not None:
             pairs.append(("ours_expected", "perf_expected"))

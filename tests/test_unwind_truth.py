@@ -29,6 +29,7 @@ from tests.elf_helpers import libc_path, need, unavailable
 from tests.test_cpu_profiles import _stacks, _store_all
 from tests.unwind_truth import (
     DUMP_SIZE,
+    JUDGED_FLOOR,
     OUTERMOST,
     Binaries,
     agreement,
@@ -49,7 +50,6 @@ MIN_SHARE = 0.95
 # "No lower than perf" allows this much lower: two samples in ~100. Each tool samples other moments; chains the other
 # tool would likely have missed by chance are not judged (unwind_truth.LIKELY_SEEN).
 SLACK = 0.02
-JUDGED_FLOOR = 0.9  # of our samples on chains perf would likely have seen (unwind_truth.LIKELY_SEEN)
 DLOPEN_AFTER_S = 1.0  # into perf's recording, the dlopen workload is told to load its library
 C_PROGRAMS = ["nofp", "threads", "dlopen"]
 DEBIAN = ["python3", "gzip", "xz", "openssl"]
@@ -185,7 +185,6 @@ def truth(tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str, module
 def _check(name: str, a: dict, ours: str, perf: str) -> None:
     """Our share `ours` at least MIN_SHARE and no lower than perf's `perf`; reaching a root likewise."""
     assert a["ours_samples"] >= 50 and a["perf_samples"] >= 50, f"{name}: too few samples to judge: {a}"
-    # chains too rare to judge are a sliver (1-2% here); many of them would be wrong chains spread thin
     assert a["ours_judged"] >= JUDGED_FLOOR, f"{name}: only {a['ours_judged']:.3f} of our samples judged: {a}"
     for mine, theirs in ((ours, perf), ("ours_root", "perf_root")):
         assert a[mine] >= MIN_SHARE and a[mine] >= a[theirs] - SLACK, f"{name}: {mine} {a[mine]:.3f}, {theirs} " \

@@ -251,6 +251,9 @@ def parse_perf_script(text: str, binaries: dict[int, Binaries]) -> dict[int, Cou
 # seen it this many times on average: a rarer one it misses by chance (e^-3, 5% of the time for one at 3), and the
 # tool that took more samples sees more of those, so counting them would judge sample counts, not unwinding.
 LIKELY_SEEN = 3.0
+# Chains too rare to judge are a sliver (1-2% of a workload's samples); were many of them ours, they could be wrong
+# chains spread thin: at least this share of our samples must be judged.
+JUDGED_FLOOR = 0.9
 
 
 def agreement(ours: Counter[Chain], perf: Counter[Chain], expected: Expected | None = None) -> dict:
