@@ -24,6 +24,7 @@ from pathlib import Path
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from fleetprof import broker_cds
 from fleetprof.settings import INFRA_DIR
 from schemas import topics as topic_defs
 
@@ -382,14 +383,17 @@ class LocalBroker:
                 os.kill(pid, signal.SIGTERM)
             except ProcessLookupError:  # exited on its own meanwhile
                 pid = None
+        clean = False
         if pid is not None:
-            if not self._wait_exit(pid, timeout):
+            clean = self._wait_exit(pid, timeout)
+            if not clean:
                 log.warning("Kafka broker %d ignored SIGTERM for %.0f s; killing it", pid, timeout)
                 try:
                     os.killpg(pid, signal.SIGKILL)  # its own session: take any children with it
                 except ProcessLookupError:
                     pass
                 self._wait_exit(pid, 10)
+        broker_cds.finish(self.home, exited_cleanly=clean)
         self.pid_file.unlink(missing_ok=True)
         self._proc = None
 
@@ -466,8 +470,9 @@ class LocalBroker:
     def _format(self, java: str, lib: Path) -> None:
         if (self.log_dirs / "meta.properties").exists():
             return
-        cmd = [java, "-cp", f"{lib}/*", *self._log_flags(), "kafka.tools.StorageTool", "format",
-               "-t", _cluster_id(), "-c", str(self.config_file), "--standalone", "--ignore-formatted"]
+        cmd = [java, *broker_cds.tool_flags(java, lib), "-cp", f"{lib}/*", *self._log_flags(),
+               "kafka.tools.StorageTool", "format", "-t", _cluster_id(), "-c", str(self.config_file), "--standalone",
+               "--ignore-formatted"]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
         if proc.returncode != 0:
             lines = (proc.stderr + proc.stdout).strip().splitlines() or ["no output"]
@@ -478,8 +483,10 @@ class LocalBroker:
 
     def _launch(self, java: str, lib: Path) -> None:
         self.logs_dir.mkdir(parents=True, exist_ok=True)
+        broker_cds.finish(self.home, exited_cleanly=False)  # what a broker that died unstopped left half-written
         cmd = [java, HEAP, "-Xms128m", "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
-               *self._log_flags(), "-cp", f"{lib}/*", "kafka.Kafka", str(self.config_file)]
+               *broker_cds.broker_flags(java, lib, self.home), *self._log_flags(), "-cp", f"{lib}/*", "kafka.Kafka",
+               str(self.config_file)]
         with open(self.log_file, "ab") as out:
             # Own session: the broker outlives the `fleetprof kafka up` that started it, and its Ctrl-C.
             self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,

@@ -14,7 +14,8 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from fleetprof.broker import BrokerError, LocalBroker, create_topics
+from fleetprof import broker_cds
+from fleetprof.broker import LIB_DIR, BrokerError, LocalBroker, create_topics, find_java
 from schemas import topics
 from tests.conftest import consecutive_free_port
 
@@ -107,6 +108,8 @@ def test_cli_up_status_down(kafka_broker: LocalBroker, tmp_path: Path) -> None:
     port = consecutive_free_port()
     bootstrap = f"127.0.0.1:{port}"
     common = ["--data-dir", str(tmp_path), "--kafka", bootstrap]
+    archive = broker_cds.archive_for(find_java(), LIB_DIR)
+    had_archive = archive.exists()
     try:
         up = _fleetprof(*common, "kafka", "up")
         assert up.returncode == 0, up.stderr
@@ -116,11 +119,14 @@ def test_cli_up_status_down(kafka_broker: LocalBroker, tmp_path: Path) -> None:
         assert status.returncode == 0
         info = json.loads(status.stdout)
         assert info["running"] is True and info["bootstrap"] == bootstrap
+        if had_archive:  # the classes come from the archive (fleetprof/broker_cds.py), mapped into the JVM
+            assert str(archive) in Path(f"/proc/{info['pid']}/maps").read_text()
         assert {t.name for t in topics.ALL} <= set(_admin(bootstrap).list_topics(timeout=10).topics)
 
         down = _fleetprof(*common, "kafka", "down")
         assert down.returncode == 0, down.stderr
         assert "stopped" in down.stdout
+        assert archive.exists()  # this broker's dump after its clean stop, or the one it mapped
         status = _fleetprof(*common, "kafka", "status")
         assert status.returncode == 3
         assert status.stdout.startswith("Kafka broker not running")
