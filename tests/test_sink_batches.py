@@ -183,30 +183,20 @@ def test_a_one_partition_batch_keeps_the_tokens_of_the_sink_before_batches_spann
     assert two.startswith("batch:") and two != batch_key({("cpu.samples", 4): (10, 21), ("gpu.metrics", 0): (1, 2)})
 
 
-def default_runner(monkeypatch) -> tuple[list[float], Store, Consumer, StoreRunner]:
-    """(the clock the runner reads, its store, its consumer, the runner) with the production defaults."""
+def test_by_default_a_window_burst_is_one_batch_and_nvml_polls_ride_with_it(monkeypatch):
+    """The defaults (flush_interval 2 s, max_delay 15 s): ten seconds of NVML polls between windows forces no batch of
+    its own, and a node window's burst, 1.5 s of sample messages, goes out once, with the polls, at its end."""
+    from tests.fuzz.make_corpus import RECORDS
+
     clock = [100.0]
     monkeypatch.setattr(sw.time, "monotonic", lambda: clock[0])
     store, consumer = Store(), Consumer()
     r = StoreRunner(store, {"bootstrap.servers": "127.0.0.1:1"})
     r.consumer.close()
     r.consumer = consumer
-    return clock, store, consumer, r
-
-
-def nvml_poll(s: int) -> bytes:
-    """Node a's NVML poll at second s."""
-    from tests.fuzz.make_corpus import RECORDS
-
-    return encode("GpuMetrics", {**RECORDS["GpuMetrics"], "node": "a", "time_ns": T + s * 10**9})
-
-
-def test_by_default_a_window_burst_is_one_batch_and_nvml_polls_ride_with_it(monkeypatch):
-    """The defaults (flush_interval 2 s, max_delay 15 s): ten seconds of NVML polls between windows forces no batch of
-    its own, and a node window's burst, 1.5 s of sample messages, goes out once, with the polls, at its end."""
-    clock, store, consumer, r = default_runner(monkeypatch)
+    poll = {**RECORDS["GpuMetrics"], "node": "a"}
     for s in range(10):  # polls once a second after the last window: 10 s, no batch
-        consumer.polls = [[Raw("gpu.metrics", 0, s, nvml_poll(s))]]
+        consumer.polls = [[Raw("gpu.metrics", 0, s, encode("GpuMetrics", {**poll, "time_ns": T + s * 10**9}))]]
         for _ in range(4):
             r.run_once()
             clock[0] += 0.25
@@ -229,11 +219,19 @@ def test_nvml_polls_ride_only_with_a_burst_after_ride_after(monkeypatch):
     """A fleet's window comes as several bursts (one per upstream transaction): the NVML polls stay buffered through
     the bursts of their first 8 s (ride_after) and go with the first burst after, so their tables' views run about
     once a window, not once a burst; their offsets are committed with the batch that wrote them."""
-    clock, store, consumer, r = default_runner(monkeypatch)
+    from tests.fuzz.make_corpus import RECORDS
+
+    clock = [100.0]
+    monkeypatch.setattr(sw.time, "monotonic", lambda: clock[0])
+    store, consumer = Store(), Consumer()
+    r = StoreRunner(store, {"bootstrap.servers": "127.0.0.1:1"})
+    r.consumer.close()
+    r.consumer = consumer
+    poll = {**RECORDS["GpuMetrics"], "node": "a"}
 
     def second(s: int, samples: bool) -> None:
         """One second: an NVML poll, and a burst of samples ending in it when `samples`."""
-        consumer.polls.append([Raw("gpu.metrics", 0, s, nvml_poll(s))])
+        consumer.polls.append([Raw("gpu.metrics", 0, s, encode("GpuMetrics", {**poll, "time_ns": T + s * 10**9}))])
         if samples:
             consumer.polls.append([Raw("cpu.samples", 1, s, cpu(f"n{s}", s, 1))])
         for _ in range(4):
