@@ -76,7 +76,7 @@ class StoreRunner:
 
     def __init__(self, store, kafka: dict, *, name: str = "sink", inputs: tuple[str, ...] = SINK_INPUTS,
                  batch_messages: int = 2000, flush_interval: float = 2.0, max_delay: float = 15.0,
-                 ride_after: float = 8.0, poll_timeout: float = 0.2, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 poll_timeout: float = 0.2, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  group: str | None = None, stop: threading.Event | None = None) -> None:
         """flush_interval: the longest a message of a LATENCY_TOPICS topic waits (a batch goes out sooner, once a
         poll brings no more of them); max_delay: the longest any other message waits.
@@ -86,13 +86,7 @@ class StoreRunner:
         out alone just before the next) instead of forcing batches of their own: 19 -> 6 batches over 6 windows of
         100 nodes in bench/sink_cost.py, 27.2 -> 18.4 us of CPU per stored sample (fewer parts to write and
         merge), a window's end to written unchanged (p95 2.0 s, the burst's end decides it). NVML readings are
-        queryable ~10 s after their poll (at most 15) instead of at most 5.
-
-        ride_after: how long a message of another topic waits before it rides with a batch. A fleet's window
-        arrives as a few bursts (the symbolizer's and correlator's transactions), each one batch; an NVML poll in
-        every one of them cost the engine its views' fixed work per insert (~60 ms for gpu_device_metrics' 10 s
-        view) four times a window. 8 s, under the 10 s between a node's windows: with one burst a window, the
-        polls still ride with each."""
+        queryable ~10 s after their poll (at most 15) instead of at most 5."""
         self.store = store
         self.kafka = kafka
         self.name = name
@@ -100,7 +94,6 @@ class StoreRunner:
         self.batch_messages = batch_messages
         self.flush_interval = flush_interval
         self.max_delay = max_delay
-        self.ride_after = ride_after
         self.poll_timeout = poll_timeout
         self.max_message_bytes = max_message_bytes
         self.expect = expected_schemas(inputs)
@@ -195,7 +188,7 @@ class StoreRunner:
             self.first_seen.setdefault(tp, now)
             fresh = fresh or tp[0] in LATENCY_TOPICS
         if self._due(now, fresh):
-            self._flush(now)
+            self._flush()
         return len(raws)
 
     def _due(self, now: float, fresh: bool) -> bool:
@@ -205,7 +198,7 @@ class StoreRunner:
         (milliseconds of CPU whatever its size), so fewer, larger batches are what makes the sink cheap."""
         if not self.buffers:
             return False
-        if self._full():
+        if sum(len(b) for b in self.buffers.values()) >= self.batch_messages:
             return True
         for tp, first in self.first_seen.items():
             waited = now - first
@@ -215,24 +208,12 @@ class StoreRunner:
                 return True
         return False
 
-    def _full(self) -> bool:
-        return sum(len(b) for b in self.buffers.values()) >= self.batch_messages
-
     def flush_all(self) -> None:
         if self.buffers:
-            self._flush(None)
+            self._flush()
 
-    def _flush(self, now: float | None) -> None:
-        """Write the buffered partitions that go now: all of them when `now` is None or the buffers are full, else
-        those of LATENCY_TOPICS and those that have waited ride_after."""
-        if now is None or self._full():
-            batch, self.buffers, self.first_seen = self.buffers, {}, {}
-        else:
-            ride = min(self.ride_after, self.max_delay)  # what waited max_delay is the reason for this batch
-            going = [tp for tp, first in self.first_seen.items() if tp[0] in LATENCY_TOPICS or now - first >= ride]
-            batch = {tp: self.buffers.pop(tp) for tp in going}
-            for tp in going:
-                del self.first_seen[tp]
+    def _flush(self) -> None:
+        batch, self.buffers, self.first_seen = self.buffers, {}, {}
         self._write(batch)
 
     # --- one batch --------------------------------------------------------------------------------------------

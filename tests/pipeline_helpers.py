@@ -143,7 +143,6 @@ def symbolizer(bootstrap: str, group: str) -> Running:
 def sink(store, bootstrap: str, group: str, **kw) -> Running:
     stop = threading.Event()
     kw.setdefault("max_delay", 5.0)  # tests wait for alerts and NVML rows: not the production default's 15 s
-    kw.setdefault("ride_after", 1.0)  # nor 8 s before NVML rows ride with a batch (test_sink_batches checks the 8)
     return Running(StoreRunner(store, {"bootstrap.servers": bootstrap}, group=group, stop=stop,
                                flush_interval=0.3, **kw), stop)
 

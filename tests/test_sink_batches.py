@@ -213,34 +213,3 @@ def test_by_default_a_window_burst_is_one_batch_and_nvml_polls_ride_with_it(monk
     assert tables.count("cpu_samples") == 1 and "gpu_device_metrics" in tables
     assert consumer.commits == [[("cpu.samples", 1, 4), ("cpu.samples", 2, 5), ("cpu.samples", 3, 6),
                                  ("gpu.metrics", 0, 10)]]
-
-
-def test_nvml_polls_ride_only_with_a_burst_after_ride_after(monkeypatch):
-    """A fleet's window comes as several bursts (one per upstream transaction): the NVML polls stay buffered through
-    the bursts of their first 8 s (ride_after) and go with the first burst after, so their tables' views run about
-    once a window, not once a burst; their offsets are committed with the batch that wrote them."""
-    from tests.fuzz.make_corpus import RECORDS
-
-    clock = [100.0]
-    monkeypatch.setattr(sw.time, "monotonic", lambda: clock[0])
-    store, consumer = Store(), Consumer()
-    r = StoreRunner(store, {"bootstrap.servers": "127.0.0.1:1"})
-    r.consumer.close()
-    r.consumer = consumer
-    poll = {**RECORDS["GpuMetrics"], "node": "a"}
-
-    def second(s: int, samples: bool) -> None:
-        """One second: an NVML poll, and a burst of samples ending in it when `samples`."""
-        consumer.polls.append([Raw("gpu.metrics", 0, s, encode("GpuMetrics", {**poll, "time_ns": T + s * 10**9}))])
-        if samples:
-            consumer.polls.append([Raw("cpu.samples", 1, s, cpu(f"n{s}", s, 1))])
-        for _ in range(4):
-            r.run_once()
-            clock[0] += 0.25
-
-    for s in range(10):
-        second(s, samples=s in (2, 5, 9))
-    tables = [t for t, _, _ in store.inserts]
-    assert r.batches == 3 and tables.count("cpu_samples") == 3 and tables.count("gpu_device_metrics") == 1
-    assert consumer.commits == [[("cpu.samples", 1, 3)], [("cpu.samples", 1, 6)],
-                                [("cpu.samples", 1, 10), ("gpu.metrics", 0, 10)]]  # polls 0-9, in the third
