@@ -13,7 +13,9 @@ import math
 import re
 import signal
 import subprocess
+import sys
 import time
+import traceback
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,9 +101,20 @@ class Pipeline:
         def done() -> bool:
             self.check()
             return stored() >= want
-        wait_for(done, timeout=timeout, what=f"{want} samples in the store")
+        try:
+            wait_for(done, timeout=timeout, what=f"{want} samples in the store")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc} ({stored()} there)\n{self.sink_state()}") from None
         time.sleep(1.5)  # a duplicate would show up by now
         self.check()
+
+    def sink_state(self) -> str:
+        """Where the sink thread is (its Python stack) and what it has written: for a sink that stopped writing."""
+        frame = sys._current_frames().get(self.sink.thread.ident)
+        stack = "".join(traceback.format_stack(frame)) if frame is not None else "(the sink thread is gone)\n"
+        runner = self.sink.runner
+        return (f"the sink: {runner.batches} batches, buffered {sum(len(b) for b in runner.buffers.values())} "
+                f"messages; its thread now:\n{stack}symbolize restarts: {self.restarts or 'none'}")
 
     def runner_warnings(self) -> list[str]:
         """What the symbolize processes' runners retried or aborted, one line each."""
