@@ -113,7 +113,8 @@ class Pipeline:
         frame = sys._current_frames().get(self.sink.thread.ident)
         stack = "".join(traceback.format_stack(frame)) if frame is not None else "(the sink thread is gone)\n"
         runner = self.sink.runner
-        return (f"the sink: {runner.batches} batches, buffered {sum(len(b) for b in runner.buffers.values())} "
+        buffered = sum(len(b) for b in list(runner.buffers.values()))  # a copy: the sink thread may be filling it
+        return (f"the sink: {runner.batches} batches, buffered {buffered} "
                 f"messages; its thread now:\n{stack}symbolize restarts: {self.restarts or 'none'}")
 
     def runner_warnings(self) -> list[str]:
