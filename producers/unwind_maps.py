@@ -227,6 +227,9 @@ class UnwindLoader:
         if len(mappings) > MAX_MAPPINGS:
             self.stats["mappings_over_limit"] += len(mappings) - MAX_MAPPINGS
         if not os.path.exists(f"/proc/{pid}"):
+            with self._lock:  # it exited while its files were read: rows stored for it alone are free again
+                for key in keys:
+                    self._free_if_unused(key)
             return
         with self._lock:
             if any(key not in self._files for key in keys):  # freed meanwhile (its last process exited): again
@@ -354,11 +357,16 @@ class UnwindLoader:
         if file is None:
             return
         file.pids.discard(pid)
-        if not file.pids:
-            del self._files[key]
-            self._segments.pop(key, None)
-            self.space.give(file.start, file.count)
-            self.stats["files_freed"] += 1
+        self._free_if_unused(key)
+
+    def _free_if_unused(self, key: str) -> None:
+        file = self._files.get(key)
+        if file is None or file.pids:
+            return
+        del self._files[key]
+        self._segments.pop(key, None)
+        self.space.give(file.start, file.count)
+        self.stats["files_freed"] += 1
 
 
 _PROC_DTYPE = np.dtype([("count", "<u4"), ("pad", "<u4"),

@@ -221,6 +221,38 @@ def test_rows_are_written_as_compiled_and_freed_when_the_process_exits(nofp: Pat
         loader.close()
 
 
+def test_rows_read_for_a_process_that_exits_meanwhile_are_freed(nofp: Path, tmp_path: Path) -> None:
+    # CI once found a short-lived process's file left loaded with no process: its rows were stored, then the
+    # process exited before its entry was written, so no exit ever freed them.
+    proc = subprocess.Popen([str(nofp)])
+    loader = UnwindLoader(tmp_path / "cache")
+    sampler = CpuSampler(99, pid_filter=proc.pid, unwind=loader)
+    sampler.start()
+    read = loader.tables.get
+
+    def read_then_exit(key: str, path: str):  # noqa: ANN202 - the cache's own return type
+        table = read(key, path)
+        proc.kill()
+        proc.wait()
+        return table
+
+    try:
+        info = process_info(proc.pid)
+        loader.tables.get = read_then_exit  # type: ignore[method-assign]
+        loader.load(proc.pid, info.mappings)
+        assert loader.wait_idle()
+        counters = loader.counters()
+        assert proc.returncode is not None and not loader.loaded(proc.pid)
+        assert counters["files_loaded"] >= 1 and counters["files_freed"] == counters["files_loaded"], counters
+        assert counters["files"] == 0 and counters["rows_used"] == 0 and counters["processes"] == 0, counters
+        with pytest.raises(KeyError):
+            sampler._bpf[b"unwind_procs"][ct.c_uint32(proc.pid)]
+    finally:
+        proc.kill()
+        sampler.close()
+        loader.close()
+
+
 def test_a_table_that_does_not_fit_is_walked_by_frame_pointers_and_counted(nofp: Path, workload: subprocess.Popen,
                                                                          tmp_path: Path) -> None:
     loader = UnwindLoader(tmp_path / "cache", rows=1024)  # libc's table alone is bigger
