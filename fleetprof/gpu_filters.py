@@ -6,7 +6,7 @@ both; this module holds the choices and the range rule in Python, the one the te
 
 from __future__ import annotations
 
-from processors.sink import COPY_LABEL_PREFIXES
+from schemas.wire import COPY_LABEL_PREFIXES
 
 WHAT_CHOICES = ("all", "kernels", "copies")
 RANGE_SEPARATOR = " > "  # between the ranges of a path, the outermost first, as the shim writes it

@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from clickhouse_connect.driver.exceptions import ClickHouseError
 
 from fleetprof.addresses import parse_address
 from fleetprof.json_values import jsonable
 from fleetprof.settings import Settings
-from fleetprof.store import CHDB_PREFIX, Store, StoreBusy, StoreError, one_line, open_store
+from fleetprof.store import CHDB_PREFIX, Store, StoreBusy, StoreError, clickhouse_error, one_line, open_store
 
 PROBE_TIMEOUT = httpx.Timeout(1.0)
 QUERY_TIMEOUT = httpx.Timeout(connect=2.0, read=600.0, write=30.0, pool=2.0)
@@ -107,7 +106,7 @@ class StoreTarget(QueryTarget):
     def named(self, name: str, params: dict[str, Any]) -> Result:
         try:
             columns, rows = self.store.query_named(name, params)
-        except ClickHouseError as exc:
+        except clickhouse_error() as exc:
             raise QueryError(one_line(exc)) from None
         except StoreError as exc:
             raise QueryError(str(exc)) from None
@@ -116,7 +115,7 @@ class StoreTarget(QueryTarget):
     def sql(self, sql: str, params: dict[str, Any] | None = None) -> Result:
         try:
             columns, rows = self.store.query_sql(sql, params, readonly=True)
-        except ClickHouseError as exc:
+        except clickhouse_error() as exc:
             raise QueryError(one_line(exc)) from None
         except StoreError as exc:
             raise QueryError(str(exc)) from None
@@ -156,7 +155,7 @@ def query_target(settings: Settings) -> QueryTarget:
         try:
             return StoreTarget(open_store(settings.clickhouse_dsn, settings.database,
                                           **settings.clickhouse_credentials()))
-        except (StoreError, ClickHouseError) as exc:
+        except (StoreError, clickhouse_error()) as exc:
             raise QueryError(one_line(exc)) from None
     api = _probe_api(settings.api, settings.database)
     if api is not None:
@@ -167,12 +166,12 @@ def query_target(settings: Settings) -> QueryTarget:
     except StoreBusy as exc:
         raise QueryError(f"the store at {exc.path} is owned by another fleetprof process whose API does not answer "
                          f"at {settings.api}") from None
-    except (StoreError, ClickHouseError) as exc:
+    except (StoreError, clickhouse_error()) as exc:
         raise QueryError(f"cannot open the store at {path}: {one_line(exc)}") from None
     try:
         # Nobody owns this store, so bring its tables up to date: an empty store then answers "no rows", not errors.
         store.migrate()
-    except ClickHouseError as exc:
+    except clickhouse_error() as exc:
         store.close()
         raise QueryError(f"cannot migrate the store at {path}: {one_line(exc)}") from None
     return StoreTarget(store)

@@ -25,15 +25,12 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import clickhouse_connect
-from clickhouse_connect.driver.client import Client
-from clickhouse_connect.driver.exceptions import ClickHouseError
-
 from fleetprof.settings import SQL_DIR
 from fleetprof.store_params import _unwrap, coerce_param, parse_time  # noqa: F401 - parse_time: the store's API
 
 if TYPE_CHECKING:
     import pyarrow
+    from clickhouse_connect.driver.client import Client
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +179,15 @@ def bind_named(query: NamedQuery, params: dict[str, Any]) -> dict[str, Any]:
     return bound
 
 
+def clickhouse_error() -> type[Exception]:
+    """clickhouse-connect's error class, for `except` clauses: an except clause's class is looked up only when an
+    exception is raised, and loading clickhouse-connect takes ~0.4 s that a command which only asks the API (it
+    opens no store) need not spend."""
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
+    return ClickHouseError
+
+
 def one_line(exc: BaseException) -> str:
     """The first line of an exception's message, without ClickHouse's version trailer."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -238,9 +244,11 @@ def _chdb_factory(path: Path) -> Callable[[str | None, bool], Client]:
 
     def make(database: str | None, readonly: bool) -> Client:
         settings = {"readonly": 1} if readonly else {}
+        import clickhouse_connect  # here, not at the top: see clickhouse_error
+
         try:
             return clickhouse_connect.get_client(dsn=dsn, database=database, settings=settings, tz_mode="aware")
-        except ClickHouseError as exc:
+        except clickhouse_error() as exc:
             message = str(exc)
             if "cannot connect with different path" in message:
                 raise StoreError(f"this process already has another chDB store open; cannot also open {path}") from None
@@ -265,9 +273,11 @@ def _server_factory(url: str, username: str | None, password: str | None) -> Cal
             kwargs["password"] = password
         if readonly:
             kwargs["settings"] = {"readonly": 1}
+        import clickhouse_connect  # here, not at the top: see clickhouse_error
+
         try:
             return clickhouse_connect.get_client(**kwargs)
-        except ClickHouseError as exc:
+        except clickhouse_error() as exc:
             raise StoreError(f"cannot reach ClickHouse at {_redact(url)}: {one_line(exc)}") from exc
 
     return make

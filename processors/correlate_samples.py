@@ -20,10 +20,7 @@ from processors.demangle import demangle
 from processors.stack_ids import stack_id
 from processors.symbolize import FrameMemo, SymbolizeStats, TableLookup, clamp_long, symbolize_batch
 from schemas.packed_stacks import PackedStacks
-from schemas.wire import LONG_MIN
-
-GPU_BINARY = "[gpu]"
-GPU_KERNEL_KIND = "GPU_KERNEL"
+from schemas.wire import GPU_BINARY, GPU_KERNEL_KIND, LONG_MIN
 
 Frame = tuple[int, str, str, str, str]  # (frame_id, function, binary, kind, build id), as FrameMemo.by_id holds them
 

@@ -55,6 +55,10 @@ STAGE_OUTPUT_MAX_BYTES = 600 * 1024  # a processor's output before encoding (sym
 KERNEL_BINARY = "[kernel.kallsyms]"  # kernel frames, named as perf names them
 JIT_BINARY = "[jit]"  # code a perf map names (JIT compilers, CPython's -X perf)
 UNKNOWN_BINARY = "[unknown]"  # a frame in no known mapping
+GPU_BINARY = "[gpu]"  # the leaf of a GPU stack: the kernel (or a copy's or set's label) the launch ran
+GPU_KERNEL_KIND = "GPU_KERNEL"  # its frame kind (GpuFrameKind has no other GPU kind)
+# The labels the agent gives copies and sets, their kernel_name (plan of issue 16): '[memcpy HtoD]', '[memset]'
+COPY_LABEL_PREFIXES = ("[memcpy ", "[memset")
 # The last "address" of a user stack the agent could not walk to its root (a frame limit, an unreadable frame, a rule
 # its unwinder cannot follow): no user mapping ever holds it (user space ends below 2**57 on every architecture).
 TRUNCATED_FRAME = (1 << 64) - 2

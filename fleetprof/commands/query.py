@@ -21,7 +21,7 @@ from fleetprof.profile_kinds import KINDS, export_profile
 from fleetprof.query_client import QueryError, QueryTarget, query_target
 from fleetprof.settings import Settings
 from fleetprof.table_format import duration_ns, print_table, say_no_rows
-from processors.correlate_samples import GPU_BINARY
+from schemas.wire import GPU_BINARY
 
 COLLECTIVES_WHAT = {"hide": "GPU kernel time outside NCCL collectives", "only": "GPU kernel time in NCCL collectives"}
 GPU_WHAT = {"kernels": "GPU kernel time", "copies": "GPU time in memory copies and sets"}

@@ -15,7 +15,7 @@ from fleetprof.commands.workload_options import workload_options
 from fleetprof.query_client import QueryError, QueryTarget, query_target
 from fleetprof.settings import Settings
 from fleetprof.table_format import GIB, cell, print_table, say_no_rows
-from processors.sink import DEVICE_COLUMNS, PROCESS_COLUMNS
+from processors.sink_columns import DEVICE_COLUMNS, PROCESS_COLUMNS
 
 QUERIES = {False: "gpu_metrics", True: "gpu_process_metrics"}
 # The named queries return the tables' columns as the sink stores them; an empty result carries no column names,

@@ -51,7 +51,7 @@ from fleetprof.simulated_sources import simulated_line, simulated_sources
 from fleetprof.store import Store, StoreError, one_line, parse_time
 from fleetprof.webui import STATIC_DIR, model, timeline
 from fleetprof.workload_filters import WORKLOAD_BY, WORKLOAD_FILTERS
-from processors.correlate_samples import GPU_BINARY
+from schemas.wire import GPU_BINARY
 
 try:
     from compression import zstd  # Python 3.14 and later

@@ -22,8 +22,8 @@ import pandas as pd
 from fleetprof.collectives import nccl_collective, nccl_label
 from fleetprof.profile_kinds import process_frame
 from fleetprof.webui import model
-from processors.correlate_samples import GPU_BINARY
 from processors.demangle import demangle
+from schemas.wire import GPU_BINARY
 
 MAX_RANGE_S = 300  # a timeline is read bar by bar: minutes, not hours (and gpu_timeline keeps only days)
 BAR_LIMIT = 100_000  # bars per answer: ~3 MB of JSON, drawn in well under a second (bench/timeline_render.py)
