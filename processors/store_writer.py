@@ -41,6 +41,7 @@ STATE_COLUMNS = ["topic", "partition", "min_offset", "max_offset", "state", "upd
 # commit errors meaning the partition went to another member: retrying cannot succeed, and need not
 _NOT_OURS = (KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS,
              KafkaError._ASSIGNMENT_LOST)
+COMMIT_FIRST_DELAY, COMMIT_MAX_DELAY = 0.2, 5.0  # seconds before a failed offset commit is sent again
 
 
 def batch_key(ranges: dict[tuple[str, int], tuple[int, int]]) -> str:
@@ -98,7 +99,7 @@ class StoreRunner:
         self.max_message_bytes = max_message_bytes
         self.expect = expected_schemas(inputs)
         self.stop = stop or threading.Event()
-        self.consumer = Consumer(consumer_config(kafka, group or f"fleetprof-{name}"))
+        self.consumer = Consumer(consumer_config(kafka, group or f"fleetprof-{name}", on_commit=self._on_commit))
         pcfg = client_config(kafka, **{"enable.idempotence": True, "acks": "all"})
         self.producer = Producer(pcfg)
         self.buffers: dict[tuple[str, int], list] = {}
@@ -107,6 +108,10 @@ class StoreRunner:
         self.known_stacks = KnownIds()
         self.stamps = Stamps()
         self.batches = 0
+        # offsets to commit, sent without waiting (see _commit_offsets); a failed commit is sent again from run_once
+        self.to_commit: dict[tuple[str, int], int] = {}
+        self._commit_again_at: float | None = None  # when to send a failed commit again; None: none failed
+        self._commit_delay = COMMIT_FIRST_DELAY
 
     # --- group membership -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -138,6 +143,7 @@ class StoreRunner:
             tp = (p.topic, p.partition)
             self.buffers.pop(tp, None)
             self.first_seen.pop(tp, None)
+            self.to_commit.pop(tp, None)  # its new owner resumes from sink_state
 
     def _read_ranges(self, ranges: dict[tuple[str, int], tuple[int, int]]) -> dict[tuple[str, int], list]:
         """The messages of exactly these offset ranges, read outside the group: a batch may span partitions that
@@ -181,6 +187,8 @@ class StoreRunner:
         raws = [m for m in self.consumer.consume(num_messages=self.batch_messages, timeout=self.poll_timeout)
                 if not skip_consumer_error(m)]
         now = time.monotonic()
+        if self._commit_again_at is not None and now >= self._commit_again_at:
+            self._send_commit()
         fresh = False  # this poll brought messages someone waits to query
         for raw in raws:
             tp = (raw.topic(), raw.partition())
@@ -302,25 +310,56 @@ class StoreRunner:
             raise RuntimeError("dead letters could not be delivered; not committing the batch")
 
     def _commit_offsets(self, tps: list[TopicPartition]) -> None:
-        """Commit the consumed offsets, again while the broker or the group coordinator is away (a restart). The
-        ranges are marked AFTER in sink_state already, and an assignment resumes from there, so a commit given up
-        (stopping, or a partition gone to another member) costs no row and doubles none; the commit keeps the lag
-        right."""
-        delay = 0.2
-        while True:
-            try:
-                self.consumer.commit(offsets=tps, asynchronous=False)
-                return
-            except KafkaException as exc:
-                err = exc.args[0]
-                if err.fatal():
-                    raise
-                if self.stop.is_set() or err.code() in _NOT_OURS:  # sink_state says where to resume: AFTER hi
-                    log.info("offset commit given up (%s); the ranges are marked done", err)
-                    return
-                log.warning("offset commit failed (%s); retrying in %.1fs", err, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
+        """Commit the consumed offsets without waiting for the answer. The ranges are marked AFTER in sink_state
+        already and an assignment resumes from there, so a commit that fails or never comes back costs no row and
+        doubles none; the commit keeps the lag right. A synchronous commit could wait forever for a group coordinator
+        librdkafka cached across a broker restart (its issues 5456 and 5511: the sink then stopped writing, its
+        consumer dropped from the group). A failed one is sent again (_on_commit) until it is done or the partition
+        is another member's."""
+        for tp in tps:
+            self.to_commit[(tp.topic, tp.partition)] = tp.offset
+        self._send_commit()
+
+    def _send_commit(self) -> None:
+        self._commit_again_at = None
+        if not self.to_commit:
+            return
+        try:
+            self.consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in self.to_commit.items()],
+                                 asynchronous=True)
+        except KafkaException as exc:  # not sent at all
+            if exc.args[0].code() in _NOT_OURS:
+                log.info("offset commit given up (%s); the ranges are marked done", exc.args[0])
+                self.to_commit.clear()
+            else:
+                self._commit_failed(exc.args[0])
+
+    def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        """A commit's answer (librdkafka calls it from consume, on the sink's thread)."""
+        if err is not None and err.code() in _NOT_OURS:  # the group moved on: its new owner resumes from sink_state
+            log.info("offset commit given up (%s); the ranges are marked done", err)
+            for p in partitions:
+                self.to_commit.pop((p.topic, p.partition), None)
+            return
+        failed = None
+        for p in partitions:
+            tp = (p.topic, p.partition)
+            if err is None and p.error is None:
+                if self.to_commit.get(tp, -1) <= p.offset:  # done, unless a later batch's offset waits
+                    self.to_commit.pop(tp, None)
+            else:
+                failed = err or p.error
+        if failed is not None:
+            self._commit_failed(failed)
+        elif not self.to_commit:
+            self._commit_delay = COMMIT_FIRST_DELAY
+
+    def _commit_failed(self, err: KafkaError) -> None:
+        if err.fatal():
+            raise KafkaException(err)
+        log.warning("offset commit failed (%s); sent again in %.1fs", err, self._commit_delay)
+        self._commit_again_at = time.monotonic() + self._commit_delay
+        self._commit_delay = min(self._commit_delay * 2, COMMIT_MAX_DELAY)
 
     def _retry(self, action, first_delay: float = 0.2, max_delay: float = 5.0):
         """Run a store action until it succeeds; the batch waits, nothing is skipped."""

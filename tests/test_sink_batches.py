@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, TopicPartition
 
 import processors.store_writer as sw
 from processors.store_writer import StoreRunner, batch_key
@@ -47,6 +47,7 @@ class Consumer:
         return self.polls.pop(0) if self.polls else []
 
     def commit(self, offsets=None, asynchronous=True):
+        assert asynchronous, "a synchronous commit can wait forever for a coordinator librdkafka cached"
         self.commits.append([(tp.topic, tp.partition, tp.offset) for tp in offsets])
 
     def assign(self, partitions):
@@ -114,6 +115,45 @@ def test_one_batch_spans_the_buffered_partitions_with_one_insert_per_table(monke
     assert [(s[1], s[6]) for s in samples] == [("a", 3), ("a", 1), ("b", 5), ("b", 2)]  # partition, then offset
     assert token == f"{batch_key({('cpu.samples', 0): (10, 11), ('cpu.samples', 2): (4, 5)})}:cpu_samples"
     assert consumer.commits == [[("cpu.samples", 0, 12), ("cpu.samples", 2, 6)]]
+
+
+def test_offsets_are_committed_without_waiting_and_a_failed_commit_is_sent_again(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(sw.time, "monotonic", lambda: clock[0])
+    store, consumer = Store(), Consumer()
+    r = runner(store, consumer)
+
+    def batch(*raws: Raw) -> None:
+        consumer.polls = [list(raws), []]
+        r.run_once()
+        r.run_once()  # the burst's end: written, its offsets sent
+
+    batch(Raw("cpu.samples", 0, 10, cpu("a", 0, 3)), Raw("cpu.samples", 1, 4, cpu("b", 0, 1)))
+    assert consumer.commits == [[("cpu.samples", 0, 11), ("cpu.samples", 1, 5)]]
+    # the broker is away: the answer is an error; the batch after it is written meanwhile, nothing waits
+    r._on_commit(KafkaError(KafkaError._TRANSPORT), [TopicPartition("cpu.samples", 0, 11),
+                                                     TopicPartition("cpu.samples", 1, 5)])
+    batch(Raw("cpu.samples", 0, 11, cpu("a", 1, 2)))
+    assert len([t for t, _, _ in store.inserts if t == "cpu_samples"]) == 2
+    assert consumer.commits[-1] == [("cpu.samples", 0, 12), ("cpu.samples", 1, 5)]  # the newest offset of each
+    clock[0] += sw.COMMIT_FIRST_DELAY  # the failed one is due again
+    r._on_commit(KafkaError(KafkaError._TRANSPORT), [TopicPartition("cpu.samples", 0, 12),
+                                                     TopicPartition("cpu.samples", 1, 5)])
+    sent = len(consumer.commits)
+    r.run_once()
+    assert len(consumer.commits) == sent  # not before its delay (doubled after a second failure)
+    clock[0] += 2 * sw.COMMIT_FIRST_DELAY
+    r.run_once()
+    assert consumer.commits[-1] == [("cpu.samples", 0, 12), ("cpu.samples", 1, 5)]
+    r._on_commit(None, [TopicPartition("cpu.samples", 0, 12), TopicPartition("cpu.samples", 1, 5)])
+    assert r.to_commit == {}
+    clock[0] += 60
+    r.run_once()
+    assert consumer.commits[-1] == [("cpu.samples", 0, 12), ("cpu.samples", 1, 5)] and len(consumer.commits) == sent + 1
+    # a partition gone to another member is not committed again: its new owner resumes from sink_state
+    batch(Raw("cpu.samples", 2, 7, cpu("c", 0, 1)))
+    r._on_commit(KafkaError(KafkaError.ILLEGAL_GENERATION), [TopicPartition("cpu.samples", 2, 8)])
+    assert r.to_commit == {} and r._commit_again_at is None
 
 
 def test_samples_wait_at_most_flush_interval_and_other_topics_max_delay(monkeypatch):
