@@ -14,6 +14,7 @@ import signal
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
@@ -95,6 +96,13 @@ def consumer_config(kafka: dict, group: str, **extra: str) -> dict:
     return cfg
 
 
+def count_messages_in(stage: str, raws: list) -> None:
+    """MESSAGES_IN for a batch: one increment per topic (a labelled increment per message was ~4% of the
+    correlator's CPU in a 1,000-node fleet run, py-spy)."""
+    for topic, n in Counter(raw.topic() for raw in raws).items():
+        metrics.MESSAGES_IN.labels(stage, topic).inc(n)
+
+
 def instance_id(stage: str, slot: int | None = None) -> str:
     """Transactional id: stable per instance slot, so a restarted instance fences and aborts the transaction its
     predecessor left open instead of leaving read_committed consumers waiting for it to time out."""
@@ -174,8 +182,8 @@ class TopicRunner:
         started = time.monotonic()
         decoded: list[Message] = []
         out: list[Produced] = []
+        count_messages_in(self.stage.name, raws)
         for raw, item in zip(raws, self.stage.decode_batch(raws, self.expect, self.max_message_bytes), strict=True):
-            metrics.MESSAGES_IN.labels(self.stage.name, raw.topic()).inc()
             if isinstance(item, Message):
                 decoded.append(item)
             else:

@@ -237,8 +237,8 @@ class StoreRunner:
         decoded: list[Message] = []
         dead: list[Produced] = []
         for tp in tps:  # in partition then offset order: a batch written again is built exactly as the first time
+            metrics.MESSAGES_IN.labels(self.name, tp[0]).inc(len(batch[tp]))
             for raw in batch[tp]:
-                metrics.MESSAGES_IN.labels(self.name, tp[0]).inc()
                 item = decode_message(self.name, raw, self.expect, self.max_message_bytes, columns=READ_AS_COLUMNS)
                 (decoded if isinstance(item, Message) else dead).append(item)
         tables = self._rows(decoded, dead)
