@@ -14,6 +14,7 @@ import subprocess
 import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -180,12 +181,24 @@ def test_loaded_tables_walk_code_without_frame_pointers_to_the_root(nofp: Path, 
     assert counters["files"] >= 2 and counters["processes"] == 1
 
 
-def test_rows_are_written_as_compiled_and_freed_when_the_process_exits(nofp: Path, tmp_path: Path) -> None:
-    proc = subprocess.Popen([str(nofp)])
+@contextmanager
+def _sampled(program: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen, CpuSampler, UnwindLoader]]:
+    """`program` running, sampled at 99 Hz with an unwind loader of its own; all stopped afterwards."""
+    proc = subprocess.Popen([str(program)])
     loader = UnwindLoader(tmp_path / "cache")
     sampler = CpuSampler(99, pid_filter=proc.pid, unwind=loader)
     sampler.start()
     try:
+        yield proc, sampler, loader
+    finally:
+        proc.kill()
+        proc.wait()
+        sampler.close()
+        loader.close()
+
+
+def test_rows_are_written_as_compiled_and_freed_when_the_process_exits(nofp: Path, tmp_path: Path) -> None:
+    with _sampled(nofp, tmp_path) as (proc, sampler, loader):
         info = process_info(proc.pid)
         loader.load(proc.pid, info.mappings)
         assert loader.wait_idle()
@@ -215,28 +228,20 @@ def test_rows_are_written_as_compiled_and_freed_when_the_process_exits(nofp: Pat
         assert loader.counters()["rows_used"] == 0 and loader.counters()["files"] == 0
         with pytest.raises(KeyError):
             sampler._bpf[b"unwind_procs"][ct.c_uint32(proc.pid)]
-    finally:
-        proc.kill()
-        sampler.close()
-        loader.close()
 
 
 def test_rows_read_for_a_process_that_exits_meanwhile_are_freed(nofp: Path, tmp_path: Path) -> None:
     # CI once found a short-lived process's file left loaded with no process: its rows were stored, then the
     # process exited before its entry was written, so no exit ever freed them.
-    proc = subprocess.Popen([str(nofp)])
-    loader = UnwindLoader(tmp_path / "cache")
-    sampler = CpuSampler(99, pid_filter=proc.pid, unwind=loader)
-    sampler.start()
-    read = loader.tables.get
+    with _sampled(nofp, tmp_path) as (proc, sampler, loader):
+        read = loader.tables.get
 
-    def read_then_exit(key: str, path: str):  # noqa: ANN202 - the cache's own return type
-        table = read(key, path)
-        proc.kill()
-        proc.wait()
-        return table
+        def read_then_exit(key: str, path: str):  # noqa: ANN202 - the cache's own return type
+            table = read(key, path)
+            proc.kill()
+            proc.wait()
+            return table
 
-    try:
         info = process_info(proc.pid)
         loader.tables.get = read_then_exit  # type: ignore[method-assign]
         loader.load(proc.pid, info.mappings)
@@ -247,10 +252,6 @@ def test_rows_read_for_a_process_that_exits_meanwhile_are_freed(nofp: Path, tmp_
         assert counters["files"] == 0 and counters["rows_used"] == 0 and counters["processes"] == 0, counters
         with pytest.raises(KeyError):
             sampler._bpf[b"unwind_procs"][ct.c_uint32(proc.pid)]
-    finally:
-        proc.kill()
-        sampler.close()
-        loader.close()
 
 
 def test_a_table_that_does_not_fit_is_walked_by_frame_pointers_and_counted(nofp: Path, workload: subprocess.Popen,
