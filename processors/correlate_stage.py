@@ -96,6 +96,11 @@ class CorrelateStage(TopicStage):
         if self.feed is not None:
             self._ensure_tables(messages)
 
+    def idle(self) -> None:
+        """Read tables published since the last batch, before the launches that need them come."""
+        if self.feed is not None and self.feed.read_ahead():
+            metrics.SYMBOL_TABLES.labels(self.name).set(len(self.tables))
+
     def _ensure_tables(self, messages: list[Message]) -> None:
         """Read the symbol tables that the batch's processes' mappings name and the cache lacks (new ones, or
         evicted ones): those its matches will be symbolized with."""

@@ -59,6 +59,10 @@ class TopicStage:
     def before_batch(self, messages: list[Message]) -> None:
         """Called with each batch's decoded messages before `process`."""
 
+    def idle(self) -> None:
+        """Called when a poll brought nothing: room for work that would otherwise wait on the next batch's path
+        (reading side inputs published ahead of the records that need them)."""
+
     def after_commit(self) -> None:
         """The output of the `process` calls since the last commit or abort is committed."""
 
@@ -178,6 +182,7 @@ class TopicRunner:
         raws = self.consumer.consume(num_messages=self.batch_size, timeout=self.poll_timeout)
         raws = [m for m in raws if not skip_consumer_error(m)]
         if not raws:
+            self.stage.idle()
             return 0
         started = time.monotonic()
         decoded: list[Message] = []

@@ -17,6 +17,7 @@ from schemas import single_object, topics
 
 log = logging.getLogger("fleetprof.symbols")
 BROKER_WAIT_S = 120.0  # how long a catch-up waits for a broker that is away before the stage gives up (and exits)
+READ_AHEAD_STALL_S = 2.0  # a read-ahead (stage idle) gives up this soon on a stalled read: the next batch reads on
 FRESH_CLIENT_AFTER = 6  # failed watermark asks (~0.5 s apart) before asking through a new client instead
 MAX_MISSED = 100_000  # build ids remembered as asked for and not published (forgotten all at once past this)
 
@@ -46,17 +47,21 @@ class SymbolFeed:
         self.partitions = [TopicPartition(topics.SYMBOLS.name, p, OFFSET_BEGINNING) for p in sorted(parts)]
         self.consumer.assign(self.partitions)
 
-    def catch_up(self, timeout: float = 10.0, force: bool = False) -> int:
+    def catch_up(self, timeout: float = 10.0, force: bool = False, patient: bool = True) -> int:
         """Read every chunk published before the call (rate limited unless forced); returns chunks read.
 
         `timeout` bounds a stall (nothing read while the watermark says more is there), not the whole read: the
         topic holds every table the fleet ever sent, and a stage that stopped reading early would symbolize stacks
-        whose tables were published before them as unknown."""
+        whose tables were published before them as unknown. `patient`: wait up to BROKER_WAIT_S for a broker that
+        does not answer (a batch needs the tables); otherwise ask once and raise."""
         now = time.monotonic()
         if not force and now - self._last_catch_up < self.min_interval:
             return 0
         self._last_catch_up = now
-        ends = {tp.partition: self._end_offset(tp, timeout) for tp in self.partitions}
+        if patient:
+            ends = {tp.partition: self._end_offset(tp, timeout) for tp in self.partitions}
+        else:
+            ends = {tp.partition: self.consumer.get_watermark_offsets(tp, timeout=timeout)[1] for tp in self.partitions}
         positions = {tp.partition: tp.offset for tp in self.consumer.position(self.partitions)}
         pending = {p for p, end in ends.items() if max(positions.get(p, 0), 0) < end}
         read = 0
@@ -78,6 +83,17 @@ class SymbolFeed:
                         "stay missing until the next catch-up", timeout, sorted(pending))
         self.chunks_read += read
         return read
+
+    def read_ahead(self) -> int:
+        """catch_up for a stage with nothing to process: an agent publishes a table before the records that need
+        it, so reading it now takes it off their batch's path (a 100-node fleet's first window spent 1.5 s there,
+        bench/RESULTS.md). Rate limited like catch_up; a broker that does not answer at once is left to the next
+        batch's catch_up, which waits for it. Returns chunks read."""
+        try:
+            return self.catch_up(timeout=READ_AHEAD_STALL_S, patient=False)
+        except KafkaException as exc:
+            log.debug("symbols topic read-ahead skipped: %s", exc.args[0].str())
+            return 0
 
     def _end_offset(self, tp: TopicPartition, timeout: float) -> int:
         """The partition's high watermark; asked again while the broker is away or the partition has no leader (a

@@ -63,6 +63,15 @@ class SymbolizeStage(TopicStage):
             self._ask_debuginfod({b for b in user - kernel if b not in self.tables})
         metrics.SYMBOL_TABLES.labels(self.name).set(len(self.tables))
 
+    def idle(self) -> None:
+        """Read tables published since the last batch, before the stacks that need them come."""
+        if self.feed is None or not self.feed.read_ahead():
+            return
+        # as in before_batch: a table the feed brings may replace one debuginfod gave, under the same build id
+        if self.debuginfod is not None and self.debuginfod.forget_replaced(self.tables):
+            self._forget()
+        metrics.SYMBOL_TABLES.labels(self.name).set(len(self.tables))
+
     def _ask_debuginfod(self, build_ids: set[str]) -> bool:
         """True when debuginfod replaced a table: the memo's frame ids by symbol index are then stale."""
         if self.debuginfod is None or not build_ids or not self.debuginfod.improve(build_ids, self.tables):

@@ -51,6 +51,7 @@ def test_a_stage_with_only_process_runs_on_the_base_hooks():
         out = runner._process([_msg(0, n=1), _msg(1, n=2)])
         assert [(p.topic, p.record) for p in out] == [("alerts", {"n": 1}), ("alerts", {"n": 2})]
         runner.stage.before_batch([_msg(2)])
+        runner.stage.idle()
         runner.stage.after_commit()
         runner.stage.after_abort()
     finally:
@@ -87,3 +88,33 @@ def test_a_stateful_stage_runs_only_in_the_group_its_state_is_kept_under():
     TopicRunner(Stateful(), NOWHERE, group="fleetprof-echo").close()
     with pytest.raises(ValueError, match="keeps its state under group 'fleetprof-echo' but would run in group 'x'"):
         TopicRunner(Stateful(), NOWHERE, group="x")
+
+
+class CountsIdle(Echo):
+    def __init__(self) -> None:
+        self.idle_calls = 0
+
+    def idle(self) -> None:
+        self.idle_calls += 1
+
+
+class _EmptyPolls:
+    """A consumer whose polls bring nothing (no broker here)."""
+
+    def consume(self, num_messages: int = 1, timeout: float = -1) -> list:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_poll_that_brings_nothing_gives_the_stage_its_idle_hook():
+    stage = CountsIdle()
+    runner = TopicRunner(stage, NOWHERE)
+    runner.consumer = _EmptyPolls()
+    try:
+        assert runner.run_once() == 0
+        assert runner.run_once() == 0
+    finally:
+        runner.producer.flush(0)
+    assert stage.idle_calls == 2

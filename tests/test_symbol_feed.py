@@ -5,8 +5,11 @@ from __future__ import annotations
 import time
 import uuid
 
+from confluent_kafka import KafkaError, KafkaException
+
 from processors.symbol_feed import SymbolFeed
 from processors.symbol_tables import SymbolTables
+from processors.symbolize_stage import SymbolizeStage
 from schemas import topics
 from tests.pipeline_helpers import build_id_for, encode, produce, symbol_chunks
 
@@ -105,5 +108,51 @@ def test_a_catch_up_longer_than_its_timeout_reads_to_the_end(kafka_bootstrap) ->
         feed.catch_up(timeout=1.0, force=True)
         assert time.monotonic() - started > 1.0  # the case the test is about: the read outlasted the timeout
         assert [b for b in ids if b not in feed.tables] == []
+    finally:
+        feed.close()
+
+
+class _BrokerAway:
+    """A consumer whose broker does not answer: every watermark ask fails at once."""
+
+    def __init__(self, consumer) -> None:
+        self._consumer = consumer
+        self.asks = 0
+
+    def get_watermark_offsets(self, tp, timeout=None, cached=False):
+        self.asks += 1
+        raise KafkaException(KafkaError(KafkaError._ALL_BROKERS_DOWN, "All broker connections are down"))
+
+    def __getattr__(self, name: str):
+        return getattr(self._consumer, name)
+
+
+def test_an_idle_stage_reads_tables_published_ahead_of_their_stacks(kafka_bootstrap) -> None:
+    """The symbolize stage with nothing to process reads a table published since its last batch, so the batch
+    that needs it does not wait for the read; within the rate limit it does not ask; a broker that does not answer
+    costs the idle stage one ask and no wait, and the table comes once it answers again."""
+    run = uuid.uuid4().hex[:8]
+    early, late = build_id_for(f"ahead-{run}-early"), build_id_for(f"ahead-{run}-late")
+    feed = SymbolFeed({"bootstrap.servers": kafka_bootstrap}, SymbolTables(), min_interval=0.0)
+    stage = SymbolizeStage(feed.tables, feed)
+    try:
+        feed.catch_up(force=True)
+        _publish(kafka_bootstrap, [early])
+        stage.idle()
+        assert early in stage.tables
+        _publish(kafka_bootstrap, [late])
+        feed.min_interval = 3600.0
+        stage.idle()  # within the rate limit of the last read: no ask
+        assert late not in stage.tables
+        feed.min_interval = 0.0
+        real = feed.consumer
+        feed.consumer = away = _BrokerAway(real)
+        started = time.monotonic()
+        stage.idle()
+        assert time.monotonic() - started < 1.0 and away.asks == 1
+        assert late not in stage.tables
+        feed.consumer = real
+        stage.idle()
+        assert late in stage.tables
     finally:
         feed.close()
