@@ -12,6 +12,7 @@ import hashlib
 import logging
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -34,6 +35,13 @@ POM = KAFKA_DIR / "pom.xml"
 LOG4J_CONFIG = KAFKA_DIR / "log4j2.properties"
 POM_STAMP = LIB_DIR / ".pom.sha256"
 HEAP = "-Xmx512m"
+# C1 only: the embedded broker serves one machine, the tests and the benches, is started often and shares a few cores
+# with the processors. C2 had spent ~8 s of CPU compiling by the end of a fleet bench's set-up and took 4 s more in
+# its first two windows, which made those windows late; with C1 the broker spent 1.5 s and 0.7 s, and 20% less CPU
+# over a 300 s 100-node run (bench/RESULTS.md, 2026-12-05). FLEETPROF_BROKER_JVM_OPTS adds flags after these (a
+# long-lived broker with spare cores may want `-XX:TieredStopAtLevel=4` back).
+JIT = "-XX:TieredStopAtLevel=1"
+JVM_OPTS_ENV = "FLEETPROF_BROKER_JVM_OPTS"
 MIN_JAVA = 17
 
 JAVA_MISSING = ("Java 17+ is required to run the local Kafka broker: install a JRE "
@@ -484,14 +492,19 @@ class LocalBroker:
     def _launch(self, java: str, lib: Path) -> None:
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         broker_cds.finish(self.home, exited_cleanly=False)  # what a broker that died unstopped left half-written
-        cmd = [java, HEAP, "-Xms128m", "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
-               *broker_cds.broker_flags(java, lib, self.home), *self._log_flags(), "-cp", f"{lib}/*", "kafka.Kafka",
-               str(self.config_file)]
+        cmd = [java, *jvm_flags(), *broker_cds.broker_flags(java, lib, self.home), *self._log_flags(), "-cp",
+               f"{lib}/*", "kafka.Kafka", str(self.config_file)]
         with open(self.log_file, "ab") as out:
             # Own session: the broker outlives the `fleetprof kafka up` that started it, and its Ctrl-C.
             self._proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                           cwd=self.home, start_new_session=True)
         self.pid_file.write_text(f"{self._proc.pid}\n")
+
+
+def jvm_flags() -> list[str]:
+    """The broker JVM's heap and JIT flags, then FLEETPROF_BROKER_JVM_OPTS (later flags win)."""
+    extra = shlex.split(os.environ.get(JVM_OPTS_ENV, ""))
+    return [HEAP, "-Xms128m", JIT, "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true", *extra]
 
 
 def _escape(value: str) -> str:

@@ -15,7 +15,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from fleetprof import broker_cds
-from fleetprof.broker import LIB_DIR, BrokerError, LocalBroker, create_topics, find_java
+from fleetprof.broker import JIT, JVM_OPTS_ENV, LIB_DIR, BrokerError, LocalBroker, create_topics, find_java, jvm_flags
 from schemas import topics
 from tests.conftest import consecutive_free_port
 
@@ -42,6 +42,17 @@ def test_start_is_idempotent(kafka_broker: LocalBroker) -> None:
     assert status["running"] is True and status["pid"] == pid
     assert status["bootstrap"] == kafka_broker.bootstrap == f"127.0.0.1:{kafka_broker.port}"
     assert status["data_dir"] == str(kafka_broker.data_dir)
+
+
+def test_the_broker_jvm_compiles_with_c1_unless_told_otherwise(kafka_broker: LocalBroker, monkeypatch) -> None:
+    """The running broker has the C1-only flag; FLEETPROF_BROKER_JVM_OPTS comes after it, so its flags win."""
+    cmdline = Path(f"/proc/{kafka_broker.pid()}/cmdline").read_bytes().split(b"\0")
+    assert JIT.encode() in cmdline
+    assert cmdline.index(JIT.encode()) < cmdline.index(b"kafka.Kafka")
+    monkeypatch.setenv(JVM_OPTS_ENV, "-XX:TieredStopAtLevel=4 -Dfleetprof.note='two words'")
+    flags = jvm_flags()
+    assert flags[-2:] == ["-XX:TieredStopAtLevel=4", "-Dfleetprof.note=two words"]
+    assert flags.index(JIT) < flags.index("-XX:TieredStopAtLevel=4")
 
 
 def test_broker_logs_through_log4j(kafka_broker: LocalBroker) -> None:
