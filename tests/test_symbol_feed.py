@@ -5,8 +5,10 @@ from __future__ import annotations
 import time
 import uuid
 
+import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+from processors.correlate_stage import CorrelateStage
 from processors.symbol_feed import SymbolFeed
 from processors.symbol_tables import SymbolTables
 from processors.symbolize_stage import SymbolizeStage
@@ -127,14 +129,17 @@ class _BrokerAway:
         return getattr(self._consumer, name)
 
 
-def test_an_idle_stage_reads_tables_published_ahead_of_their_stacks(kafka_bootstrap) -> None:
-    """The symbolize stage with nothing to process reads a table published since its last batch, so the batch
+@pytest.mark.parametrize("make_stage", [lambda feed: SymbolizeStage(feed.tables, feed),
+                                        lambda feed: CorrelateStage(feed.tables, None, feed)],
+                         ids=["symbolize", "correlate"])
+def test_an_idle_stage_reads_tables_published_ahead_of_their_stacks(kafka_bootstrap, make_stage) -> None:
+    """A stage that symbolizes, with nothing to process, reads a table published since its last batch, so the batch
     that needs it does not wait for the read; within the rate limit it does not ask; a broker that does not answer
     costs the idle stage one ask and no wait, and the table comes once it answers again."""
     run = uuid.uuid4().hex[:8]
     early, late = build_id_for(f"ahead-{run}-early"), build_id_for(f"ahead-{run}-late")
     feed = SymbolFeed({"bootstrap.servers": kafka_bootstrap}, SymbolTables(), min_interval=0.0)
-    stage = SymbolizeStage(feed.tables, feed)
+    stage = make_stage(feed)
     try:
         feed.catch_up(force=True)
         _publish(kafka_bootstrap, [early])
