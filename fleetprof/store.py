@@ -25,6 +25,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fleetprof import dedup_records
 from fleetprof.settings import SQL_DIR
 from fleetprof.store_params import _unwrap, coerce_param, parse_time  # noqa: F401 - parse_time: the store's API
 
@@ -314,7 +315,7 @@ def open_store(dsn: str, database: str, *, username: str | None = None, password
     bootstrap = factory(None, False)
     try:
         bootstrap.command(store_sql("create_database"), parameters={"database": database})
-        return Store(factory, database, location)
+        return Store(factory, database, location, embedded=dsn.startswith(CHDB_PREFIX))
     finally:
         # closed only after the Store's own client exists, so chDB's engine is not shut down and restarted
         bootstrap.close()
@@ -361,9 +362,11 @@ class _Pool:
 class Store:
     """The fleetprof tables in one ClickHouse database; share one instance between threads."""
 
-    def __init__(self, factory: Callable[[str | None, bool], Client], database: str, location: str):
+    def __init__(self, factory: Callable[[str | None, bool], Client], database: str, location: str,
+                 embedded: bool = False):
         self.database = database
         self.location = location
+        self.embedded = embedded  # chDB in this process: its inserts die with it (fleetprof/dedup_records.py)
         # For callers that need the raw clickhouse-connect API; the Store's own methods lease pooled clients instead,
         # so this one is never busy with their work.
         self.client: Client = factory(database, False)
@@ -429,6 +432,13 @@ class Store:
         except Exception:
             self._types.pop(table, None)  # a migration may have changed the table since: ask again on the retry
             raise
+
+    def lost_insert(self, table: str) -> str | None:
+        """The part named by `table`'s newest deduplication record when no active part holds it: an embedded
+        store's insert cut between the two by the process's death. Always None for a server."""
+        if not self.embedded:
+            return None
+        return dedup_records.lost_part(self, table, store_sql("table_data_paths"), store_sql("parts_holding_block"))
 
     def _column_types(self, table: str, column_names: list[str]) -> list[str] | None:
         """The columns' types, asked once per table (clickhouse-connect would describe the table before every insert:

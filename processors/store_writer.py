@@ -249,7 +249,8 @@ class StoreRunner:
             self._state(ranges, "BEFORE", stamp)
         self._dead_letters(dead)
         for table, rows in tables.items():
-            self._insert(table, rows, f"{key}:{table}")
+            token = f"{key}:{table}"
+            self._insert(table, rows, token if resumed is None else self._resumed_token(table, token))
         # AFTER one microsecond past BEFORE, never now: written again for a batch that another instance resumed
         # from and went on with, it must not outrank that instance's newer state of the partition
         self._state(ranges, "AFTER", stamp + timedelta(microseconds=1))
@@ -294,6 +295,21 @@ class StoreRunner:
             self._retry(lambda: self.store.insert(table, data, rows.columns, dedup_token=token,
                                                   column_oriented=by_column))
             metrics.ROWS_OUT.labels(self.name, table).inc(len(rows))
+
+    def _resumed_token(self, table: str, token: str) -> str:
+        """The token to write an interrupted batch's rows of `table` under again: their own, unless the table's
+        newest deduplication record names a part that is not there (the insert died between the two: its own token
+        would be dropped as a duplicate of nothing). Then one made from that part, the same on every later attempt
+        while the record stays the newest: a retry that lands is the newest record, and the next attempt goes back
+        to the batch's own token, which the lost record drops."""
+        if table in DEFINITION_TABLES:
+            return token
+        lost = getattr(self.store, "lost_insert", lambda _table: None)(table)
+        if lost is None:
+            return token
+        log.warning("%s: the interrupted insert left a deduplication record of part %s without the part; writing "
+                    "its rows again under a token of their own", table, lost)
+        return f"{token}:after:{lost}"
 
     def _state(self, ranges: dict[tuple[str, int], tuple[int, int]], state: str, stamp: datetime) -> None:
         rows = [[t, p, lo, hi, state, stamp] for (t, p), (lo, hi) in ranges.items()]
