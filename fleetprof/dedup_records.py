@@ -19,10 +19,10 @@ ADD = "1"  # MergeTreeDeduplicationOp: 1 a part added, 2 a part dropped
 LOG_DIR = "deduplication_logs"
 
 
-class SqlRunner(Protocol):
+class StoreQueries(Protocol):
     database: str
 
-    def query_sql(self, sql: str, params: dict | None = None) -> tuple[list[str], list[tuple]]: ...
+    def query_store(self, name: str, params: dict) -> tuple[list[str], list[tuple]]: ...
 
 
 def newest_record(log_dir: Path) -> tuple[str, str] | None:
@@ -36,9 +36,9 @@ def newest_record(log_dir: Path) -> tuple[str, str] | None:
     return None
 
 
-def lost_part(store: SqlRunner, table: str, data_paths_sql: str, parts_sql: str) -> str | None:
+def lost_part(store: StoreQueries, table: str) -> str | None:
     """The part `table`'s newest deduplication record adds when no active part holds its block; None otherwise."""
-    _, rows = store.query_sql(data_paths_sql, {"database": store.database, "table": table})
+    _, rows = store.query_store("table_data_paths", {"database": store.database, "table": table})
     if not rows:
         return None
     for path in rows[0][0]:
@@ -46,9 +46,9 @@ def lost_part(store: SqlRunner, table: str, data_paths_sql: str, parts_sql: str)
         if record is None or record[0] != ADD:
             continue
         part = record[1]
-        partition, block = part.split("_")[0], int(part.split("_")[1])
-        _, held = store.query_sql(parts_sql, {"database": store.database, "table": table, "partition": partition,
-                                              "block": block})
+        partition, block = part.split("_")[:2]  # partition_minblock_maxblock_level[_mutation]
+        _, held = store.query_store("parts_holding_block", {"database": store.database, "table": table,
+                                                            "partition": partition, "block": int(block)})
         if not held[0][0]:
             return part
     return None

@@ -438,7 +438,7 @@ class Store:
         store's insert cut between the two by the process's death. Always None for a server."""
         if not self.embedded:
             return None
-        return dedup_records.lost_part(self, table, store_sql("table_data_paths"), store_sql("parts_holding_block"))
+        return dedup_records.lost_part(self, table)
 
     def _column_types(self, table: str, column_names: list[str]) -> list[str] | None:
         """The columns' types, asked once per table (clickhouse-connect would describe the table before every insert:

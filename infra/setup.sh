@@ -168,7 +168,7 @@ if ! compgen -G "$KAFKA_LIB/kafka_2.13-*.jar" >/dev/null \
         || [ "$(cat "$KAFKA_LIB/.pom.sha256" 2>/dev/null)" != "$pom_hash" ]; then
     say "fetching the Kafka jars into $KAFKA_LIB (Maven)"
     # One implementation of the fetch (staging dir, swap, stamp): the one the broker itself uses.
-    "$VENV/bin/python" -c 'from fleetprof.broker import BrokerError, ensure_jars
+    "$VENV/bin/python" -c 'from fleetprof.broker_runtime import BrokerError, ensure_jars
 try:
     ensure_jars()
 except BrokerError as exc:

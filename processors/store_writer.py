@@ -304,7 +304,7 @@ class StoreRunner:
         to the batch's own token, which the lost record drops."""
         if table in DEFINITION_TABLES:
             return token
-        lost = getattr(self.store, "lost_insert", lambda _table: None)(table)
+        lost = self.store.lost_insert(table)
         if lost is None:
             return token
         log.warning("%s: the interrupted insert left a deduplication record of part %s without the part; writing "

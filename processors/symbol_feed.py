@@ -58,10 +58,7 @@ class SymbolFeed:
         if not force and now - self._last_catch_up < self.min_interval:
             return 0
         self._last_catch_up = now
-        if patient:
-            ends = {tp.partition: self._end_offset(tp, timeout) for tp in self.partitions}
-        else:
-            ends = {tp.partition: self.consumer.get_watermark_offsets(tp, timeout=timeout)[1] for tp in self.partitions}
+        ends = {tp.partition: self._end_offset(tp, timeout, patient) for tp in self.partitions}
         positions = {tp.partition: tp.offset for tp in self.consumer.position(self.partitions)}
         pending = {p for p, end in ends.items() if max(positions.get(p, 0), 0) < end}
         read = 0
@@ -95,11 +92,14 @@ class SymbolFeed:
             log.debug("symbols topic read-ahead skipped: %s", exc.args[0].str())
             return 0
 
-    def _end_offset(self, tp: TopicPartition, timeout: float) -> int:
+    def _end_offset(self, tp: TopicPartition, timeout: float, patient: bool = True) -> int:
         """The partition's high watermark; asked again while the broker is away or the partition has no leader (a
         topic just created, a broker restarting) for up to BROKER_WAIT_S: no batch can be symbolized without it.
         After a broker restart the consumer's cached metadata can name the partition unknown for long after the
-        broker is back, so a failed ask refreshes the metadata, and later ones ask through a fresh client."""
+        broker is back, so a failed ask refreshes the metadata, and later ones ask through a fresh client. Not
+        `patient`: one ask, whose failure raises."""
+        if not patient:
+            return self.consumer.get_watermark_offsets(tp, timeout=timeout)[1]
         deadline = time.monotonic() + max(timeout, BROKER_WAIT_S)
         failures = 0
         while True:

@@ -53,10 +53,8 @@ class SymbolizeStage(TopicStage):
             # new tables from the topic, and those the bounded cache evicted read again
             read = self.feed.chunks_read + self.feed.refetched
             self.feed.ensure({b for b in kernel | user if b not in self.tables})
-            # a table the feed brings may replace one debuginfod gave, under the same build id
-            if self.feed.chunks_read + self.feed.refetched > read and self.debuginfod is not None \
-                    and self.debuginfod.forget_replaced(self.tables):
-                self._forget()
+            if self.feed.chunks_read + self.feed.refetched > read:
+                self._tables_read()
         if self.debuginfod is not None:
             self.debuginfod.new_batch()
             # never the kernel: a vmlinux debuginfo has link-time addresses, the kallsyms table KASLR'd ones
@@ -65,12 +63,14 @@ class SymbolizeStage(TopicStage):
 
     def idle(self) -> None:
         """Read tables published since the last batch, before the stacks that need them come."""
-        if self.feed is None or not self.feed.read_ahead():
-            return
-        # as in before_batch: a table the feed brings may replace one debuginfod gave, under the same build id
+        if self.feed is not None and self.feed.read_ahead():
+            self._tables_read()
+            metrics.SYMBOL_TABLES.labels(self.name).set(len(self.tables))
+
+    def _tables_read(self) -> None:
+        """The feed brought tables: one may replace a table debuginfod gave, under the same build id."""
         if self.debuginfod is not None and self.debuginfod.forget_replaced(self.tables):
             self._forget()
-        metrics.SYMBOL_TABLES.labels(self.name).set(len(self.tables))
 
     def _ask_debuginfod(self, build_ids: set[str]) -> bool:
         """True when debuginfod replaced a table: the memo's frame ids by symbol index are then stale."""

@@ -30,8 +30,7 @@ def insert(path: str) -> dict:
         store.insert("cpu_samples", ROWS, CPU_SAMPLE_COLUMNS, dedup_token=TOKEN)
         _, parts = store.query_sql("SELECT name FROM system.parts WHERE database = 'fleetprof' "
                                    "AND table = 'cpu_samples' AND active")
-        _, paths = store.query_sql("SELECT data_paths FROM system.tables WHERE database = 'fleetprof' "
-                                   "AND name = 'cpu_samples'")
+        _, paths = store.query_store("table_data_paths", {"database": "fleetprof", "table": "cpu_samples"})
         return {"parts": [p[0] for p in parts], "data_path": paths[0][0][0], "lost": store.lost_insert("cpu_samples"),
                 "stored": stored(store)}
     finally:

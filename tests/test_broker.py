@@ -15,7 +15,8 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from fleetprof import broker_cds
-from fleetprof.broker import JIT, JVM_OPTS_ENV, LIB_DIR, BrokerError, LocalBroker, create_topics, find_java, jvm_flags
+from fleetprof.broker import BrokerError, LocalBroker, create_topics, find_java
+from fleetprof.broker_runtime import JIT, JVM_OPTS_ENV, LIB_DIR, jvm_flags
 from schemas import topics
 from tests.conftest import consecutive_free_port
 
