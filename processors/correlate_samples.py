@@ -1,5 +1,5 @@
-"""GPU samples from the correlator's matches: each launch stack symbolized with the symbolize stage's machinery
-(symbolize_batch over the process's mappings, the same FrameMemo ids), the demangled kernel as the leaf frame, GPU
+"""GPU samples from the correlator's matches: each launch stack symbolized (processors/launch_stacks.py: the symbolize
+stage's row resolver and FrameMemo ids), the demangled kernel as the leaf frame, GPU
 time = kernel duration x launch weight, summed per (window, node, pid, identity, device, stream, stack, kernel, NVTX
 range, memory kinds). Pure. The identity is the launching process's (its GpuLaunch's identity_id).
 
@@ -13,91 +13,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 
-import numpy as np
-
 from processors.correlate import KERNEL, LAUNCH, SIDES
-from processors.demangle import demangle
-from processors.stack_ids import stack_id
-from processors.symbolize import FrameMemo, SymbolizeStats, TableLookup, clamp_long, symbolize_batch
-from schemas.packed_stacks import PackedStacks
+from processors.launch_stacks import LaunchStacks
+from processors.symbolize import SymbolizeStats, TableLookup, clamp_long
 from schemas.wire import GPU_BINARY, GPU_KERNEL_KIND, LONG_MIN
-
-Frame = tuple[int, str, str, str, str]  # (frame_id, function, binary, kind, build id), as FrameMemo.by_id holds them
-
-
-class LaunchStacks:
-    """Symbolized launch stacks by (mappings id, stack number, kernel name), bounded. A stack symbolized while one of
-    its tables was missing is not kept, so it is symbolized again once the table arrives."""
-
-    def __init__(self, memo: FrameMemo | None = None, max_entries: int = 200_000) -> None:
-        self.memo = memo if memo is not None else FrameMemo()
-        self.max_entries = max_entries
-        self.cpu: dict[tuple, tuple[tuple[int, ...], tuple[Frame, ...]]] = {}
-        self.gpu: dict[tuple, tuple[int, tuple[int, ...], tuple[Frame, ...]]] = {}
-
-    def resolve(self, matches: list[tuple], tables: TableLookup, stats: SymbolizeStats) -> list[tuple]:
-        """(stack id, frame ids root first, frame definitions) of each match's GPU stack."""
-        if len(self.gpu) > self.max_entries or len(self.cpu) > self.max_entries:
-            self.gpu.clear()
-            self.cpu.clear()
-        misses: dict[tuple, tuple[list, tuple, tuple]] = {}
-        for m in matches:
-            key = (m[2], m[11])
-            if key not in self.cpu and key not in misses and (m[2], m[11], m[10]) not in self.gpu:
-                misses[key] = (m[3], m[4], m[12])
-        uncached = self._symbolize(misses, tables, stats) if misses else {}
-        out = []
-        for m in matches:
-            gkey = (m[2], m[11], m[10])
-            hit = self.gpu.get(gkey)
-            if hit is None:
-                cpu = self.cpu.get(gkey[:2])
-                hit = self._with_kernel(cpu if cpu is not None else uncached[gkey[:2]], m[10])
-                if cpu is not None:
-                    self.gpu[gkey] = hit
-            out.append(hit)
-        return out
-
-    def _with_kernel(self, cpu: tuple[tuple[int, ...], tuple[Frame, ...]],
-                     name: str) -> tuple[int, tuple[int, ...], tuple[Frame, ...]]:
-        kid = self.memo.frame(("gpu", name), demangle(name), GPU_BINARY, GPU_KERNEL_KIND)
-        ids = cpu[0] + (kid,)
-        return stack_id(ids), ids, cpu[1] + (self.memo.by_id[kid],)
-
-    def _symbolize(self, misses: dict[tuple, tuple[list, tuple, tuple]], tables: TableLookup,
-                   stats: SymbolizeStats) -> dict[tuple, tuple]:
-        """Every missed stack at once: one pseudo-process per stack, so each comes back under its own pid. Returns
-        the ones not cached (a table was missing)."""
-        keys = list(misses)
-        procs = []
-        for i, key in enumerate(keys):
-            user = np.asarray(misses[key][1], dtype=np.int64)
-            stacks = PackedStacks(np.zeros(1, np.int64), np.ones(1, np.int64), user, np.array([len(user)], np.int64),
-                                  np.zeros(0, np.int64), np.zeros(1, np.int64))
-            codes = [{"qualname": q, "file": f, "first_line": n} for q, f, n in misses[key][2]]
-            procs.append({"pid": i, "comm": "", "container_id": "", "mappings": misses[key][0], "code_objects": codes,
-                          "stacks": stacks})
-        call = SymbolizeStats()
-        rec = symbolize_batch({"node": "", "window_start_ns": 0, "window_ns": 0, "kernel_build_id": "",
-                               "processes": procs}, tables, self.memo, call)
-        stats.frames += call.frames
-        stats.unknown_frames += call.unknown_frames
-        stats.missing_build_ids |= call.missing_build_ids
-        stats.unknown_build_ids |= call.unknown_build_ids
-        frames = {f["frame_id"]: (f["frame_id"], f["function"], f["binary"], f["kind"], f["build_id"])
-                  for f in rec["frames"]}
-        stacks = {s["stack_id"]: tuple(s["frame_ids"]) for s in rec["stacks"]}
-        by_pid = {s["pid"]: stacks[s["stack_id"]] for s in rec["samples"]}
-        uncached = {}
-        for i, key in enumerate(keys):
-            ids = by_pid.get(i, ())
-            value = (ids, tuple(frames[f] for f in dict.fromkeys(ids)))
-            if any(mp["build_id"] in call.missing_build_ids for mp in misses[key][0]):
-                uncached[key] = value  # used for this call, symbolized again next time
-            else:
-                self.cpu[key] = value
-        return uncached
-
 
 NewDefinitions = Callable[[list[int], Callable[[int], Iterable[int]]], tuple[list[int], set[int]]]
 

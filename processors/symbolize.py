@@ -129,7 +129,7 @@ def _resolve_symbols(ids: np.ndarray, where: np.ndarray, syms: np.ndarray, known
     ids[where] = got
 
 
-def _map_addresses(procs: list[tuple[dict, PackedStacks]], groups: dict[tuple[str, str], int]) -> tuple[np.ndarray,
+def map_addresses(procs: list[tuple[dict, PackedStacks]], groups: dict[tuple[str, str], int]) -> tuple[np.ndarray,
                                                                                                       np.ndarray]:
     """Each user address's (build id, binary) group (-1: in no mapping of its process) and its file offset, for
     every process at once: one searchsorted per process, the rest on the whole batch."""
@@ -291,6 +291,14 @@ def _leaves(lengths: np.ndarray) -> np.ndarray:
     return is_leaf
 
 
+def user_frame_ids(group: np.ndarray, file_off: np.ndarray, lens: np.ndarray, groups: dict[tuple[str, str], int],
+                   tables: TableLookup, memo: FrameMemo, stats: SymbolizeStats, owner: np.ndarray,
+                   code_tables: list[list], flags: np.ndarray) -> np.ndarray:
+    """The frame id of every user address of stacks laid out one after another (`lens`, leaf first), from each
+    address's group and file offset as `map_addresses` gives them; `owner`: each address's index into code_tables."""
+    return _user_frames(group, file_off, _leaves(lens), groups, tables, memo, stats, owner, code_tables, flags)
+
+
 @dataclass
 class RowFrames:
     """The frame ids of every address of a batch's stacks, stack after stack (offsets ub/kb), with what happened to
@@ -311,7 +319,7 @@ def resolve_rows(procs: list[tuple[dict, PackedStacks]], kernel_table: SymbolTab
     """Every stack's frame ids, every process at once: one address array per kind, so the lookups run once per
     binary, not per process."""
     groups: dict[tuple[str, str], int] = {}
-    group, file_off = _map_addresses(procs, groups)
+    group, file_off = map_addresses(procs, groups)
     ulens = _cat([st.user_lens for _, st in procs])
     owner = np.repeat(np.arange(len(procs)), [len(st.user_addrs) for _, st in procs])
     uflags = np.zeros(len(group), dtype=np.int8)

@@ -44,11 +44,23 @@ static int read_length(cursor *c, Py_ssize_t *out) {
 }
 
 static PyObject *read_value(cursor *c, PyObject *type, int depth);
+static PyObject *read_primitive(cursor *c, long kind);
+
+/* A dict sized for `n` keys up front: a record's dict is filled without growing (CPython 3.11 and 3.12 export the
+ * call; later versions get a plain dict). */
+static PyObject *new_dict(Py_ssize_t n) {
+#if PY_VERSION_HEX < 0x030D0000
+    return _PyDict_NewPresized(n);
+#else
+    (void)n;
+    return PyDict_New();
+#endif
+}
 
 static PyObject *read_record(cursor *c, PyObject *type, int depth) {
     PyObject *names = PyTuple_GET_ITEM(type, 1), *types = PyTuple_GET_ITEM(type, 2);
     Py_ssize_t n = PyTuple_GET_SIZE(names);
-    PyObject *record = PyDict_New();
+    PyObject *record = new_dict(n);
     if (record == NULL)
         return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -79,25 +91,42 @@ static int read_block(cursor *c, int64_t *count) {
 
 static PyObject *read_array(cursor *c, PyObject *type, int depth) {
     PyObject *items = PyTuple_GET_ITEM(type, 1);
-    PyObject *list = PyList_New(0);
+    /* an array of a primitive (addresses, ids): no dispatch per item */
+    long kind = PyLong_CheckExact(items) ? PyLong_AsLong(items) : -1;
+    PyObject *list = NULL;  /* the first block's list; later blocks (rare) are appended to it */
     int64_t count;
-    if (list == NULL)
-        return NULL;
     for (;;) {
         if (read_block(c, &count) < 0) {
-            Py_DECREF(list);
+            Py_XDECREF(list);
             return fail("corrupt array block");
         }
         if (count == 0)
-            return list;
-        for (int64_t i = 0; i < count; i++) {
-            PyObject *value = read_value(c, items, depth + 1);
-            if (value == NULL || PyList_Append(list, value) < 0) {
-                Py_XDECREF(value);
+            return list != NULL ? list : PyList_New(0);
+        /* sized up front (read_block bounds the count by the bytes left); a slot not filled yet is NULL, which
+         * the list's deallocation and traversal skip */
+        PyObject *block = PyList_New((Py_ssize_t)count);
+        if (block == NULL) {
+            Py_XDECREF(list);
+            return NULL;
+        }
+        for (Py_ssize_t i = 0; i < (Py_ssize_t)count; i++) {
+            PyObject *value = kind >= 0 ? read_primitive(c, kind) : read_value(c, items, depth + 1);
+            if (value == NULL) {
+                Py_DECREF(block);
+                Py_XDECREF(list);
+                return NULL;
+            }
+            PyList_SET_ITEM(block, i, value);
+        }
+        if (list == NULL) {
+            list = block;
+        } else {
+            int failed = PyList_SetSlice(list, PY_SSIZE_T_MAX, PY_SSIZE_T_MAX, block) < 0;
+            Py_DECREF(block);
+            if (failed) {
                 Py_DECREF(list);
                 return NULL;
             }
-            Py_DECREF(value);
         }
     }
 }
