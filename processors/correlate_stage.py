@@ -28,6 +28,8 @@ import logging
 import os
 import time
 from collections import Counter
+from itertools import groupby
+from operator import attrgetter
 
 from processors import metrics
 from processors.correlate import KERNEL, LAUNCH, SECOND_NS, SIDES, CorrelateConfig, Correlator, Outcome
@@ -46,6 +48,8 @@ from schemas.wire import STAGE_OUTPUT_MAX_BYTES
 
 log = logging.getLogger("fleetprof.correlate")
 SIDE_OF = {topics.GPU_LAUNCHES.name: LAUNCH, topics.GPU_KERNELS.name: KERNEL}
+_PARTITION_TOPIC = attrgetter("partition", "topic")
+MAX_COMPLETE = 200_000  # mapping ids known to have every table, kept (a bound: ids are never reused)
 DEFAULT_GROUP = "fleetprof-correlate"  # the runner's default group for a stage named "correlate"
 
 
@@ -68,6 +72,8 @@ class CorrelateStage(TopicStage):
         self.sent = SentDefinitions(resend_s)
         self.counts: Counter[tuple] = Counter()  # metric increments of the open transaction
         self.decoder = BatchDecoder()
+        # (tables' generation, mapping ids whose every table was in the cache at it): skipped by _ensure_tables
+        self.complete: tuple[int, set[int]] = (-1, set())
 
     def decode_batch(self, raws: list, expect: dict[str, str], max_bytes: int) -> list[Message | Produced]:
         """The batch's launches and kernels decoded together (processors/correlate_decode.py: the same records or
@@ -80,8 +86,8 @@ class CorrelateStage(TopicStage):
         the clock that bounds the batch's event time."""
         self.correlator.set_clock(time.time_ns())
         first: dict[tuple[int, int], int] = {}
-        for m in messages:
-            first.setdefault((m.partition, SIDE_OF[m.topic]), m.offset)
+        for (p, topic), run in groupby(messages, key=_PARTITION_TOPIC):  # a batch comes in runs per partition
+            first.setdefault((p, SIDE_OF[topic]), next(run).offset)
         stale: dict[int, str] = {}
         for (p, side), offset in first.items():
             st = self.correlator.parts.get(p)
@@ -104,18 +110,26 @@ class CorrelateStage(TopicStage):
     def _ensure_tables(self, messages: list[Message]) -> None:
         """Read the symbol tables that the batch's processes' mappings name and the cache lacks (new ones, or
         evicted ones): those its matches will be symbolized with."""
+        if self.tables.generation != self.complete[0] or len(self.complete[1]) > MAX_COMPLETE:
+            self.complete = (self.tables.generation, set())  # a table was replaced or evicted: check every process
+        complete = self.complete[1]
         wanted: set[str] = set()
         for maps in [m.record["mappings"] for m in messages if m.record.get("mappings")]:
             wanted.update(mp["build_id"] for mp in maps)
+        mids: dict[int, list[dict]] = {}
         for p, node, pid, start in {(m.partition, m.record["node"], m.record["pid"], m.record["process_start_ns"])
                                     for m in messages}:
             st = self.correlator.parts.get(p)
             proc = st.procs.get((node, pid, start)) if st is not None else None
-            if proc is not None:
-                wanted.update(mp["build_id"] for mp in proc[2])
+            if proc is not None and proc[3] not in complete:
+                mids[proc[3]] = proc[2]
+        for maps in mids.values():
+            wanted.update(mp["build_id"] for mp in maps)
         missing = {b for b in wanted if b and b not in self.tables}
         if missing:
             self.feed.ensure(missing)
+        complete.update(mid for mid, maps in mids.items() if all(not mp["build_id"] or mp["build_id"] in self.tables
+                                                                 for mp in maps))
         metrics.SYMBOL_TABLES.labels(self.name).set(len(self.tables))
 
     def _restore(self, partitions: dict[int, str]) -> None:

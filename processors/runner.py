@@ -21,7 +21,7 @@ from typing import TypeVar
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from processors import metrics
-from processors.gc_policy import tune_collector
+from processors.gc_policy import batch_in_hand, tune_collector
 from processors.messages import Message, Produced, dead_letter, decode_message
 from schemas import single_object, topics
 from schemas.wire import MESSAGE_MAX_BYTES
@@ -179,6 +179,10 @@ class TopicRunner:
 
     def run_once(self) -> int:
         """Poll one batch and make it durable; returns the number of messages consumed."""
+        with batch_in_hand():  # the batch's objects are gone when _run_batch returns, before collections resume
+            return self._run_batch()
+
+    def _run_batch(self) -> int:
         raws = self.consumer.consume(num_messages=self.batch_size, timeout=self.poll_timeout)
         raws = [m for m in raws if not skip_consumer_error(m)]
         if not raws:

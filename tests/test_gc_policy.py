@@ -1,14 +1,15 @@
-"""A processor process collects garbage less often than CPython's default, unless FLEETPROF_GC=default; the runners
-set it when they start."""
+"""A processor process collects garbage less often than CPython's default and not while a batch is in hand, unless
+FLEETPROF_GC=default; the runners set it when they start."""
 
 from __future__ import annotations
 
 import gc
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
-from processors.gc_policy import THRESHOLDS, tune_collector
+from processors.gc_policy import THRESHOLDS, batch_in_hand, tune_collector
 
 
 def test_thresholds_are_raised_unless_told_to_keep_the_default() -> None:
@@ -47,3 +48,51 @@ for runner in (TopicRunner, StoreRunner):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          cwd=Path(__file__).resolve().parent.parent)
     assert out.returncode == 0 and out.stdout.split("\n")[:2] == [str(THRESHOLDS)] * 2, out.stdout + out.stderr
+
+
+def test_no_collection_runs_while_a_batch_is_in_hand_and_collections_resume_after() -> None:
+    before, enabled = gc.get_threshold(), gc.isenabled()
+    collections: list[int] = []
+
+    def seen(phase: str, info: dict) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    gc.callbacks.append(seen)
+    try:
+        tune_collector({})
+        gc.set_threshold(100, 10, 10)  # a young collection every 100 net allocations
+        with batch_in_hand():
+            collections.clear()
+            assert not gc.isenabled()
+            alive = [[i] for i in range(10_000)]  # a batch's records, alive until it is done
+            assert collections == []
+        assert gc.isenabled()
+        del alive
+        cycle: list = []
+        cycle.append(cycle)  # garbage only a collection frees
+        for i in range(1_000):
+            _ = [i]
+        assert collections, "collections did not resume"
+        tune_collector({"FLEETPROF_GC": "default"})
+        with batch_in_hand():
+            assert gc.isenabled()  # kept as CPython has it, for A/B runs
+    finally:
+        gc.callbacks.remove(seen)
+        gc.set_threshold(*before)
+        if enabled:
+            gc.enable()
+
+
+def test_runners_sharing_a_process_leave_the_collector_on() -> None:
+    tune_collector({})
+    result: list[bool] = []
+
+    def batch() -> None:
+        with batch_in_hand():
+            result.append(gc.isenabled())
+
+    worker = threading.Thread(target=batch)
+    worker.start()
+    worker.join()
+    assert result == [True]
