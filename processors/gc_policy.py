@@ -21,6 +21,9 @@ from contextlib import contextmanager
 
 THRESHOLDS = (50_000, 20, 100)
 _pause_in_batches = False  # set by tune_collector
+_lock = threading.Lock()
+_batches = 0  # batches in hand in this process
+_resume = False  # whether the collector was on when the first of them began
 
 
 def tune_collector(env: dict[str, str] | None = None) -> tuple[int, int, int]:
@@ -35,14 +38,22 @@ def tune_collector(env: dict[str, str] | None = None) -> tuple[int, int, int]:
 
 @contextmanager
 def batch_in_hand() -> Iterator[None]:
-    """No automatic collection inside (after tune_collector, unless FLEETPROF_GC=default). Only in a process's main
-    thread, where a runner owns the process: runners that share one (threads) leave the collector as it is, so none
-    can keep it off for the others."""
-    if not _pause_in_batches or threading.current_thread() is not threading.main_thread() or not gc.isenabled():
+    """No automatic collection inside (after tune_collector, unless FLEETPROF_GC=default). Runners that share a
+    process (the sink is a thread of the store process) pause it together: the collector resumes when the last of
+    their batches ends."""
+    global _batches, _resume
+    if not _pause_in_batches:
         yield
         return
-    gc.disable()
+    with _lock:
+        if _batches == 0:
+            _resume = gc.isenabled()
+            gc.disable()
+        _batches += 1
     try:
         yield
     finally:
-        gc.enable()
+        with _lock:
+            _batches -= 1
+            if _batches == 0 and _resume:
+                gc.enable()

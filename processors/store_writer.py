@@ -21,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from processors import metrics
-from processors.gc_policy import tune_collector
+from processors.gc_policy import batch_in_hand, tune_collector
 from processors.known_ids import KnownIds
 from processors.messages import Message, Produced, dead_letter, decode_message
 from processors.runner import (
@@ -196,7 +196,8 @@ class StoreRunner:
             self.first_seen.setdefault(tp, now)
             fresh = fresh or tp[0] in LATENCY_TOPICS
         if self._due(now, fresh):
-            self._flush()
+            with batch_in_hand():  # the batch's columns and rows are gone when _flush returns
+                self._flush()
         return len(raws)
 
     def _due(self, now: float, fresh: bool) -> bool:

@@ -84,15 +84,25 @@ def test_no_collection_runs_while_a_batch_is_in_hand_and_collections_resume_afte
             gc.enable()
 
 
-def test_runners_sharing_a_process_leave_the_collector_on() -> None:
+def test_runners_sharing_a_process_resume_collections_when_the_last_batch_ends() -> None:
     tune_collector({})
-    result: list[bool] = []
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen: list[tuple[str, bool]] = []
 
-    def batch() -> None:
+    def runner(name: str, entered: threading.Event, wait_for: threading.Event, done: threading.Event | None) -> None:
         with batch_in_hand():
-            result.append(gc.isenabled())
+            entered.set()
+            wait_for.wait(10)
+            seen.append((name, gc.isenabled()))
+        if done is not None:
+            done.set()
 
-    worker = threading.Thread(target=batch)
-    worker.start()
-    worker.join()
-    assert result == [True]
+    a = threading.Thread(target=runner, args=("a", first_in, second_in, first_out))
+    b = threading.Thread(target=runner, args=("b", second_in, first_out, None))
+    a.start()
+    first_in.wait(10)
+    b.start()
+    a.join(10)
+    assert not gc.isenabled()  # b's batch is still in hand
+    b.join(10)
+    assert seen == [("a", False), ("b", False)] and gc.isenabled()
