@@ -85,24 +85,28 @@ def test_no_collection_runs_while_a_batch_is_in_hand_and_collections_resume_afte
 
 
 def test_runners_sharing_a_process_resume_collections_when_the_last_batch_ends() -> None:
+    before = gc.get_threshold()
     tune_collector({})
-    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    a_in, b_in, checked = (threading.Event() for _ in range(3))
     seen: list[tuple[str, bool]] = []
 
-    def runner(name: str, entered: threading.Event, wait_for: threading.Event, done: threading.Event | None) -> None:
+    def runner(name: str, entered: threading.Event, wait_for: threading.Event) -> None:
         with batch_in_hand():
             entered.set()
             wait_for.wait(10)
             seen.append((name, gc.isenabled()))
-        if done is not None:
-            done.set()
 
-    a = threading.Thread(target=runner, args=("a", first_in, second_in, first_out))
-    b = threading.Thread(target=runner, args=("b", second_in, first_out, None))
-    a.start()
-    first_in.wait(10)
-    b.start()
-    a.join(10)
-    assert not gc.isenabled()  # b's batch is still in hand
-    b.join(10)
-    assert seen == [("a", False), ("b", False)] and gc.isenabled()
+    a = threading.Thread(target=runner, args=("a", a_in, b_in))
+    b = threading.Thread(target=runner, args=("b", b_in, checked))
+    try:
+        a.start()
+        a_in.wait(10)
+        b.start()
+        a.join(10)  # a's batch ended while b's is in hand
+        paused = not gc.isenabled()
+        checked.set()
+        b.join(10)
+        assert paused and seen == [("a", False), ("b", False)] and gc.isenabled()
+    finally:
+        checked.set()
+        gc.set_threshold(*before)
