@@ -128,8 +128,8 @@ class CorrelateStage(TopicStage):
         missing = {b for b in wanted if b and b not in self.tables}
         if missing:
             self.feed.ensure(missing)
-        complete.update(mid for mid, maps in mids.items() if all(not mp["build_id"] or mp["build_id"] in self.tables
-                                                                 for mp in maps))
+            missing = {b for b in missing if b not in self.tables}  # what the topic did not have either
+        complete.update(mid for mid, maps in mids.items() if not any(mp["build_id"] in missing for mp in maps))
         metrics.SYMBOL_TABLES.labels(self.name).set(len(self.tables))
 
     def _restore(self, partitions: dict[int, str]) -> None:
