@@ -146,7 +146,7 @@ def test_up_as_the_readme_says_profiles_this_machine(tmp_path, workload_binary):
         found_s = time.monotonic() - ready_at
         leaf = next((r for r in top if r["function"] == "leaf"), None)
         assert leaf is not None and leaf["binary"] == workload_binary.name, top
-        assert leaf["self"] >= 0.5 * sum(r["self"] for r in top)  # the busy loop is where the workload spends
+        assert leaf["self"] >= 0.5 * sum(r["self"] for r in top), top  # the busy loop is where the workload spends
 
         since = int(time.time() - 300)
         with urllib.request.urlopen(f"http://127.0.0.1:{api_port}/api/export?kind=cpu&format=folded&since={since}"
