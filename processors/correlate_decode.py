@@ -1,7 +1,9 @@
 """The correlator's inputs decoded a batch at a time: GpuLaunch and GpuKernel messages written with the newest
 schema, read by the compiled codec (schemas/avro_read.c) in one call per batch where it is built; otherwise their
-leading fields read for every message of the batch at once with numpy, a launch's tail (user_addrs, mappings,
-code_objects, simulated: it repeats with the launching path) decoded once per distinct bytes and cached.
+leading fields read for every message of the batch at once with numpy. Either way a launch's tail (user_addrs,
+mappings, code_objects, simulated: it repeats with the launching path) is decoded once per distinct bytes and
+cached: the records that repeat it share its objects, so there are no addresses to allocate and free for them, and
+equal stacks compare by identity in the join's stack numbers.
 
 fastavro reads a 280-byte launch in ~35 µs on the project's VM (it reads its input a byte at a time through the file
 object), more than the join, symbolization and aggregation of the record together. The records here are the dicts
@@ -28,7 +30,7 @@ LONG, INT, BOOL, ENUM, STRING = range(5)
 _KINDS = {"long": LONG, "int": INT, "boolean": BOOL, "string": STRING}
 _SHIFTS = np.arange(0, 70, 7, dtype=np.uint64)
 _COLS = np.arange(10)
-MAX_TAILS = 100_000  # distinct launch tails kept (a tail is a launching path's addresses and code objects)
+MAX_TAILS = 20_000  # distinct launch tails kept (its addresses, mappings and code objects: ~1.5 KB each)
 
 
 class _Layout:
@@ -53,7 +55,7 @@ class _Layout:
                                           named_schemas={}) if rest else None
         self.tail_fields = [f["name"] for f in rest]
         # the whole body in one compiled call per batch where the codec is built; else numpy heads and cached tails
-        self.read_each = avro_fast.batch_reader_for(sv.parsed)
+        self.read_each = avro_fast.batch_reader_for(sv.parsed, len(self.fields) if rest else None, MAX_TAILS)
         # None: fastavro reads every new tail
         self.read_tail = avro_fast.reader_for(self.tail) if self.tail is not None else None
         # a new tail's ints are checked once, in a record whose head (checked for every message) is zeros

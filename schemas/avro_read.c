@@ -57,10 +57,10 @@ static PyObject *new_dict(Py_ssize_t n) {
 #endif
 }
 
-static PyObject *read_record(cursor *c, PyObject *type, int depth) {
+/* A new dict of a record type's fields [0, n) read from `c`; NULL (the error set) when one fails. */
+static PyObject *read_fields(cursor *c, PyObject *type, Py_ssize_t n, int depth) {
     PyObject *names = PyTuple_GET_ITEM(type, 1), *types = PyTuple_GET_ITEM(type, 2);
-    Py_ssize_t n = PyTuple_GET_SIZE(names);
-    PyObject *record = new_dict(n);
+    PyObject *record = new_dict(PyTuple_GET_SIZE(names));
     if (record == NULL)
         return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -73,6 +73,10 @@ static PyObject *read_record(cursor *c, PyObject *type, int depth) {
         Py_DECREF(value);
     }
     return record;
+}
+
+static PyObject *read_record(cursor *c, PyObject *type, int depth) {
+    return read_fields(c, type, PyTuple_GET_SIZE(PyTuple_GET_ITEM(type, 1)), depth);
 }
 
 /* The count of the next block of an array or map (0: the end); a negative count is followed by the block's size. */
@@ -327,13 +331,77 @@ PyObject *avro_read(PyObject *self, PyObject *args) {
     return value;
 }
 
-/* read_each(tree, datas, offset): for each bytes object of the list, what read(tree, data, offset) returns, or None
- * where it would raise ValueError (the caller reads those with fastavro); a batch without a call per message. */
-PyObject *avro_read_each(PyObject *self, PyObject *args) {
-    PyObject *tree, *datas;
-    Py_ssize_t offset;
-    if (!PyArg_ParseTuple(args, "OO!n", &tree, &PyList_Type, &datas, &offset))
+/* A record of `tree` whose fields from `split` on (its tail) are taken from `tails` (tail bytes -> tuple of their
+ * values) when the same bytes were read before, else read and kept there (the dict cleared once it holds
+ * `max_tails`): a tail that repeats (a launch's stack and mappings) is one set of objects for all the records that
+ * have it. NULL with ValueError as read_value. */
+static PyObject *read_record_tail(cursor *c, PyObject *tree, Py_ssize_t split, PyObject *tails, Py_ssize_t max_tails) {
+    PyObject *names = PyTuple_GET_ITEM(tree, 1), *types = PyTuple_GET_ITEM(tree, 2);
+    Py_ssize_t n = PyTuple_GET_SIZE(names);
+    PyObject *record = read_fields(c, tree, split, 0);
+    if (record == NULL)
         return NULL;
+    PyObject *key = PyBytes_FromStringAndSize((const char *)c->p, c->end - c->p);
+    if (key == NULL) {
+        Py_DECREF(record);
+        return NULL;
+    }
+    PyObject *values = PyDict_GetItemWithError(tails, key);  /* borrowed */
+    if (values != NULL) {
+        Py_INCREF(values);
+        c->p = c->end;
+    } else if (PyErr_Occurred()) {
+        Py_DECREF(key);
+        Py_DECREF(record);
+        return NULL;
+    } else {
+        values = PyTuple_New(n - split);
+        for (Py_ssize_t i = split; values != NULL && i < n; i++) {
+            PyObject *value = read_value(c, PyTuple_GET_ITEM(types, i), 1);
+            if (value == NULL)
+                Py_CLEAR(values);
+            else
+                PyTuple_SET_ITEM(values, i - split, value);
+        }
+        if (values != NULL && c->p != c->end)
+            Py_CLEAR(values);  /* trailing bytes: the caller's check sees c->p short of the end */
+        if (values != NULL) {
+            if (PyDict_GET_SIZE(tails) >= max_tails)
+                PyDict_Clear(tails);
+            if (PyDict_SetItem(tails, key, values) < 0)
+                Py_CLEAR(values);
+        }
+    }
+    Py_DECREF(key);
+    for (Py_ssize_t i = split; values != NULL && i < n; i++) {
+        if (PyDict_SetItem(record, PyTuple_GET_ITEM(names, i), PyTuple_GET_ITEM(values, i - split)) < 0)
+            Py_CLEAR(values);
+    }
+    if (values == NULL) {
+        Py_DECREF(record);
+        if (!PyErr_Occurred())
+            return fail("trailing bytes");
+        return NULL;
+    }
+    Py_DECREF(values);
+    return record;
+}
+
+/* read_each(tree, datas, offset[, split, tails, max_tails]): for each bytes object of the list, what read(tree, data,
+ * offset) returns, or None where it would raise ValueError (the caller reads those with fastavro); a batch without
+ * a call per message. With `split` (a record tree's field count before its tail) and a dict `tails`, repeated tails
+ * are read once (read_record_tail). */
+PyObject *avro_read_each(PyObject *self, PyObject *args) {
+    PyObject *tree, *datas, *tails = NULL;
+    Py_ssize_t offset, split = -1, max_tails = 0;
+    if (!PyArg_ParseTuple(args, "OO!n|nO!n", &tree, &PyList_Type, &datas, &offset, &split, &PyDict_Type, &tails,
+                          &max_tails))
+        return NULL;
+    if (split >= 0 && (tails == NULL || !PyTuple_Check(tree) || PyLong_AsLong(PyTuple_GET_ITEM(tree, 0)) != T_RECORD
+                       || split > PyTuple_GET_SIZE(PyTuple_GET_ITEM(tree, 1)) || max_tails < 1)) {
+        PyErr_SetString(PyExc_TypeError, "read_each: split needs a record tree, a dict of tails and max_tails >= 1");
+        return NULL;
+    }
     Py_ssize_t n = PyList_GET_SIZE(datas);
     PyObject *out = PyList_New(n);
     if (out == NULL)
@@ -344,7 +412,7 @@ PyObject *avro_read_each(PyObject *self, PyObject *args) {
         if (PyBytes_Check(item) && offset >= 0 && offset <= PyBytes_GET_SIZE(item)) {
             const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(item);
             cursor c = {b + offset, b + PyBytes_GET_SIZE(item)};
-            value = read_value(&c, tree, 0);
+            value = split >= 0 ? read_record_tail(&c, tree, split, tails, max_tails) : read_value(&c, tree, 0);
             if (value != NULL && c.p != c.end)
                 Py_CLEAR(value);  /* trailing bytes */
             if (value == NULL && PyErr_Occurred()) {

@@ -84,18 +84,24 @@ def test_records_read_exactly_as_fastavro_reads_them_and_mutations_never_pass_wh
     check()
 
 
+TAILS = {"GpuLaunch": "user_addrs", "GpuKernel": "kernel_name"}  # where a batch reader's cached tail begins
+
+
+@pytest.mark.parametrize("tail", [False, True], ids=["whole", "cached-tail"])
 @pytest.mark.parametrize("name", ["GpuLaunch", "GpuKernel"])
-def test_a_batch_reads_each_body_as_one_read_does_and_none_where_it_refuses(name):
+def test_a_batch_reads_each_body_as_one_read_does_and_none_where_it_refuses(name, tail):
     schema = REGISTRY.latest(f"fleetprof.{name}")
     one = compiled(single_object.fast_reader(schema))
-    each = compiled(avro_fast.batch_reader_for(schema.parsed))
+    tail_from = [f["name"] for f in schema.parsed["fields"]].index(TAILS[name]) if tail else None
+    each = compiled(avro_fast.batch_reader_for(schema.parsed, tail_from, max_tails=7))
     datas: list = []
 
     @settings(FUZZ, max_examples=30)
     @given(record_of(name), EDITS)
     def collect(record, edits):
         data = single_object.encode(name, record)
-        datas.extend([data, mutate(data, edits), data[:-1], data + b"\0"])
+        # the body again after a truncated and an overlong copy of it: neither may leave a wrong tail behind
+        datas.extend([data, mutate(data, edits), data[:-1], data + b"\0", data])
 
     collect()
     datas += [b"", b"short", bytearray(datas[0]), None]  # too short for the header; not bytes: None, never a crash
@@ -111,6 +117,33 @@ def test_a_batch_reads_each_body_as_one_read_does_and_none_where_it_refuses(name
     got = each(datas, single_object.HEADER_LEN)
     assert len(got) == len(datas) and all(same(g, single(d)) for g, d in zip(got, datas, strict=True))
     assert sum(g is None for g in got) >= 30 and sum(g is not None for g in got) >= 30
+    again = each(datas, single_object.HEADER_LEN)  # now mostly from the cache (7 tails kept: cleared on the way)
+    assert all(same(g, single(d)) for g, d in zip(again, datas, strict=True))
+    if tail:  # a body read again shares its tail's objects with the first read (where the tail is still kept)
+        got = avro_fast.batch_reader_for(schema.parsed, tail_from, max_tails=1000)(datas, single_object.HEADER_LEN)
+        pairs = [(got[i], got[i + 4]) for i in range(0, 150, 5) if got[i] is not None]
+        shared = [a[TAILS[name]] is b[TAILS[name]] for a, b in pairs]
+        assert len(pairs) >= 25 and all(shared)
+
+
+def test_a_cached_tail_is_shared_and_the_cache_stays_within_its_bound():
+    schema = REGISTRY.latest("fleetprof.GpuLaunch")
+    fields = [f["name"] for f in schema.parsed["fields"]]
+    each = compiled(avro_fast.batch_reader_for(schema.parsed, fields.index("user_addrs"), max_tails=2))
+    base = {"node": "n", "pid": 1, "tid": 1, "process_start_ns": 5, "time_ns": 10, "correlation_id": 1,
+            "callback_id": 2, "api_name": "cudaLaunchKernel", "weight": 1, "nvtx_range": "", "graph": False,
+            "identity_id": 0, "user_addrs": [1 << 40, 2 << 40], "mappings": [], "code_objects": [], "simulated": False}
+    stacks = [[1 << 40, k] for k in range(4)]
+    datas = [single_object.encode("GpuLaunch", {**base, "time_ns": t, "user_addrs": stacks[t % 4]}) for t in range(12)]
+    got = each(datas, single_object.HEADER_LEN)
+    assert [r["time_ns"] for r in got] == list(range(12)) and [r["user_addrs"] for r in got] == [
+        stacks[t % 4] for t in range(12)]
+    # two tails kept: the third distinct one clears them, so with four in turn each is read again, none shared
+    assert not any(got[t]["user_addrs"] is got[t - 4]["user_addrs"] for t in range(4, 12))
+    one = compiled(avro_fast.batch_reader_for(schema.parsed, fields.index("user_addrs"), max_tails=100))
+    got = one(datas, single_object.HEADER_LEN)
+    assert all(got[t]["user_addrs"] is got[t % 4]["user_addrs"] for t in range(12))
+    assert all(got[t]["mappings"] is got[t % 4]["mappings"] for t in range(12))  # every value of the tail
 
 
 def as_columns(record: dict, fields: tuple[str, ...], names: dict[str, list[str]]) -> dict:
