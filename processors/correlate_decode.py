@@ -30,6 +30,9 @@ LONG, INT, BOOL, ENUM, STRING = range(5)
 _KINDS = {"long": LONG, "int": INT, "boolean": BOOL, "string": STRING}
 _SHIFTS = np.arange(0, 70, 7, dtype=np.uint64)
 _COLS = np.arange(10)
+# where the compiled reader's cached tail begins: a launch's stack and mappings, a kernel's name and what follows it
+# (its kind, bytes, graph ids: equal for most kernels of a name), which repeat, unlike the times and ids before them
+CACHED_TAIL = {"GpuLaunch": "user_addrs", "GpuKernel": "kernel_name"}
 MAX_TAILS = 20_000  # distinct launch tails kept (its addresses, mappings and code objects: ~1.5 KB each)
 
 
@@ -55,7 +58,10 @@ class _Layout:
                                           named_schemas={}) if rest else None
         self.tail_fields = [f["name"] for f in rest]
         # the whole body in one compiled call per batch where the codec is built; else numpy heads and cached tails
-        self.read_each = avro_fast.batch_reader_for(sv.parsed, len(self.fields) if rest else None, MAX_TAILS)
+        names = [f["name"] for f in fields]
+        cached = CACHED_TAIL.get(sv.name.rsplit(".", 1)[-1])
+        tail_from = names.index(cached) if cached in names else None
+        self.read_each = avro_fast.batch_reader_for(sv.parsed, tail_from, MAX_TAILS)
         # None: fastavro reads every new tail
         self.read_tail = avro_fast.reader_for(self.tail) if self.tail is not None else None
         # a new tail's ints are checked once, in a record whose head (checked for every message) is zeros
