@@ -50,22 +50,28 @@ class LaunchStacks:
             self.gpu.clear()
             self.cpu.clear()
             self.by_offsets.clear()
+        gpu = self.gpu
+        out = [gpu.get((m[2], m[11], m[10])) for m in matches]  # most are known: one lookup each
+        if None not in out:
+            return out
+        todo = [i for i, hit in enumerate(out) if hit is None]
         misses: dict[tuple, tuple[list, tuple, tuple]] = {}
-        for m in matches:
+        for i in todo:
+            m = matches[i]
             key = (m[2], m[11])
-            if key not in self.cpu and key not in misses and (m[2], m[11], m[10]) not in self.gpu:
+            if key not in self.cpu and key not in misses:
                 misses[key] = (m[3], m[4], m[12])
         uncached = self._symbolize(misses, tables, stats) if misses else {}
-        out = []
-        for m in matches:
+        for i in todo:
+            m = matches[i]
             gkey = (m[2], m[11], m[10])
-            hit = self.gpu.get(gkey)
+            hit = gpu.get(gkey)  # an earlier match of this call may have added it
             if hit is None:
                 cpu = self.cpu.get(gkey[:2])
                 hit = self._with_kernel(cpu if cpu is not None else uncached[gkey[:2]], m[10])
                 if cpu is not None:
-                    self.gpu[gkey] = hit
-            out.append(hit)
+                    gpu[gkey] = hit
+            out[i] = hit
         return out
 
     def _with_kernel(self, cpu: Symbolized, name: str) -> tuple[int, tuple[int, ...], tuple[Frame, ...]]:
