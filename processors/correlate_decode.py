@@ -33,7 +33,7 @@ _COLS = np.arange(10)
 # where the compiled reader's cached tail begins: a launch's stack and mappings, a kernel's name and what follows it
 # (its kind, bytes, graph ids: equal for most kernels of a name), which repeat, unlike the times and ids before them
 CACHED_TAIL = {"GpuLaunch": "user_addrs", "GpuKernel": "kernel_name"}
-MAX_TAILS = 20_000  # distinct launch tails kept (its addresses, mappings and code objects: ~1.5 KB each)
+MAX_TAILS = 20_000  # distinct tails kept: ~3 KB each for launches on the correlator bench, ~60 MB when full
 
 
 class _Layout:
