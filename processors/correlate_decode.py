@@ -33,7 +33,11 @@ _COLS = np.arange(10)
 # where the compiled reader's cached tail begins: a launch's stack and mappings, a kernel's name and what follows it
 # (its kind, bytes, graph ids: equal for most kernels of a name), which repeat, unlike the times and ids before them
 CACHED_TAIL = {"GpuLaunch": "user_addrs", "GpuKernel": "kernel_name"}
-MAX_TAILS = 20_000  # distinct tails kept: ~3 KB each for launches on the correlator bench, ~60 MB when full
+MAX_TAILS = 20_000  # distinct tails kept
+# A launch's tail is its stack (~200 bytes; more with Python frames' code objects) unless it carries its process's
+# mappings: then kilobytes, seldom the same twice, and tens of KB of objects: those are read every time, not kept,
+# so a full cache holds ~20,000 stacks (~30 MB) rather than 20,000 processes' mapping lists
+MAX_TAIL_BYTES = 1024
 
 
 class _Layout:
@@ -61,7 +65,7 @@ class _Layout:
         names = [f["name"] for f in fields]
         cached = CACHED_TAIL.get(sv.name.rsplit(".", 1)[-1])
         tail_from = names.index(cached) if cached in names else None
-        self.read_each = avro_fast.batch_reader_for(sv.parsed, tail_from, MAX_TAILS)
+        self.read_each = avro_fast.batch_reader_for(sv.parsed, tail_from, MAX_TAILS, MAX_TAIL_BYTES)
         # None: fastavro reads every new tail
         self.read_tail = avro_fast.reader_for(self.tail) if self.tail is not None else None
         # a new tail's ints are checked once, in a record whose head (checked for every message) is zeros

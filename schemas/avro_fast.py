@@ -174,12 +174,12 @@ def reader_for(parsed_schema: Any) -> Callable[[bytes, int], Any] | None:
     return lambda data, offset: read(tree, data, offset)
 
 
-def batch_reader_for(parsed_schema: Any, tail_from: int | None = None,
-                     max_tails: int = 20_000) -> Callable[[list[bytes], int], list] | None:
+def batch_reader_for(parsed_schema: Any, tail_from: int | None = None, max_tails: int = 20_000,
+                     max_tail_bytes: int = 1024) -> Callable[[list[bytes], int], list] | None:
     """read_each(datas, offset): for each bytes, read(data, offset) of reader_for, or None where that would raise
     ValueError; None as for reader_for. With `tail_from` (a record's field index), the fields from there on are read
-    once per distinct bytes (at most `max_tails` kept): records with the same tail share its values, lists and
-    dicts included, so their users must only read them."""
+    once per distinct bytes of at most `max_tail_bytes` (at most `max_tails` kept; a longer tail is read every time):
+    records with the same tail share its values, lists and dicts included, so their users must only read them."""
     found = _tree(parsed_schema)
     if found is None:
         return None
@@ -187,7 +187,7 @@ def batch_reader_for(parsed_schema: Any, tail_from: int | None = None,
     if tail_from is None or tree[0] != T_RECORD or not 0 <= tail_from < len(tree[1]):
         return lambda datas, offset: read_each(tree, datas, offset)
     tails: dict[bytes, tuple] = {}
-    return lambda datas, offset: read_each(tree, datas, offset, tail_from, tails, max_tails)
+    return lambda datas, offset: read_each(tree, datas, offset, tail_from, tails, max_tails, max_tail_bytes)
 
 
 def columns_reader_for(parsed_schema: Any, fields: tuple[str, ...]) -> Callable[[bytes, int], Any] | None:

@@ -57,21 +57,25 @@ static PyObject *new_dict(Py_ssize_t n) {
 #endif
 }
 
-/* A new dict of a record type's fields [0, n) read from `c`; NULL (the error set) when one fails. */
-static PyObject *read_fields(cursor *c, PyObject *type, Py_ssize_t n, int depth) {
+/* A record type's fields [from, to) read from `c` into `record`; -1 (the error set) when one fails. */
+static int read_fields_into(cursor *c, PyObject *type, PyObject *record, Py_ssize_t from, Py_ssize_t to, int depth) {
     PyObject *names = PyTuple_GET_ITEM(type, 1), *types = PyTuple_GET_ITEM(type, 2);
-    PyObject *record = new_dict(PyTuple_GET_SIZE(names));
-    if (record == NULL)
-        return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
+    for (Py_ssize_t i = from; i < to; i++) {
         PyObject *value = read_value(c, PyTuple_GET_ITEM(types, i), depth + 1);
         if (value == NULL || PyDict_SetItem(record, PyTuple_GET_ITEM(names, i), value) < 0) {
             Py_XDECREF(value);
-            Py_DECREF(record);
-            return NULL;
+            return -1;
         }
         Py_DECREF(value);
     }
+    return 0;
+}
+
+/* A new dict of a record type's fields [0, n) read from `c`; NULL (the error set) when one fails. */
+static PyObject *read_fields(cursor *c, PyObject *type, Py_ssize_t n, int depth) {
+    PyObject *record = new_dict(PyTuple_GET_SIZE(PyTuple_GET_ITEM(type, 1)));
+    if (record != NULL && read_fields_into(c, type, record, 0, n, depth) < 0)
+        Py_CLEAR(record);
     return record;
 }
 
@@ -331,16 +335,27 @@ PyObject *avro_read(PyObject *self, PyObject *args) {
     return value;
 }
 
-/* A record of `tree` whose fields from `split` on (its tail) are taken from `tails` (tail bytes -> tuple of their
- * values) when the same bytes were read before, else read and kept there (the dict cleared once it holds
- * `max_tails`): a tail that repeats (a launch's stack and mappings) is one set of objects for all the records that
- * have it. NULL with ValueError as read_value. */
-static PyObject *read_record_tail(cursor *c, PyObject *tree, Py_ssize_t split, PyObject *tails, Py_ssize_t max_tails) {
-    PyObject *names = PyTuple_GET_ITEM(tree, 1), *types = PyTuple_GET_ITEM(tree, 2);
+typedef struct {
+    PyObject *tails;            /* tail bytes -> tuple of their values */
+    Py_ssize_t max_tails;       /* the dict is cleared once it holds this many */
+    Py_ssize_t max_tail_bytes;  /* a longer tail is read each time, never kept */
+} tail_cache;
+
+/* A record of `tree` whose fields from `split` on (its tail) are taken from the cache when the same bytes were read
+ * before, else read and kept there: a tail that repeats (a launch's stack) is one set of objects for all the records
+ * that have it. A tail over max_tail_bytes (a launch that carries its process's mappings: large, and seldom the same)
+ * is read as usual. NULL with ValueError as read_value. */
+static PyObject *read_record_tail(cursor *c, PyObject *tree, Py_ssize_t split, const tail_cache *cache) {
+    PyObject *names = PyTuple_GET_ITEM(tree, 1), *types = PyTuple_GET_ITEM(tree, 2), *tails = cache->tails;
     Py_ssize_t n = PyTuple_GET_SIZE(names);
     PyObject *record = read_fields(c, tree, split, 0);
     if (record == NULL)
         return NULL;
+    if (c->end - c->p > cache->max_tail_bytes) {
+        if (read_fields_into(c, tree, record, split, n, 0) < 0)
+            Py_CLEAR(record);
+        return record;
+    }
     PyObject *key = PyBytes_FromStringAndSize((const char *)c->p, c->end - c->p);
     if (key == NULL) {
         Py_DECREF(record);
@@ -366,7 +381,7 @@ static PyObject *read_record_tail(cursor *c, PyObject *tree, Py_ssize_t split, P
         if (values != NULL && c->p != c->end)
             Py_CLEAR(values);  /* trailing bytes: the caller's check sees c->p short of the end */
         if (values != NULL) {
-            if (PyDict_GET_SIZE(tails) >= max_tails)
+            if (PyDict_GET_SIZE(tails) >= cache->max_tails)
                 PyDict_Clear(tails);
             if (PyDict_SetItem(tails, key, values) < 0)
                 Py_CLEAR(values);
@@ -387,18 +402,20 @@ static PyObject *read_record_tail(cursor *c, PyObject *tree, Py_ssize_t split, P
     return record;
 }
 
-/* read_each(tree, datas, offset[, split, tails, max_tails]): for each bytes object of the list, what read(tree, data,
- * offset) returns, or None where it would raise ValueError (the caller reads those with fastavro); a batch without
- * a call per message. With `split` (a record tree's field count before its tail) and a dict `tails`, repeated tails
- * are read once (read_record_tail). */
+/* read_each(tree, datas, offset[, split, tails, max_tails, max_tail_bytes]): for each bytes object of the list, what
+ * read(tree, data, offset) returns, or None where it would raise ValueError (the caller reads those with fastavro); a
+ * batch without a call per message. With `split` (a record tree's field count before its tail) and a dict `tails`,
+ * repeated tails are read once (read_record_tail). */
 PyObject *avro_read_each(PyObject *self, PyObject *args) {
-    PyObject *tree, *datas, *tails = NULL;
-    Py_ssize_t offset, split = -1, max_tails = 0;
-    if (!PyArg_ParseTuple(args, "OO!n|nO!n", &tree, &PyList_Type, &datas, &offset, &split, &PyDict_Type, &tails,
-                          &max_tails))
+    PyObject *tree, *datas;
+    Py_ssize_t offset, split = -1;
+    tail_cache cache = {NULL, 0, PY_SSIZE_T_MAX};
+    if (!PyArg_ParseTuple(args, "OO!n|nO!nn", &tree, &PyList_Type, &datas, &offset, &split, &PyDict_Type,
+                          &cache.tails, &cache.max_tails, &cache.max_tail_bytes))
         return NULL;
-    if (split >= 0 && (tails == NULL || !PyTuple_Check(tree) || PyLong_AsLong(PyTuple_GET_ITEM(tree, 0)) != T_RECORD
-                       || split > PyTuple_GET_SIZE(PyTuple_GET_ITEM(tree, 1)) || max_tails < 1)) {
+    if (split >= 0 && (cache.tails == NULL || !PyTuple_Check(tree) || cache.max_tails < 1
+                       || PyLong_AsLong(PyTuple_GET_ITEM(tree, 0)) != T_RECORD
+                       || split > PyTuple_GET_SIZE(PyTuple_GET_ITEM(tree, 1)))) {
         PyErr_SetString(PyExc_TypeError, "read_each: split needs a record tree, a dict of tails and max_tails >= 1");
         return NULL;
     }
@@ -412,7 +429,7 @@ PyObject *avro_read_each(PyObject *self, PyObject *args) {
         if (PyBytes_Check(item) && offset >= 0 && offset <= PyBytes_GET_SIZE(item)) {
             const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(item);
             cursor c = {b + offset, b + PyBytes_GET_SIZE(item)};
-            value = split >= 0 ? read_record_tail(&c, tree, split, tails, max_tails) : read_value(&c, tree, 0);
+            value = split >= 0 ? read_record_tail(&c, tree, split, &cache) : read_value(&c, tree, 0);
             if (value != NULL && c.p != c.end)
                 Py_CLEAR(value);  /* trailing bytes */
             if (value == NULL && PyErr_Occurred()) {

@@ -93,7 +93,8 @@ def test_a_batch_reads_each_body_as_one_read_does_and_none_where_it_refuses(name
     schema = REGISTRY.latest(f"fleetprof.{name}")
     one = compiled(single_object.fast_reader(schema))
     tail_from = [f["name"] for f in schema.parsed["fields"]].index(TAILS[name]) if tail else None
-    each = compiled(avro_fast.batch_reader_for(schema.parsed, tail_from, max_tails=7))
+    # 7 tails kept, of at most 64 bytes: the fuzzed bodies' tails fall on both sides of that
+    each = compiled(avro_fast.batch_reader_for(schema.parsed, tail_from, max_tails=7, max_tail_bytes=64))
     datas: list = []
 
     @settings(FUZZ, max_examples=30)
@@ -120,7 +121,8 @@ def test_a_batch_reads_each_body_as_one_read_does_and_none_where_it_refuses(name
     again = each(datas, single_object.HEADER_LEN)  # now mostly from the cache (7 tails kept: cleared on the way)
     assert all(same(g, single(d)) for g, d in zip(again, datas, strict=True))
     if tail:  # a body read again shares its tail's objects with the first read (where the tail is still kept)
-        got = avro_fast.batch_reader_for(schema.parsed, tail_from, max_tails=1000)(datas, single_object.HEADER_LEN)
+        roomy = avro_fast.batch_reader_for(schema.parsed, tail_from, max_tails=1000, max_tail_bytes=1 << 30)
+        got = roomy(datas, single_object.HEADER_LEN)
         pairs = [(got[i], got[i + 4]) for i in range(0, 150, 5) if got[i] is not None]
         shared = [a[TAILS[name]] is b[TAILS[name]] for a, b in pairs]
         assert len(pairs) >= 25 and all(shared)
@@ -144,6 +146,19 @@ def test_a_cached_tail_is_shared_and_the_cache_stays_within_its_bound():
     got = one(datas, single_object.HEADER_LEN)
     assert all(got[t]["user_addrs"] is got[t % 4]["user_addrs"] for t in range(12))
     assert all(got[t]["mappings"] is got[t % 4]["mappings"] for t in range(12))  # every value of the tail
+    # a tail over max_tail_bytes (a launch carrying its process's mappings) is read every time and never kept
+    mapping = {"start": 1 << 40, "limit": 2 << 40, "file_offset": 0, "path": "/usr/lib/libcuda.so.1" * 4,
+               "build_id": "ab" * 20}
+    big = single_object.encode("GpuLaunch", {**base, "mappings": [mapping] * 8})
+    small = single_object.encode("GpuLaunch", base)
+    tails: dict = {}
+    read_each = avro_fast._load().read_each
+    tree = avro_fast.type_tree(schema.parsed)
+    got = read_each(tree, [big, small, big, small], single_object.HEADER_LEN, fields.index("user_addrs"), tails, 100,
+                    len(small) - single_object.HEADER_LEN)
+    assert [r["mappings"] for r in got] == [[mapping] * 8, [], [mapping] * 8, []]
+    assert got[0]["mappings"] is not got[2]["mappings"] and got[1]["mappings"] is got[3]["mappings"]
+    assert len(tails) == 1
 
 
 def as_columns(record: dict, fields: tuple[str, ...], names: dict[str, list[str]]) -> dict:
