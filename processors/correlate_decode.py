@@ -2,8 +2,9 @@
 schema, read by the compiled codec (schemas/avro_read.c) in one call per batch where it is built; otherwise their
 leading fields read for every message of the batch at once with numpy. Either way a launch's tail (user_addrs,
 mappings, code_objects, simulated: it repeats with the launching path) is decoded once per distinct bytes and
-cached: the records that repeat it share its objects, so there are no addresses to allocate and free for them, and
-equal stacks compare by identity in the join's stack numbers.
+cached (the compiled path also a kernel's name and the fields after it, and only tails of at most MAX_TAIL_BYTES):
+the records that repeat it share its objects, so there are no addresses to allocate and free for them, and equal
+stacks compare by identity in the join's stack numbers.
 
 fastavro reads a 280-byte launch in ~35 µs on the project's VM (it reads its input a byte at a time through the file
 object), more than the join, symbolization and aggregation of the record together. The records here are the dicts
