@@ -238,8 +238,9 @@ def test_materialized_views_are_the_single_node_ones_over_the_local_tables():
              "gpu_process_metrics", "gpu_device_metrics_10s", "gpu_process_metrics_10s"}
     single = [localized(s, local) for s in single_node_creates("MATERIALIZED VIEW")]
     cluster = [ON_CLUSTER_RE.sub("", s) for _, s in cluster_statements() if s.startswith("CREATE MATERIALIZED VIEW")]
-    # 0014 recreates gpu_kernel_samples_1h_mv with nvtx_range, 0015 both with identity; 0016 adds the NVML 10 s views
-    assert len(cluster) == 7
+    # 0014 recreates gpu_kernel_samples_1h_mv with nvtx_range, 0015 both with identity; 0016 adds the NVML 10 s views;
+    # 0018 recreates both hourly views without their grouping
+    assert len(cluster) == 9
     assert cluster == single
 
 

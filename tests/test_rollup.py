@@ -62,7 +62,7 @@ def known(store):
     h = first_hour()
     cpu, gpu = known_rows(h)
     put_definitions(store, h)
-    # several inserts: the materialized views sum each block on its own, and merges or queries add the blocks up
+    # several inserts, each of many windows: the views pass the rows on (0018), and merges or queries add them up
     for part in range(3):
         store.insert("cpu_samples", cpu[part::3], CPU_COLUMNS)
         store.insert("gpu_kernel_samples", gpu[part::3], GPU_COLUMNS)
@@ -312,7 +312,8 @@ def test_the_migration_backfills_rows_stored_before_it(chdb_dir):
         before.insert("gpu_kernel_samples", gpu, GPU_COLUMNS)
         assert before.migrate() == ["0010_hourly_rollups", "0011_frame_language", "0012_profile_windows",
                                    "0013_frame_build_id", "0014_gpu_copies_ranges_timeline", "0015_workload_identity",
-                                   "0016_nvml_tiers", "0017_merge_selector"]
+                                   "0016_nvml_tiers", "0017_merge_selector",
+                                   "0018_rollup_views_without_grouping"]
         for node in ("n1", "n2", "n3"):
             assert rollup_totals(before, node) == window_totals(before, node), node
         assert rollup_totals(before, "n1") == (sum(r[6] for r in cpu if r[1] == "n1"),
