@@ -8,10 +8,11 @@ once every table step before them is acknowledged, so a table is in Kafka before
 librdkafka holds is delivered once (idempotent, no expiry).
 
 What waits here counts against `max_bytes` (while Kafka is away, what librdkafka holds counts too). Beyond it the
-oldest whole record units are dropped, never those just put; symbol tables only when nothing else is left to drop,
-and then with every held unit that needs them (the encoder is told, and sends those tables again when they are next
-needed). Nothing is handed over while the KafkaLink says Kafka is unreachable or lacks topics. Drops, and messages
-Kafka refuses for good (too large, say), are counted per kind; none of them stops the agent.
+oldest whole record units are dropped, never those just put while Kafka takes messages, and while it is away never
+the newest record unit (a large drain comes in several, see OutboxEncoder); symbol tables only when nothing else is
+left to drop, and then with every held unit that needs them (the encoder is told, and sends those tables again when
+they are next needed). Nothing is handed over while the KafkaLink says Kafka is unreachable or lacks topics. Drops,
+and messages Kafka refuses for good (too large, say), are counted per kind; none of them stops the agent.
 """
 
 from __future__ import annotations
@@ -120,8 +121,8 @@ class Outbox:
             self.held_bytes += unit.size
             self.put_tally[unit.kind].add(unit)
         self.pump()  # tables go at once: then a window larger than the bound passes while Kafka takes it
-        newest = {id(u) for u in units}  # what is put now stays, its tables too: a window larger than the bound
-        dropped = _tallies()             # still goes while Kafka takes it
+        newest = self._kept(units)
+        dropped = _tallies()
         while self._over():
             started = id(self.held[0]) if self._head_sent else None
             victim = next((u for u in self.held if u.kind != "symbols" and id(u) not in newest
@@ -139,6 +140,15 @@ class Outbox:
             self._log_drops(dropped)
         self._track_away()
         self._note_size(after_put=True)
+
+    def _kept(self, units: list[Unit]) -> set[int]:
+        """Which of the units just put are never dropped by this put: while Kafka takes messages, all of them (a
+        window larger than the bound still goes); while it is away, their tables and the last record unit only, so
+        a large drain (cut into units by the encoder) leaves the outbox at its bound but for one unit."""
+        if self.link.ready:
+            return {id(u) for u in units}
+        records = [u for u in units if u.kind != "symbols"]
+        return {id(u) for u in units if u.kind == "symbols"} | {id(u) for u in records[-1:]}
 
     def _over(self) -> bool:
         return self._counted > self.max_bytes

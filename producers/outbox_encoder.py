@@ -39,6 +39,10 @@ Limits = Callable[[str], int]  # topic name -> the largest message value it take
 # An identity's definition goes again this often while records reference it: the store keeps a definition 90 days
 # from when it was last written (migration 0015), and an agent runs for longer
 IDENTITY_RESEND_S = 6 * 3600.0
+# A drain's GPU records, NVML polls and dead letters go in units of about this many bytes: the outbox drops whole
+# units, and the newest never while Kafka is away, so a drain after the agent was held up (12 s stopped: 4,825
+# launches, 3.7 MB) must not be one unit, or the outbox holds it all beyond its bound.
+UNIT_BYTES = 128 << 10
 
 
 def _read_file_chunks(path: str, max_bytes: int) -> list[dict]:
@@ -176,11 +180,11 @@ class OutboxEncoder:
         id_units, id_needs = self.identity_units(r.get("identity_id", 0) for r in launches)
         messages = [(topics.GPU_LAUNCHES.name, f"{r['node']}/{r['pid']}", self._launches.encode(r), 1)
                     for r in launches]
-        return [*units, *id_units, Unit("gpu_launches", messages, needs=_build_ids(with_maps) | id_needs)]
+        return [*units, *id_units, *record_units("gpu_launches", messages, _build_ids(with_maps) | id_needs)]
 
     def gpu_kernels(self, kernels: list[dict]) -> list[Unit]:
         messages = [(topics.GPU_KERNELS.name, f"{r['node']}/{r['pid']}", encode("GpuKernel", r), 1) for r in kernels]
-        return [Unit("gpu_kernels", messages)] if messages else []
+        return record_units("gpu_kernels", messages)
 
     def gpu_metrics(self, polls: list[dict]) -> list[Unit]:
         if not polls:
@@ -188,13 +192,13 @@ class OutboxEncoder:
         id_units, id_needs = self.identity_units([d.get("identity_id", 0) for r in polls for d in r["devices"]] +
                                                  [p.get("identity_id", 0) for r in polls for p in r["processes"]])
         messages = [(topics.GPU_METRICS.name, r["node"], encode("GpuMetrics", r), 1) for r in polls]
-        return [*id_units, Unit("gpu_metrics", messages, needs=id_needs)]
+        return [*id_units, *record_units("gpu_metrics", messages, id_needs)]
 
     def dead_letters(self, letters: list[dict]) -> list[Unit]:
         """Records the agent would not send as they are (producers/kernel_records.py), with the reason."""
         messages = [(topics.DEADLETTER.name, (r["key"] or b"").decode(errors="replace"), encode("DeadLetter", r), 1)
                     for r in letters]
-        return [Unit("dead_letters", messages)] if messages else []
+        return record_units("dead_letters", messages)
 
     def units(self, kind: str, records: list[dict]) -> list[Unit]:
         """Units for records of `kind` (cpu: one CpuStackBatch per record)."""
@@ -202,6 +206,20 @@ class OutboxEncoder:
             return [u for batch in records for u in self.cpu(batch)]
         return {"gpu_launches": self.gpu_launches, "gpu_kernels": self.gpu_kernels,
                 "gpu_metrics": self.gpu_metrics, "dead_letters": self.dead_letters}[kind](records)
+
+
+def record_units(kind: str, messages: list[Message], needs: frozenset[str] = frozenset(),
+                 unit_bytes: int = UNIT_BYTES) -> list[Unit]:
+    """`messages` in order, in units of at most `unit_bytes` (a larger message alone), each needing `needs`."""
+    units, start, size = [], 0, 0
+    for i, message in enumerate(messages):
+        if size and size + len(message[2]) > unit_bytes:
+            units.append(Unit(kind, messages[start:i], needs=needs))
+            start, size = i, 0
+        size += len(message[2])
+    if start < len(messages):
+        units.append(Unit(kind, messages[start:], needs=needs))
+    return units
 
 
 def identity_table(identity_id: int) -> str:

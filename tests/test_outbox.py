@@ -8,7 +8,7 @@ import uuid
 
 from producers.kafka_link import READY, KafkaLink
 from producers.outbox import Outbox
-from producers.outbox_encoder import OutboxEncoder
+from producers.outbox_encoder import UNIT_BYTES, OutboxEncoder, record_units
 from producers.outbox_units import Unit
 from producers.publisher import Publisher
 from schemas.topics import Topic
@@ -51,6 +51,43 @@ def test_tables_are_dropped_last_and_with_every_unit_that_needs_them() -> None:
     assert [(u.kind, u.tables) for u in box.held] == [("symbols", {"b2"}), ("gpu_kernels", frozenset())]
     assert box.dropped["symbols"].units == 1 and box.dropped["cpu"].units == box.dropped["gpu_launches"].units == 1
     assert encoder.sent_build_ids == {"b2"}  # b1's table goes again with the next batch that needs it
+
+
+def test_a_drain_larger_than_the_bound_while_kafka_is_away_leaves_the_bound_but_for_one_unit() -> None:
+    # an agent held up for seconds drains thousands of launches at once (12 s stopped: 4,825 launches, 3.7 MB):
+    # cut into units, all but the newest go oldest first, and what is held stays within the bound plus that unit
+    encoder = OutboxEncoder()
+    box = _away_outbox(100_000, encoder)
+    box.add([_unit("cpu", 60_000, records=9)])
+    launches = [{"node": "n", "pid": 7, "tid": 7, "process_start_ns": 1, "time_ns": 10**18 + i, "correlation_id": i,
+                 "callback_id": 211, "api_name": "cudaLaunchKernel", "weight": 1, "nvtx_range": "", "graph": False,
+                 "identity_id": 0, "user_addrs": list(range(1000, 1040)), "mappings": [], "code_objects": [],
+                 "simulated": True} for i in range(3000)]
+    units = encoder.units("gpu_launches", launches)
+    assert len(units) > 3 and sum(u.records for u in units) == 3000
+    assert all(u.size <= UNIT_BYTES for u in units) and max(u.size for u in units) > UNIT_BYTES // 2
+    box.add(units)
+    newest = units[-1]
+    assert box.held[-1] is newest and box.pending_bytes <= 100_000 + newest.size
+    assert box.peak_bytes <= 100_000 + newest.size
+    assert box.dropped["cpu"].records == 9  # the oldest went first
+    held = sum(u.records for u in box.held)
+    assert held + box.dropped["gpu_launches"].records == 3000 and held >= newest.records
+    # while Kafka takes messages, what is put now stays whole: a window larger than the bound still goes
+    box.link.state = READY
+    assert box._kept(units) == {id(u) for u in units}
+
+
+def test_a_drain_splits_at_the_unit_size_and_keeps_every_message_in_order() -> None:
+    messages = [("t", "k", bytes([i % 256]) * (100 + i), 1) for i in range(500)]
+    units = record_units("gpu_kernels", messages, frozenset({"b1"}), unit_bytes=5_000)
+    assert [m for u in units for m in u.messages] == messages
+    assert all(u.size <= 5_000 and u.needs == {"b1"} for u in units)
+    # each unit as full as fits: the next one's first message would not have
+    assert all(a.size + len(b.messages[0][2]) > 5_000 for a, b in zip(units[:-1], units[1:], strict=True))
+    big = [("t", "k", b"x" * 9_000, 1), ("t", "k", b"y" * 10, 1)]
+    assert [len(u.messages) for u in record_units("dead_letters", big, unit_bytes=5_000)] == [1, 1]
+    assert record_units("gpu_metrics", []) == []
 
 
 def test_a_message_kafka_refuses_is_counted_and_the_rest_delivered(kafka_bootstrap: str) -> None:
