@@ -2,7 +2,7 @@
 schema, read by the compiled codec (schemas/avro_read.c) in one call per batch where it is built; otherwise their
 leading fields read for every message of the batch at once with numpy. Either way a launch's tail (user_addrs,
 mappings, code_objects, simulated: it repeats with the launching path) is decoded once per distinct bytes and
-cached (the compiled path also a kernel's name and the fields after it, and only tails of at most MAX_TAIL_BYTES):
+cached (only tails of at most MAX_TAIL_BYTES; the compiled path also a kernel's name and the fields after it):
 the records that repeat it share its objects, so there are no addresses to allocate and free for them, and equal
 stacks compare by identity in the join's stack numbers.
 
@@ -238,9 +238,10 @@ class BatchDecoder:
                     good[k] = False
                     out.append(None)
                     continue
-                if len(cache) > MAX_TAILS:
-                    cache.clear()
-                cache[raw] = tail
+                if len(raw) <= MAX_TAIL_BYTES:  # as the compiled path: a launch carrying mappings seldom repeats
+                    if len(cache) >= MAX_TAILS:
+                        cache.clear()
+                    cache[raw] = tail
             out.append(tail)
         return out
 

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from processors.correlate_decode import BatchDecoder
+from processors.correlate_decode import MAX_TAIL_BYTES, MAX_TAILS, BatchDecoder
 from processors.messages import Message, decode_message
 from processors.runner import expected_schemas
 from schemas import avro_fast, single_object, topics
@@ -102,6 +102,30 @@ def test_launches_and_kernels_of_every_shape_decode_as_one_by_one(path: str) -> 
     assert check(raws, decoder)  # again, with the launch tails cached
     launches = [m.record for m in got if m.topic == topics.GPU_LAUNCHES.name]
     assert any(r["mappings"] == MAPPINGS for r in launches) and any(r["mappings"] == [] for r in launches)
+
+
+def test_the_numpy_path_keeps_short_launch_tails_only_and_within_their_count() -> None:
+    # a launch that carries its process's mappings is kilobytes and seldom repeats: read each time, never kept, as on
+    # the compiled path (MAX_TAIL_BYTES); the others are kept, and the cache is cleared when it holds MAX_TAILS
+    decoder = decoder_for("numpy")
+    lay = decoder.layouts["GpuLaunch"]
+    libs = [{**MAPPINGS[0], "start": MAPPINGS[0]["start"] + (i << 24), "limit": MAPPINGS[0]["limit"] + (i << 24),
+             "path": f"/usr/lib/x86_64-linux-gnu/libexample-{i}.so.1"} for i in range(30)]
+
+    def raw(offset: int, path: list[str], maps: list[dict]) -> Raw:
+        rec = {**launch(offset, 1_767_000_000 + offset, path), "mappings": maps}
+        return Raw(topics.GPU_LAUNCHES.name, 0, offset, single_object.encode("GpuLaunch", rec))
+
+    bare = [raw(i, ["main"], []) for i in range(3)]
+    mapped = [raw(3 + i, ["main"], libs) for i in range(3)]
+    assert len(mapped[0].value()) > MAX_TAIL_BYTES + 200 > len(bare[0].value()) + 200
+    check(bare + mapped, decoder)
+    assert len(lay.tails) == 1 and all(len(tail) <= MAX_TAIL_BYTES for tail in lay.tails)
+    lay.tails.update({i.to_bytes(2, "little"): {} for i in range(MAX_TAILS - 1)})
+    check(bare, decoder)  # the kept tail is found: nothing added
+    assert len(lay.tails) == MAX_TAILS
+    check([raw(9, ["run", "compute"], [])], decoder)  # a new tail into a full cache clears it first
+    assert len(lay.tails) == 1
 
 
 @pytest.mark.parametrize("path", PATHS)
