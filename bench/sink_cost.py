@@ -132,7 +132,10 @@ def build_input(path: Path, nodes: int, windows: int, seed: int = 1) -> tuple[li
     src_nodes = sorted(n for n in by_node if n)
     starts = sorted({r["window_start_ns"] for t, _, _, r in decoded if t == "cpu.samples"})
     window_ns = 10_000_000_000
-    first = starts[0]
+    # every time moved so the run's last window ends about now: the captured windows are days old, beyond the 1 s
+    # NVML tier's 6 h TTL, whose parts would be dropped during a long run instead of merged as a live sink's are
+    rebase = (time.time_ns() - windows * window_ns) // window_ns * window_ns - starts[0]
+    first = starts[0] + rebase
     out: list[tuple[float, str, bytes | None, bytes]] = []
     samples = 0
     for topic, key, name, rec in decoded:  # identities: once, before anything else
@@ -143,7 +146,7 @@ def build_input(path: Path, nodes: int, windows: int, seed: int = 1) -> tuple[li
         node = f"bench-node-{k:05d}"
         for w in range(windows):
             sw = w % len(starts)
-            shift = (w - sw) * window_ns
+            shift = (w - sw) * window_ns + rebase
             win_end = (w + 1) * 10.0
             for topic in ("cpu.samples", "gpu.samples"):
                 for rec in by_node[src].get(topic, []):
