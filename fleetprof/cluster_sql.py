@@ -42,6 +42,9 @@ ON_CLUSTER = " ON CLUSTER '{cluster}'"
 SHARD_PATH, SHARD_REPLICA = "/clickhouse/tables/{{shard}}/{{database}}/{table}", "{replica}"
 # one replica set over every node: a replica name unique across it, also where {replica} repeats from shard to shard
 WHOLE_PATH, WHOLE_REPLICA = "/clickhouse/tables/all/{{database}}/{table}", "{shard}-{replica}"
+# a table a migration swaps in with EXCHANGE TABLES: the live table then carries the copy's name and its path, so the
+# copy's path is its own UUID's (the same on every replica of a CREATE ON CLUSTER), and a new copy never meets it
+EXCHANGED_PATH = "/clickhouse/tables/{uuid}/{shard}"
 # the statements a migration does not hold: a Distributed table in front of a table's or a view's local part, and the
 # version record ending each file
 DISTRIBUTED_TABLE = """CREATE TABLE IF NOT EXISTS {name}{on_cluster}
@@ -55,6 +58,8 @@ ENGINE = Distributed('{{cluster}}', currentDatabase(), {local}, {key})"""
 ALTER_LOCAL = "ALTER TABLE {name}_local{on_cluster}"
 ALTER_DISTRIBUTED = "ALTER TABLE {name}{on_cluster}\n    {added}"
 DROP_VIEW = "DROP VIEW IF EXISTS {name}{on_cluster}"
+DROP_TABLE = "DROP TABLE IF EXISTS {name}{on_cluster}{sync}"
+EXCHANGE = "EXCHANGE TABLES {first} AND {second}{on_cluster}"
 # what an ALTER of a sharded table may do: add columns and keys (the new columns reach the Distributed table too), and
 # change what only the local tables have (settings, TTL)
 LOCAL_ALTERS = ("ADD COLUMN ", "MODIFY ORDER BY ", "MODIFY SETTING ", "MODIFY TTL ")
@@ -68,6 +73,8 @@ _ENGINE_RE = re.compile(r"^ENGINE = (\w*)MergeTree(?:\((.*)\))?$", re.MULTILINE)
 _REFERENCE_RE = re.compile(r"\b(FROM|JOIN)(\s+)(\w+)\b")
 _ALTER_RE = re.compile(r"^ALTER TABLE (\w+)\b")
 _DROP_VIEW_RE = re.compile(r"^DROP VIEW IF EXISTS (\w+)$")
+_DROP_TABLE_RE = re.compile(r"^DROP TABLE IF EXISTS (\w+)( SYNC)?$")
+_EXCHANGE_RE = re.compile(r"^EXCHANGE TABLES (\w+) AND (\w+)$")
 _CODEC_RE = re.compile(r"\s+CODEC\(.*\)$")
 _DEDUP_RE = re.compile(r"\bnon_replicated_deduplication_window\b")
 
@@ -82,6 +89,9 @@ class Layout:
 
     sharded: dict[str, str] = field(default_factory=dict)
     every_node: set[str] = field(default_factory=set)
+    # this file's: the tables it creates sharded (a DROP of one may come before its CREATE) and those it exchanges
+    created: dict[str, str] = field(default_factory=dict)
+    exchanged: set[str] = field(default_factory=set)
 
 
 def generate() -> dict[str, str]:
@@ -95,6 +105,7 @@ def generate_file(version: int, name: str, text: str, layout: Layout) -> str:
     """The cluster form of one migration; `layout` holds what the earlier migrations placed and learns this one's."""
     source = f"sql/migrations/{name}.sql"
     chunks, directives = [], 0
+    _plan_file(split_statements(text), layout)
     for piece in split_statements(text):
         lines = piece.splitlines()
         start = next(i for i, line in enumerate(lines) if line.strip() and not line.lstrip().startswith("--"))
@@ -113,6 +124,21 @@ def generate_file(version: int, name: str, text: str, layout: Layout) -> str:
               "-- sql/cluster/README.md says how a cluster differs from one node."]
     first = chunks[0]
     return "\n".join(header) + ("\n--\n" if first.startswith("--") else "\n") + "\n\n".join(chunks) + "\n"
+
+
+def _plan_file(pieces: list[str], layout: Layout) -> None:
+    """What the file creates sharded and what it exchanges, before its statements are generated in order."""
+    layout.created, layout.exchanged = {}, set()
+    for piece in pieces:
+        lines = [line.strip() for line in piece.splitlines()]
+        code = [line for line in lines if line and not line.startswith("--")]
+        sharded = [m.group(1) for line in lines if (m := re.match(r"^--\s*@cluster\s+sharded by (.+?)\s*$", line))]
+        create = _CREATE_RE.match(code[0])
+        if create and create.group(1) == "TABLE" and sharded:
+            layout.created[create.group(2)] = sharded[0]
+        exchange = _EXCHANGE_RE.match(code[0])
+        if exchange:
+            layout.exchanged |= {exchange.group(1), exchange.group(2)}
 
 
 def _read_comments(lines: list[str], where: str) -> tuple[str | None, list[str]]:
@@ -147,6 +173,12 @@ def _cluster_statements(code: str, placement: str | None, layout: Layout, where:
         drop = _DROP_VIEW_RE.match(first)
         if drop:
             return [DROP_VIEW.format(name=drop.group(1), on_cluster=ON_CLUSTER)]
+        drop = _DROP_TABLE_RE.match(code)
+        if drop:
+            return _drop_table(drop.group(1), drop.group(2) or "", layout, where)
+        exchange = _EXCHANGE_RE.match(code)
+        if exchange:
+            return [_exchange(exchange.group(1), exchange.group(2), layout, where)]
         if not alter and not first.startswith("INSERT INTO "):
             raise ClusterSqlError(f"{where}: no cluster form for this statement in {COMMAND}")
         return [code]
@@ -169,7 +201,8 @@ def _cluster_statements(code: str, placement: str | None, layout: Layout, where:
         statements = [_on_cluster(create, local) + "\n" + _localized(rest, layout),
                       DISTRIBUTED_VIEW.format(name=name, on_cluster=ON_CLUSTER, local=local, key=key)]
     else:
-        statements = [_replicated(create, local, rest, SHARD_PATH.format(table=local), SHARD_REPLICA, where),
+        path = EXCHANGED_PATH if name in layout.exchanged else SHARD_PATH.format(table=local)
+        statements = [_replicated(create, local, rest, path, SHARD_REPLICA, where),
                       _distributed(name, rest, local, key, where)]
     layout.sharded[name] = key
     return statements
@@ -188,6 +221,21 @@ def _sharded_alter(alter: re.Match, code: str, where: str) -> list[str]:
     if not added:
         return [local]
     return [local, ALTER_DISTRIBUTED.format(name=name, on_cluster=ON_CLUSTER, added=",\n    ".join(added))]
+
+
+def _drop_table(name: str, sync: str, layout: Layout, where: str) -> list[str]:
+    """A sharded table dropped: its Distributed table and its local tables, on every node."""
+    if name not in layout.sharded and name not in layout.created:
+        raise ClusterSqlError(f"{where}: only a DROP TABLE of a sharded table is generated")
+    layout.sharded.pop(name, None)
+    return [DROP_TABLE.format(name=table, on_cluster=ON_CLUSTER, sync=sync) for table in (name, f"{name}_local")]
+
+
+def _exchange(first: str, second: str, layout: Layout, where: str) -> str:
+    """Two sharded tables swapped: their local tables on every node (each Distributed table keeps reading the name)."""
+    if first not in layout.sharded or second not in layout.sharded or layout.sharded[first] != layout.sharded[second]:
+        raise ClusterSqlError(f"{where}: only an EXCHANGE of two tables sharded by one key is generated")
+    return EXCHANGE.format(first=f"{first}_local", on_cluster=ON_CLUSTER, second=f"{second}_local")
 
 
 def _on_cluster(create: re.Match, name: str) -> str:

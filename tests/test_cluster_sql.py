@@ -47,6 +47,7 @@ DISTRIBUTED_RE = re.compile(
     r"CREATE TABLE IF NOT EXISTS (\w+) ON CLUSTER '\{cluster\}'.*"
     r"ENGINE = Distributed\('\{cluster\}', currentDatabase\(\), (\w+), (.+)\)$", re.S)
 CREATE_RE = re.compile(r"^CREATE (TABLE|VIEW) IF NOT EXISTS (\w+)")
+DROP_TABLE_RE = re.compile(r"^DROP TABLE IF EXISTS (\w+) ON CLUSTER")
 COMMENT_LINE_RE = re.compile(r"^\s*--.*\n?", re.M)
 
 
@@ -71,6 +72,9 @@ def sharding() -> dict[str, tuple[str, str]]:
         match = DISTRIBUTED_RE.match(statement)
         if match:
             found[match.group(1)] = (match.group(2), match.group(3))
+        dropped = DROP_TABLE_RE.match(statement)
+        if dropped:  # a rebuilt table's copy (0019) is gone by the end
+            found.pop(dropped.group(1), None)
     return found
 
 

@@ -114,6 +114,42 @@ def test_a_sharded_table_becomes_a_replicated_local_table_behind_a_distributed_o
     assert layout.every_node == {"all_totals"}
 
 
+REBUILD = """DROP TABLE IF EXISTS tallies_0042 SYNC;
+
+-- @cluster sharded by cityHash64(key)
+CREATE TABLE IF NOT EXISTS tallies_0042
+(
+    key   String CODEC(ZSTD(1)),
+    total UInt64 CODEC(T64, ZSTD(1))
+)
+ENGINE = SummingMergeTree(total)
+ORDER BY (cityHash64(key), key);
+
+INSERT INTO tallies_0042 (key, total) SELECT key, total FROM tallies SETTINGS insert_deduplicate = 0;
+
+EXCHANGE TABLES tallies AND tallies_0042;
+
+DROP TABLE IF EXISTS tallies_0042 SYNC;
+"""
+
+
+def test_a_rebuilt_table_is_copied_swapped_and_dropped_on_every_node():
+    layout = Layout()
+    generate_file(42, "0042_tallies", SHARDED, layout)
+    out = generate_file(43, "0043_rebuild", REBUILD, layout)
+    statements = [code(s) for s in split_statements(out)]
+    assert statements[:2] == ["DROP TABLE IF EXISTS tallies_0042 ON CLUSTER '{cluster}' SYNC",
+                              "DROP TABLE IF EXISTS tallies_0042_local ON CLUSTER '{cluster}' SYNC"]
+    # the copy's path is its UUID's: after the swap the live table has it, and a run again makes a new copy
+    assert "ReplicatedSummingMergeTree('/clickhouse/tables/{uuid}/{shard}', '{replica}', total)" in statements[2]
+    assert statements[3].endswith("ENGINE = Distributed('{cluster}', currentDatabase(), tallies_0042_local, "
+                                  "cityHash64(key))")
+    assert statements[4].startswith("INSERT INTO tallies_0042 (key, total) SELECT key, total FROM tallies")
+    assert statements[5] == "EXCHANGE TABLES tallies_local AND tallies_0042_local ON CLUSTER '{cluster}'"
+    assert statements[6:8] == statements[:2]
+    assert "tallies_0042" not in layout.sharded and layout.sharded["tallies"] == "cityHash64(key)"
+
+
 @pytest.mark.parametrize(("migration", "message"), [
     (SHARDED.replace("-- @cluster sharded by cityHash64(key)\nCREATE TABLE", "CREATE TABLE"),
      "0042_tallies.sql: CREATE TABLE IF NOT EXISTS tallies: say where its rows live on a cluster"),
@@ -128,6 +164,9 @@ def test_a_sharded_table_becomes_a_replicated_local_table_behind_a_distributed_o
     (SHARDED + ";\nCREATE MATERIALIZED VIEW IF NOT EXISTS mv TO tallies AS SELECT 'a' AS key, 1 AS total FROM t",
      "only a materialized view `TO <table> AS` from sharded tables into a sharded table"),
     (SHARDED + ";\nDROP TABLE tallies", "DROP TABLE tallies: no cluster form for this statement"),
+    (SHARDED + ";\nDROP TABLE IF EXISTS all_totals", "DROP TABLE IF EXISTS all_totals: only a DROP TABLE of a sharded"),
+    (SHARDED + ";\nEXCHANGE TABLES tallies AND all_totals",
+     "EXCHANGE TABLES tallies AND all_totals: only an EXCHANGE of two tables sharded by one key"),
 ])
 def test_what_the_generator_cannot_place_is_refused_with_the_statement_named(migration, message):
     with pytest.raises(ClusterSqlError, match=re.escape(message)):
@@ -164,6 +203,11 @@ def test_creates_run_on_the_cluster_and_each_replicated_table_has_its_own_keeper
             _, rows = store.query_sql("SELECT formatQuery({sql:String})", {"sql": statement})
             assert " ON CLUSTER `{cluster}`" in rows[0][0].splitlines()[0], f"{name}: {statement[:60]!r}"
         for table, (_, path, replica) in _replicated(statement).items():
+            if path == "/clickhouse/tables/{uuid}/{shard}":
+                # a rebuilt table's copy (0019): swapped in under the live name, so its path is its own UUID's
+                assert table in ("cpu_samples_0019_local", "gpu_kernel_samples_0019_local"), table
+                assert replica == "{replica}", (table, replica)
+                continue
             whole = path == f"/clickhouse/tables/all/{{database}}/{table}"
             # a table on every node is one replica set: its replicas need names unique across the cluster
             assert whole or path == f"/clickhouse/tables/{{shard}}/{{database}}/{table}", (table, path)
@@ -239,8 +283,8 @@ def test_materialized_views_are_the_single_node_ones_over_the_local_tables():
     single = [localized(s, local) for s in single_node_creates("MATERIALIZED VIEW")]
     cluster = [ON_CLUSTER_RE.sub("", s) for _, s in cluster_statements() if s.startswith("CREATE MATERIALIZED VIEW")]
     # 0014 recreates gpu_kernel_samples_1h_mv with nvtx_range, 0015 both with identity; 0016 adds the NVML 10 s views;
-    # 0018 recreates both hourly views without their grouping
-    assert len(cluster) == 9
+    # 0018 recreates both hourly views without their grouping, 0019 on the rebuilt tables
+    assert len(cluster) == 11
     assert cluster == single
 
 

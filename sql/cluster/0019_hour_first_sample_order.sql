@@ -1,0 +1,125 @@
+-- Generated from sql/migrations/0019_hour_first_sample_order.sql by `python -m fleetprof.cluster_sql`: do not edit.
+-- The migration says why the columns, codecs, keys, partitions, TTL and settings are what they are;
+-- sql/cluster/README.md says how a cluster differs from one node.
+--
+-- Cluster: each table is copied through the Distributed tables into the copy's Distributed table (the same sharding
+-- key, so each row goes back to the shard it came from) and the local tables are exchanged on every node.
+DROP VIEW IF EXISTS cpu_samples_1h_mv ON CLUSTER '{cluster}';
+
+DROP TABLE IF EXISTS cpu_samples_0019 ON CLUSTER '{cluster}' SYNC;
+
+DROP TABLE IF EXISTS cpu_samples_0019_local ON CLUSTER '{cluster}' SYNC;
+
+-- Cluster: its replication path carries the table's UUID, not its name: the exchange below gives the live table
+-- this name's path, and a run of this file again makes a new copy under the same name.
+CREATE TABLE IF NOT EXISTS cpu_samples_0019_local ON CLUSTER '{cluster}'
+(
+    ts           DateTime               CODEC(Delta, ZSTD(1)),
+    node         LowCardinality(String) CODEC(ZSTD(1)),
+    pid          UInt32                 CODEC(T64, ZSTD(1)),
+    comm         LowCardinality(String) CODEC(ZSTD(1)),
+    container_id LowCardinality(String) CODEC(ZSTD(1)),
+    stack_id     UInt64                 CODEC(ZSTD(1)),
+    count        UInt64                 CODEC(T64, ZSTD(1)),
+    identity     LowCardinality(String) CODEC(ZSTD(1))
+)
+ENGINE = ReplicatedSummingMergeTree('/clickhouse/tables/{uuid}/{shard}', '{replica}', count)
+PARTITION BY toDate(ts)
+ORDER BY (node, toStartOfHour(ts), pid, stack_id, comm, container_id, identity, ts)
+TTL ts + INTERVAL 30 DAY
+SETTINGS replicated_deduplication_window = 10000, ttl_only_drop_parts = 1, merge_selector_base = 20;
+
+CREATE TABLE IF NOT EXISTS cpu_samples_0019 ON CLUSTER '{cluster}'
+(
+    ts           DateTime,
+    node         LowCardinality(String),
+    pid          UInt32,
+    comm         LowCardinality(String),
+    container_id LowCardinality(String),
+    stack_id     UInt64,
+    count        UInt64,
+    identity     LowCardinality(String)
+)
+ENGINE = Distributed('{cluster}', currentDatabase(), cpu_samples_0019_local, stack_id);
+
+INSERT INTO cpu_samples_0019 (ts, node, pid, comm, container_id, stack_id, count, identity)
+SELECT ts, node, pid, comm, container_id, stack_id, count, identity FROM cpu_samples
+SETTINGS insert_deduplicate = 0, distributed_foreground_insert = 1;
+
+EXCHANGE TABLES cpu_samples_local AND cpu_samples_0019_local ON CLUSTER '{cluster}';
+
+DROP TABLE IF EXISTS cpu_samples_0019 ON CLUSTER '{cluster}' SYNC;
+
+DROP TABLE IF EXISTS cpu_samples_0019_local ON CLUSTER '{cluster}' SYNC;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS cpu_samples_1h_mv ON CLUSTER '{cluster}' TO cpu_samples_1h_local AS
+SELECT toStartOfHour(ts, 'UTC') AS hour, node, pid, comm, container_id, stack_id, identity, count
+FROM cpu_samples_local;
+
+DROP VIEW IF EXISTS gpu_kernel_samples_1h_mv ON CLUSTER '{cluster}';
+
+DROP TABLE IF EXISTS gpu_kernel_samples_0019 ON CLUSTER '{cluster}' SYNC;
+
+DROP TABLE IF EXISTS gpu_kernel_samples_0019_local ON CLUSTER '{cluster}' SYNC;
+
+-- Cluster: its replication path carries the table's UUID, as cpu_samples_0019's.
+CREATE TABLE IF NOT EXISTS gpu_kernel_samples_0019_local ON CLUSTER '{cluster}'
+(
+    ts           DateTime               CODEC(Delta, ZSTD(1)),
+    node         LowCardinality(String) CODEC(ZSTD(1)),
+    pid          UInt32                 CODEC(T64, ZSTD(1)),
+    comm         LowCardinality(String) CODEC(ZSTD(1)),
+    container_id LowCardinality(String) CODEC(ZSTD(1)),
+    device       UInt16                 CODEC(T64, ZSTD(1)),
+    stream       UInt32                 CODEC(T64, ZSTD(1)),
+    stack_id     UInt64                 CODEC(ZSTD(1)),
+    kernel_name  LowCardinality(String) CODEC(ZSTD(1)),
+    duration_ns  UInt64                 CODEC(T64, ZSTD(1)),
+    launches     UInt64                 CODEC(T64, ZSTD(1)),
+    nvtx_range   LowCardinality(String) CODEC(ZSTD(1)),
+    identity     LowCardinality(String) CODEC(ZSTD(1))
+)
+ENGINE = ReplicatedSummingMergeTree('/clickhouse/tables/{uuid}/{shard}', '{replica}', (duration_ns, launches))
+PARTITION BY toDate(ts)
+ORDER BY (node, toStartOfHour(ts), pid, stack_id, kernel_name, device, stream, comm, container_id, nvtx_range, identity,
+          ts)
+TTL ts + INTERVAL 30 DAY
+SETTINGS replicated_deduplication_window = 10000, ttl_only_drop_parts = 1, merge_selector_base = 20;
+
+CREATE TABLE IF NOT EXISTS gpu_kernel_samples_0019 ON CLUSTER '{cluster}'
+(
+    ts           DateTime,
+    node         LowCardinality(String),
+    pid          UInt32,
+    comm         LowCardinality(String),
+    container_id LowCardinality(String),
+    device       UInt16,
+    stream       UInt32,
+    stack_id     UInt64,
+    kernel_name  LowCardinality(String),
+    duration_ns  UInt64,
+    launches     UInt64,
+    nvtx_range   LowCardinality(String),
+    identity     LowCardinality(String)
+)
+ENGINE = Distributed('{cluster}', currentDatabase(), gpu_kernel_samples_0019_local, stack_id);
+
+INSERT INTO gpu_kernel_samples_0019 (ts, node, pid, comm, container_id, device, stream, stack_id, kernel_name,
+                                     duration_ns, launches, nvtx_range, identity)
+SELECT ts, node, pid, comm, container_id, device, stream, stack_id, kernel_name, duration_ns, launches, nvtx_range,
+       identity
+FROM gpu_kernel_samples
+SETTINGS insert_deduplicate = 0, distributed_foreground_insert = 1;
+
+EXCHANGE TABLES gpu_kernel_samples_local AND gpu_kernel_samples_0019_local ON CLUSTER '{cluster}';
+
+DROP TABLE IF EXISTS gpu_kernel_samples_0019 ON CLUSTER '{cluster}' SYNC;
+
+DROP TABLE IF EXISTS gpu_kernel_samples_0019_local ON CLUSTER '{cluster}' SYNC;
+
+CREATE MATERIALIZED VIEW IF NOT EXISTS gpu_kernel_samples_1h_mv ON CLUSTER '{cluster}' TO gpu_kernel_samples_1h_local AS
+SELECT toStartOfHour(ts, 'UTC') AS hour, node, pid, comm, container_id, device, stream, stack_id, kernel_name,
+       nvtx_range, identity, duration_ns, launches
+FROM gpu_kernel_samples_local;
+
+INSERT INTO schema_migrations (version, name, applied_at) VALUES (19, '0019_hour_first_sample_order', now());
