@@ -92,6 +92,7 @@ class Layout:
     # this file's: the tables it creates sharded (a DROP of one may come before its CREATE) and those it exchanges
     created: dict[str, str] = field(default_factory=dict)
     exchanged: set[str] = field(default_factory=set)
+    definitions: dict[str, str] = field(default_factory=dict)  # a sharded table created here -> its CREATE's body
 
 
 def generate() -> dict[str, str]:
@@ -178,7 +179,7 @@ def _cluster_statements(code: str, placement: str | None, layout: Layout, where:
             return _drop_table(drop.group(1), drop.group(2) or "", layout, where)
         exchange = _EXCHANGE_RE.match(code)
         if exchange:
-            return [_exchange(exchange.group(1), exchange.group(2), layout, where)]
+            return _exchange(exchange.group(1), exchange.group(2), layout, where)
         if not alter and not first.startswith("INSERT INTO "):
             raise ClusterSqlError(f"{where}: no cluster form for this statement in {COMMAND}")
         return [code]
@@ -204,6 +205,7 @@ def _cluster_statements(code: str, placement: str | None, layout: Layout, where:
         path = EXCHANGED_PATH if name in layout.exchanged else SHARD_PATH.format(table=local)
         statements = [_replicated(create, local, rest, path, SHARD_REPLICA, where),
                       _distributed(name, rest, local, key, where)]
+        layout.definitions[name] = rest
     layout.sharded[name] = key
     return statements
 
@@ -231,11 +233,16 @@ def _drop_table(name: str, sync: str, layout: Layout, where: str) -> list[str]:
     return [DROP_TABLE.format(name=table, on_cluster=ON_CLUSTER, sync=sync) for table in (name, f"{name}_local")]
 
 
-def _exchange(first: str, second: str, layout: Layout, where: str) -> str:
-    """Two sharded tables swapped: their local tables on every node (each Distributed table keeps reading the name)."""
-    if first not in layout.sharded or second not in layout.sharded or layout.sharded[first] != layout.sharded[second]:
-        raise ClusterSqlError(f"{where}: only an EXCHANGE of two tables sharded by one key is generated")
-    return EXCHANGE.format(first=f"{first}_local", on_cluster=ON_CLUSTER, second=f"{second}_local")
+def _exchange(first: str, second: str, layout: Layout, where: str) -> list[str]:
+    """A table swapped for the copy this file made of it (`second`): their local tables on every node, then the
+    Distributed table in front of the first replaced by one with the copy's columns (atomically: CREATE OR REPLACE)."""
+    key = layout.sharded.get(first)
+    if key is None or layout.sharded.get(second) != key or second not in layout.definitions:
+        raise ClusterSqlError(f"{where}: only an EXCHANGE of a sharded table and its copy made in the same file, "
+                              "sharded by one key, is generated")
+    front = _distributed(first, layout.definitions[second], f"{first}_local", key, where)
+    return [EXCHANGE.format(first=f"{first}_local", on_cluster=ON_CLUSTER, second=f"{second}_local"),
+            front.replace("CREATE TABLE IF NOT EXISTS ", "CREATE OR REPLACE TABLE ", 1)]
 
 
 def _on_cluster(create: re.Match, name: str) -> str:

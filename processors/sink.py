@@ -81,8 +81,9 @@ COLUMN_RANGES: dict[str, dict[str, tuple[int, int]]] = {
                            "launches": _U64},
     "gpu_copy_samples": {"pid": _U32, "device": _U16, "stream": _U32, "stack_id": _U64, "duration_ns": _U64,
                          "bytes": _U64, "launches": _U64},
-    "gpu_timeline": {"pid": _U32, "device": _U16, "stream": _U32, "start_ns": _U64, "end_ns": _U64, "stack_id": _U64,
-                     "weight": _U32, "bytes": _U64, "graph_id": _U32, "graph_node_id": _U64, "correlation_id": _U32},
+    "gpu_timeline": {"pid": _U32, "device": _U16, "stream": _U32, "start_ns": _U64, "duration_ns": _U64,
+                     "stack_id": _U64, "weight": _U32, "bytes": _U64, "graph_id": _U32, "graph_node_id": _U64,
+                     "correlation_id": _U32},
     "gpu_unmatched": {"pid": _U32, "events": _U64, "duration_ns": _U64, "launches": _U64},
     "alerts": {"gpu_index": _U16},
     "profile_windows": {"frequency_hz": _U32},
@@ -254,9 +255,11 @@ def _timeline(items: list[dict] | dict[str, list], samples: dict[str, list], nod
     if n:  # every start a DateTime, checked at its ends (ns fit in a long: seconds are monotone in them)
         _ts(min(starts))
         _ts(max(starts))
+    # the table keeps durations (migration 0020): an end before its start is a negative one, refused by the checks
     return Rows(GPU_TIMELINE_COLUMNS, by_column=[
         [start // 1_000_000_000 for start in starts], [node] * n, t["pid"], [comms.get(p, "") for p in t["pid"]],
-        t["device"], t["stream"], starts, t["end_ns"], t["activity"], t["name"], longs_to_u64(t["stack_id"]),
+        t["device"], t["stream"], starts, [end - start for start, end in zip(starts, t["end_ns"], strict=True)],
+        t["activity"], t["name"], longs_to_u64(t["stack_id"]),
         t["weight"], t["bytes"], t["nvtx_range"], t["graph_id"], longs_to_u64(t["graph_node_id"]),
         t["correlation_id"], _identity_column(t["identity_id"])])
 

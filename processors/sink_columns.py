@@ -14,7 +14,7 @@ GPU_SAMPLE_COLUMNS = ["ts", "node", "pid", "comm", "container_id", "device", "st
                       "duration_ns", "launches", "nvtx_range", "identity"]
 GPU_COPY_COLUMNS = ["ts", "node", "pid", "comm", "container_id", "device", "stream", "stack_id", "kernel_name",
                     "memory_kinds", "nvtx_range", "duration_ns", "bytes", "launches", "identity"]
-GPU_TIMELINE_COLUMNS = ["ts", "node", "pid", "comm", "device", "stream", "start_ns", "end_ns", "activity", "name",
+GPU_TIMELINE_COLUMNS = ["ts", "node", "pid", "comm", "device", "stream", "start_ns", "duration_ns", "activity", "name",
                         "stack_id", "weight", "bytes", "nvtx_range", "graph_id", "graph_node_id", "correlation_id",
                         "identity"]
 IDENTITY_COLUMNS = ["identity", "node", "updated", "kind", "container_runtime", "container_id", "container_name",

@@ -231,11 +231,11 @@ def known_rows(base: datetime) -> dict[str, tuple[list[str], list[list]]]:
     copies = [[t[1], "n1", 10, "", "", 0, 7, 107, "[memcpy HtoD]", "pinned>device", "step > forward", 500, 4096, 1],
               [t[2], "n3", 30, "", "", 0, 7, 108, "[memcpy HtoD]", "pageable>device", "", 300, 1024, 1]]
     start = int(t[1].timestamp()) * 10**9
-    timeline = [[t[1], "n1", 10, "", 0, 7, start + 5, start + 505, "MEMCPY", "[memcpy HtoD]", 107, 1, 4096,
+    timeline = [[t[1], "n1", 10, "", 0, 7, start + 5, 500, "MEMCPY", "[memcpy HtoD]", 107, 1, 4096,
                  "step > forward", 0, 0, 41],
-                [t[1], "n1", 10, "", 0, 7, start + 1000, start + 2000, "KERNEL", "gemm", 103, 6, 0, "step > forward",
+                [t[1], "n1", 10, "", 0, 7, start + 1000, 1000, "KERNEL", "gemm", 103, 6, 0, "step > forward",
                  3, 17, 42],
-                [t[1], "n3", 30, "", 0, 7, start + 10, start + 1010, "KERNEL", "gemm", 103, 7, 0, "", 0, 0, 43]]
+                [t[1], "n3", 30, "", 0, 7, start + 10, 1000, "KERNEL", "gemm", 103, 7, 0, "", 0, 0, 43]]
     device = []
     for i, when in enumerate(t):
         for node, util in (("n1", [90, 80, 5, 3, 85, 90][i]), ("n3", [50, 4, 2, 60, 70, 80][i])):
@@ -268,9 +268,9 @@ def known_rows(base: datetime) -> dict[str, tuple[list[str], list[list]]]:
                                 "kernel_name", "duration_ns", "launches", "nvtx_range", "identity"], gpu),
         "gpu_copy_samples": (["ts", "node", "pid", "comm", "container_id", "device", "stream", "stack_id",
                               "kernel_name", "memory_kinds", "nvtx_range", "duration_ns", "bytes", "launches"], copies),
-        "gpu_timeline": (["ts", "node", "pid", "comm", "device", "stream", "start_ns", "end_ns", "activity", "name",
-                          "stack_id", "weight", "bytes", "nvtx_range", "graph_id", "graph_node_id", "correlation_id"],
-                         timeline),
+        "gpu_timeline": (["ts", "node", "pid", "comm", "device", "stream", "start_ns", "duration_ns", "activity",
+                          "name", "stack_id", "weight", "bytes", "nvtx_range", "graph_id", "graph_node_id",
+                          "correlation_id"], timeline),
         "gpu_device_metrics": (["ts", "node", "gpu_index", "uuid", "name", "parent_uuid", "gpu_util_pct",
                                 "mem_util_pct", "mem_used_bytes", "mem_total_bytes", "sm_clock_mhz", "mem_clock_mhz",
                                 "power_mw", "power_limit_mw", "temperature_c", "pcie_tx_kbps", "pcie_rx_kbps",

@@ -146,7 +146,11 @@ def test_a_rebuilt_table_is_copied_swapped_and_dropped_on_every_node():
                                   "cityHash64(key))")
     assert statements[4].startswith("INSERT INTO tallies_0042 (key, total) SELECT key, total FROM tallies")
     assert statements[5] == "EXCHANGE TABLES tallies_local AND tallies_0042_local ON CLUSTER '{cluster}'"
-    assert statements[6:8] == statements[:2]
+    # the Distributed table takes the copy's columns, still in front of tallies_local
+    assert statements[6] == statements[3].replace("CREATE TABLE IF NOT EXISTS tallies_0042 ",
+                                                  "CREATE OR REPLACE TABLE tallies ").replace("tallies_0042_local",
+                                                                                              "tallies_local")
+    assert statements[7:9] == statements[:2]
     assert "tallies_0042" not in layout.sharded and layout.sharded["tallies"] == "cityHash64(key)"
 
 
@@ -166,7 +170,8 @@ def test_a_rebuilt_table_is_copied_swapped_and_dropped_on_every_node():
     (SHARDED + ";\nDROP TABLE tallies", "DROP TABLE tallies: no cluster form for this statement"),
     (SHARDED + ";\nDROP TABLE IF EXISTS all_totals", "DROP TABLE IF EXISTS all_totals: only a DROP TABLE of a sharded"),
     (SHARDED + ";\nEXCHANGE TABLES tallies AND all_totals",
-     "EXCHANGE TABLES tallies AND all_totals: only an EXCHANGE of two tables sharded by one key"),
+     "EXCHANGE TABLES tallies AND all_totals: only an EXCHANGE of a sharded table and its copy made in the same file"),
+    (SHARDED + ";\nEXCHANGE TABLES tallies AND tally_totals", "only an EXCHANGE of a sharded table and its copy"),
 ])
 def test_what_the_generator_cannot_place_is_refused_with_the_statement_named(migration, message):
     with pytest.raises(ClusterSqlError, match=re.escape(message)):
@@ -204,8 +209,9 @@ def test_creates_run_on_the_cluster_and_each_replicated_table_has_its_own_keeper
             assert " ON CLUSTER `{cluster}`" in rows[0][0].splitlines()[0], f"{name}: {statement[:60]!r}"
         for table, (_, path, replica) in _replicated(statement).items():
             if path == "/clickhouse/tables/{uuid}/{shard}":
-                # a rebuilt table's copy (0019): swapped in under the live name, so its path is its own UUID's
-                assert table in ("cpu_samples_0019_local", "gpu_kernel_samples_0019_local"), table
+                # a rebuilt table's copy (0019, 0020): swapped in under the live name, so its path is its own UUID's
+                assert table in ("cpu_samples_0019_local", "gpu_kernel_samples_0019_local",
+                                 "gpu_timeline_0020_local"), table
                 assert replica == "{replica}", (table, replica)
                 continue
             whole = path == f"/clickhouse/tables/all/{{database}}/{table}"

@@ -313,7 +313,8 @@ def test_the_migration_backfills_rows_stored_before_it(chdb_dir):
         assert before.migrate() == ["0010_hourly_rollups", "0011_frame_language", "0012_profile_windows",
                                    "0013_frame_build_id", "0014_gpu_copies_ranges_timeline", "0015_workload_identity",
                                    "0016_nvml_tiers", "0017_merge_selector",
-                                   "0018_rollup_views_without_grouping", "0019_hour_first_sample_order"]
+                                   "0018_rollup_views_without_grouping", "0019_hour_first_sample_order",
+                                   "0020_timeline_durations"]
         for node in ("n1", "n2", "n3"):
             assert rollup_totals(before, node) == window_totals(before, node), node
         assert rollup_totals(before, "n1") == (sum(r[6] for r in cpu if r[1] == "n1"),

@@ -56,11 +56,11 @@ def test_v3_samples_copies_and_timeline_rows():
     later = TS + 1
     # comm from the record's samples of the pid (pid 8's say none); ts: the record's own start second
     assert rows["gpu_timeline"].as_rows() == [
-        [TS, "n1", 7, "train", 1, 13, T + 5, T + 2005, "KERNEL", "gemm", 5, 3, 0, "step > forward", 2, 2**64 - 1, 99,
-         ""],
-        [later, "n1", 7, "train", 1, 13, T + 10**9, T + 10**9 + 400, "MEMCPY", "[memcpy HtoD]", 2**64 - 5, 2, 2048,
+        [TS, "n1", 7, "train", 1, 13, T + 5, 2000, "KERNEL", "gemm", 5, 3, 0, "step > forward", 2, 2**64 - 1, 99, ""],
+        [later, "n1", 7, "train", 1, 13, T + 10**9, 400, "MEMCPY", "[memcpy HtoD]", 2**64 - 5, 2, 2048,
          "step > forward", 0, 0, 100, ""],
-        [TS, "n1", 8, "", 0, 7, T, T + 10, "KERNEL", "gemm", 5, 1, 0, "", 0, 0, 1, ""]]
+        [TS, "n1", 8, "", 0, 7, T, 10, "KERNEL", "gemm", 5, 1, 0, "", 0, 0, 1, ""]]
+    assert rows["gpu_timeline"].columns[6:8] == ["start_ns", "duration_ns"]  # end_ns is the table's ALIAS (0020)
 
 
 def test_v2_records_store_without_range_copies_or_timeline():
@@ -91,10 +91,11 @@ def test_v3_rows_insert_and_a_re_inserted_batch_counts_once(store):
                                 "sum(launches) FROM gpu_copy_samples GROUP BY ALL ORDER BY ALL", {})
     assert copies == [("[memcpy HtoD]", "pinned>device", "step > forward", 800, 4096, 2),
                       ("[memset]", "device", "", 100, 512, 1)]
-    _, timeline = store.query_sql("SELECT pid, comm, activity, name, start_ns, weight, bytes, graph_node_id "
+    _, timeline = store.query_sql("SELECT pid, comm, activity, name, start_ns, end_ns, weight, bytes, graph_node_id "
                                   "FROM gpu_timeline ORDER BY start_ns, pid", {})
-    assert timeline == [(8, "", "KERNEL", "gemm", T, 1, 0, 0), (7, "train", "KERNEL", "gemm", T + 5, 3, 0, 2**64 - 1),
-                        (7, "train", "MEMCPY", "[memcpy HtoD]", T + 10**9, 2, 2048, 0)]
+    assert timeline == [(8, "", "KERNEL", "gemm", T, T + 10, 1, 0, 0),
+                        (7, "train", "KERNEL", "gemm", T + 5, T + 2005, 3, 0, 2**64 - 1),
+                        (7, "train", "MEMCPY", "[memcpy HtoD]", T + 10**9, T + 10**9 + 400, 2, 2048, 0)]
     _, hourly = store.query_sql("SELECT nvtx_range, sum(duration_ns) FROM gpu_kernel_samples_1h "
                                 "GROUP BY ALL ORDER BY ALL", {})
     assert hourly == [("", 110), ("step > forward", 6800)]

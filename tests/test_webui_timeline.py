@@ -14,7 +14,7 @@ NS = 1_000_000_000
 MIB = 1 << 20
 ALL_REDUCE = "[nccl AllReduce bfloat16] ncclDevKernel_AllReduce_Sum_bf16_RING_LL"
 MANGLED_ALL_REDUCE = "_Z40ncclDevKernel_AllReduce_Sum_bf16_RING_LL24ncclDevKernelArgsStorageILm4096EE"
-TIMELINE_COLUMNS = ["ts", "node", "pid", "comm", "device", "stream", "start_ns", "end_ns", "activity", "name",
+TIMELINE_COLUMNS = ["ts", "node", "pid", "comm", "device", "stream", "start_ns", "duration_ns", "activity", "name",
                     "stack_id", "weight", "bytes", "nvtx_range", "graph_id", "graph_node_id", "correlation_id"]
 
 
@@ -43,8 +43,8 @@ def add_timeline(ui) -> None:
         ["n2", 20, 0, 7, s + 1 * NS, s + 1 * NS + 1_000_000, "KERNEL", "gemm_kernel", 200, 1, 0, "", 0, 0],
         ["n1", 10, 0, 7, s + 30 * NS, s + 30 * NS + 1_000_000, "KERNEL", "gemm_kernel", 200, 1, 0, "", 0, 0],
     ]
-    ui.store.insert("gpu_timeline", [[t0, node, pid, "", device, stream, start, end, activity, name, stack, weight,
-                                      nbytes, nvtx, graph, graph_node, k + 1]
+    ui.store.insert("gpu_timeline", [[t0, node, pid, "", device, stream, start, end - start, activity, name, stack,
+                                      weight, nbytes, nvtx, graph, graph_node, k + 1]
                                      for k, (node, pid, device, stream, start, end, activity, name, stack, weight,
                                              nbytes, nvtx, graph, graph_node) in enumerate(rows)], TIMELINE_COLUMNS)
 

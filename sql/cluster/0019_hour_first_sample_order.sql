@@ -48,6 +48,19 @@ SETTINGS insert_deduplicate = 0, distributed_foreground_insert = 1;
 
 EXCHANGE TABLES cpu_samples_local AND cpu_samples_0019_local ON CLUSTER '{cluster}';
 
+CREATE OR REPLACE TABLE cpu_samples ON CLUSTER '{cluster}'
+(
+    ts           DateTime,
+    node         LowCardinality(String),
+    pid          UInt32,
+    comm         LowCardinality(String),
+    container_id LowCardinality(String),
+    stack_id     UInt64,
+    count        UInt64,
+    identity     LowCardinality(String)
+)
+ENGINE = Distributed('{cluster}', currentDatabase(), cpu_samples_local, stack_id);
+
 DROP TABLE IF EXISTS cpu_samples_0019 ON CLUSTER '{cluster}' SYNC;
 
 DROP TABLE IF EXISTS cpu_samples_0019_local ON CLUSTER '{cluster}' SYNC;
@@ -112,6 +125,24 @@ FROM gpu_kernel_samples
 SETTINGS insert_deduplicate = 0, distributed_foreground_insert = 1;
 
 EXCHANGE TABLES gpu_kernel_samples_local AND gpu_kernel_samples_0019_local ON CLUSTER '{cluster}';
+
+CREATE OR REPLACE TABLE gpu_kernel_samples ON CLUSTER '{cluster}'
+(
+    ts           DateTime,
+    node         LowCardinality(String),
+    pid          UInt32,
+    comm         LowCardinality(String),
+    container_id LowCardinality(String),
+    device       UInt16,
+    stream       UInt32,
+    stack_id     UInt64,
+    kernel_name  LowCardinality(String),
+    duration_ns  UInt64,
+    launches     UInt64,
+    nvtx_range   LowCardinality(String),
+    identity     LowCardinality(String)
+)
+ENGINE = Distributed('{cluster}', currentDatabase(), gpu_kernel_samples_local, stack_id);
 
 DROP TABLE IF EXISTS gpu_kernel_samples_0019 ON CLUSTER '{cluster}' SYNC;
 

@@ -6,6 +6,7 @@
 -- collectives: 'all' (the default), 'hide' or 'only' NCCL's kernels, as in gpu_kernel_samples_by_stack (copies and
 -- sets are never NCCL's), so the timeline shows what the GPU flame graph shows; so do what ('all', 'kernels' or
 -- 'copies': the MEMCPY and MEMSET records) and nvtx_range (the rule of gpu_kernel_samples_by_stack).
+-- The columns named, not *: end_ns is an ALIAS (start_ns + duration_ns, migration 0020), which * leaves out.
 -- @default node =
 -- @default pid = 0
 -- @default collectives = all
@@ -15,7 +16,8 @@
 -- @default pod =
 -- @default job =
 -- @default container =
-SELECT *
+SELECT ts, node, pid, comm, device, stream, start_ns, end_ns, activity, name, stack_id, weight, bytes, nvtx_range,
+       graph_id, graph_node_id, correlation_id, identity
 FROM gpu_timeline
 WHERE ts >= {since:DateTime64(6)} - INTERVAL 10 MINUTE AND ts < {until:DateTime64(6)} + INTERVAL 10 MINUTE
   AND start_ns < toUnixTimestamp64Nano({until:DateTime64(6)})

@@ -1,0 +1,176 @@
+"""The migrations that rebuild a table (copy, EXCHANGE TABLES, drop). 0019: cpu_samples and gpu_kernel_samples hour
+first: a store holding rows before it holds the same rows and sums after it, under the new sorting key; the file run
+again from any statement leaves them so; the hourly rollups are fed once by the recreated views; a time range still
+prunes by the key. 0020: the timeline keeps durations, its end_ns an ALIAS giving every record's end as before."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from fleetprof.store import migration_files, open_store, split_statements
+from tests.test_rollup import CPU_COLUMNS, GPU_COLUMNS, first_hour, known_rows, rollup_totals, window_totals
+
+REBUILD = next(p for v, _, p in migration_files() if v == 19)
+DURATIONS = next(p for v, _, p in migration_files() if v == 20)
+TIMELINE_COLUMNS = ["ts", "node", "pid", "comm", "device", "stream", "start_ns", "end_ns", "activity", "name",
+                    "stack_id", "weight", "bytes", "nvtx_range", "graph_id", "graph_node_id", "correlation_id"]
+CPU_KEY = "node, toStartOfHour(ts), pid, stack_id, comm, container_id, identity, ts"
+GPU_KEY = ("node, toStartOfHour(ts), pid, stack_id, kernel_name, device, stream, comm, container_id, nvtx_range, "
+           "identity, ts")
+
+
+def migrated_to(chdb_dir, last: int):
+    """A new store with the migrations up to `last` applied."""
+    store = open_store(f"chdb://{chdb_dir}", f"t_rebuild_{uuid.uuid4().hex[:8]}")
+    for version, name, path in migration_files():
+        if version > last:
+            break
+        for statement in split_statements(path.read_text()):
+            store.client.command(statement)
+        store.insert("schema_migrations", [[version, name, datetime.now(tz=UTC)]], ["version", "name", "applied_at"])
+    return store
+
+
+@pytest.fixture
+def before_0019(chdb_dir):
+    """A store migrated up to 0018 holding known rows in both tables (and so in their rollups)."""
+    store = migrated_to(chdb_dir, 18)
+    try:
+        cpu, gpu = known_rows(first_hour())
+        store.insert("cpu_samples", cpu, CPU_COLUMNS)
+        store.insert("gpu_kernel_samples", gpu, GPU_COLUMNS)
+        # the same rows twice more: parts whose rows sum under one key
+        store.insert("cpu_samples", cpu[:5], CPU_COLUMNS)
+        store.insert("cpu_samples", cpu[:5], CPU_COLUMNS)
+        yield store
+    finally:
+        drop(store)
+
+
+def drop(store) -> None:
+    store.client.command("DROP DATABASE IF EXISTS {db:Identifier}", parameters={"db": store.database})
+    store.close()
+
+
+def contents(store) -> dict[str, list]:
+    """Every row of both tables summed per key, and the rollups' totals per node."""
+    cpu = store.query_sql("SELECT ts, node, pid, comm, container_id, stack_id, identity, sum(count) FROM cpu_samples "
+                          "GROUP BY ALL ORDER BY ALL")[1]
+    gpu = store.query_sql("SELECT ts, node, pid, stack_id, kernel_name, sum(duration_ns), sum(launches) "
+                          "FROM gpu_kernel_samples GROUP BY ALL ORDER BY ALL")[1]
+    rollups = [(node, rollup_totals(store, node)) for node in ("n1", "n2", "n3")]
+    return {"cpu": cpu, "gpu": gpu, "rollups": rollups}
+
+
+def sorting_key(store, table: str) -> str:
+    _, rows = store.query_sql("SELECT sorting_key FROM system.tables WHERE database = currentDatabase() "
+                              "AND name = {t:String}", {"t": table})
+    return rows[0][0]
+
+
+def test_the_rebuild_keeps_every_row_under_the_hour_first_key(before_0019):
+    store = before_0019
+    want = contents(store)
+    assert len(want["cpu"]) > 100 and sum(r[-1] for r in want["cpu"]) > 500
+    assert store.migrate() == ["0019_hour_first_sample_order", "0020_timeline_durations"]
+    assert contents(store) == want
+    assert sorting_key(store, "cpu_samples") == CPU_KEY
+    assert sorting_key(store, "gpu_kernel_samples") == GPU_KEY
+    _, left = store.query_sql("SELECT name FROM system.tables WHERE database = currentDatabase() AND name LIKE '%0019'")
+    assert left == []
+    # the views feed the rollups from the new tables, once
+    cpu, _ = known_rows(first_hour())
+    store.insert("cpu_samples", cpu[:1], CPU_COLUMNS)
+    assert rollup_totals(store, cpu[0][1]) == window_totals(store, cpu[0][1])
+    assert window_totals(store, cpu[0][1])[0] == dict(want["rollups"])[cpu[0][1]][0] + cpu[0][6]
+
+
+@pytest.mark.parametrize("stop_after", ["INSERT INTO cpu_samples_0019", "EXCHANGE TABLES cpu_samples AND",
+                                        "DROP TABLE IF EXISTS cpu_samples_0019 SYNC", "CREATE MATERIALIZED VIEW"])
+def test_the_file_run_again_after_stopping_anywhere_leaves_the_same_rows(before_0019, stop_after):
+    store = before_0019
+    want = contents(store)
+    statements = split_statements(REBUILD.read_text())
+    code = ["\n".join(ln for ln in s.splitlines() if not ln.startswith("--")) for s in statements]
+    stop = [i for i, c in enumerate(code) if c.startswith(stop_after)][-1 if stop_after.startswith("DROP") else 0]
+    for statement in statements[:stop + 1]:  # a migration that died after this statement
+        store.client.command(statement)
+    assert store.migrate() == ["0019_hour_first_sample_order", "0020_timeline_durations"]  # 0019 runs whole again
+    assert contents(store) == want
+    assert sorting_key(store, "cpu_samples") == CPU_KEY
+
+
+def test_a_time_range_still_prunes_by_the_key(before_0019):
+    store = before_0019
+    store.migrate()
+    h = first_hour()
+    plan = "\n".join(r[0] for r in store.query_sql(
+        "EXPLAIN indexes = 1 SELECT sum(count) FROM cpu_samples WHERE node = 'n1' AND ts >= {a:DateTime} "
+        "AND ts < {b:DateTime}", {"a": h, "b": h + timedelta(minutes=10)})[1])
+    # the index reads the range through toStartOfHour(ts), the key's second column (EXPLAIN names it by its column)
+    primary = plan[plan.index("PrimaryKey"):].split("Parts")[0]
+    keys, condition = primary.split("Condition:")
+    assert keys.split() == ["PrimaryKey", "Keys:", "node", "ts"], plan
+    assert "ts in (-Inf" in condition and "ts in [" in condition and "node in ['n1', 'n1']" in condition, plan
+
+
+# --- 0020: the timeline's durations ----------------------------------------------------------------------------------
+
+
+def timeline_rows() -> list[list]:
+    """Records of two nodes: kernels of microseconds to a 5 s one (past a UInt32 of ns), a copy, a zero-length set."""
+    t = first_hour()
+    s = int(t.timestamp()) * 10**9
+    rows = []
+    for i, (dur, activity, name) in enumerate([(3_100, "KERNEL", "gemm"), (5 * 10**9, "KERNEL", "long_reduce"),
+                                               (250_000, "MEMCPY", "[memcpy HtoD]"), (0, "MEMSET", "[memset]")]):
+        for node in ("n1", "n2"):
+            start = s + i * 1_000_003 + (node == "n2") * 17
+            rows.append([t, node, 10, "train", 0, 7, start, start + dur, activity, name, 100 + i, 1 + i, 64 * i,
+                         "step", 0, 0, 40 + i])
+    return rows
+
+
+TIMELINE_READ = ("SELECT node, start_ns, end_ns, end_ns - start_ns, activity, name, weight, correlation_id "
+                 "FROM gpu_timeline ORDER BY node, start_ns")
+
+
+@pytest.fixture
+def before_0020(chdb_dir):
+    store = migrated_to(chdb_dir, 19)
+    try:
+        store.insert("gpu_timeline", timeline_rows(), TIMELINE_COLUMNS)
+        yield store
+    finally:
+        drop(store)
+
+
+def test_the_timeline_keeps_each_record_s_end_through_its_duration(before_0020):
+    store = before_0020
+    _, want = store.query_sql(TIMELINE_READ)
+    assert len(want) == 8 and max(r[3] for r in want) == 5 * 10**9
+    assert store.migrate() == ["0020_timeline_durations"]
+    assert store.query_sql(TIMELINE_READ)[1] == want
+    _, kinds = store.query_sql("SELECT name, default_kind FROM system.columns WHERE database = currentDatabase() "
+                               "AND table = 'gpu_timeline' AND name IN ('end_ns', 'duration_ns') ORDER BY name")
+    assert kinds == [("duration_ns", ""), ("end_ns", "ALIAS")]
+    # the queries that read a range by end_ns still find the records
+    _, overlapping = store.query_sql("SELECT count() FROM gpu_timeline WHERE end_ns > {t:UInt64}",
+                                     {"t": want[0][1] + 5 * 10**9 - 1})
+    assert overlapping == [(2,)]  # the 5 s kernel of each node
+
+
+@pytest.mark.parametrize("stop_after", ["INSERT INTO gpu_timeline_0020", "EXCHANGE TABLES", "DROP TABLE IF EXISTS"])
+def test_the_timeline_rebuild_run_again_after_stopping_anywhere_keeps_every_record(before_0020, stop_after):
+    store = before_0020
+    want = store.query_sql(TIMELINE_READ)[1]
+    statements = split_statements(DURATIONS.read_text())
+    code = ["\n".join(ln for ln in s.splitlines() if not ln.startswith("--")) for s in statements]
+    stop = [i for i, c in enumerate(code) if c.startswith(stop_after)][-1]
+    for statement in statements[:stop + 1]:
+        store.client.command(statement)
+    assert store.migrate() == ["0020_timeline_durations"]
+    assert store.query_sql(TIMELINE_READ)[1] == want
