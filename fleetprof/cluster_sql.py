@@ -228,7 +228,7 @@ def _sharded_alter(alter: re.Match, code: str, where: str) -> list[str]:
 def _drop_table(name: str, sync: str, layout: Layout, where: str) -> list[str]:
     """A sharded table dropped: its Distributed table and its local tables, on every node."""
     if name not in layout.sharded and name not in layout.created:
-        raise ClusterSqlError(f"{where}: only a DROP TABLE of a sharded table is generated")
+        raise ClusterSqlError(f"{where}: only a sharded table's drop is generated")
     layout.sharded.pop(name, None)
     return [DROP_TABLE.format(name=table, on_cluster=ON_CLUSTER, sync=sync) for table in (name, f"{name}_local")]
 
