@@ -12,7 +12,9 @@ oldest whole record units are dropped, never those just put while Kafka takes me
 the newest record unit (a large drain comes in several, see OutboxEncoder); symbol tables only when nothing else is
 left to drop, and then with every held unit that needs them (the encoder is told, and sends those tables again when
 they are next needed). Nothing is handed over while the KafkaLink says Kafka is unreachable or lacks topics. Drops,
-and messages Kafka refuses for good (too large, say), are counted per kind; none of them stops the agent.
+and messages Kafka refuses for good (too large, say), are counted per kind; none of them stops the agent. Kafka that
+passes the link's checks but acknowledges nothing for `silent_warn_s` is said in a log line (records then wait, and
+the oldest go, while Kafka looks up).
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ class Outbox:
     """Ships Units through `publisher` in order while `link` says Kafka is ready, holding at most `max_bytes`."""
 
     def __init__(self, publisher: Publisher, link: KafkaLink, encoder: OutboxEncoder, max_bytes: int,
-                 inflight_bytes: int = 16 << 20) -> None:
+                 inflight_bytes: int = 16 << 20, silent_warn_s: float = 30.0) -> None:
         self.publisher = publisher
         self.link = link
         self.encoder = encoder
@@ -92,6 +94,8 @@ class Outbox:
         self._away_since = 0.0  # when Kafka stopped taking messages; 0 while it takes them
         self._last_ack = time.monotonic()
         self._drop_log_at = 0.0
+        self.silent_warn_s = silent_warn_s  # Kafka reachable yet acknowledging nothing this long: say so
+        self._silent_log_at = 0.0
 
     @property
     def pending_bytes(self) -> int:
@@ -254,12 +258,25 @@ class Outbox:
             moved = True
         if self._steps and time.monotonic() - self._last_ack > self.link.stall_s:
             self.link.suspect()  # nothing acknowledged for a while: is Kafka still there?
+            self._warn_silent()
         while self._may_hand_over():
             self._hand_over()
             moved = True
         self._track_away()
         self._note_size()
         return moved
+
+    def _warn_silent(self) -> None:
+        """One line per `silent_warn_s` while Kafka answers the link's checks but acknowledges none of what
+        librdkafka holds: the records then wait (and the oldest are dropped) although Kafka looks up."""
+        now = time.monotonic()
+        silent = now - self._last_ack
+        if not self.link.ready or silent < self.silent_warn_s or now - self._silent_log_at < self.silent_warn_s:
+            return
+        self._silent_log_at = now
+        log.warning("Kafka at %s is reachable but has acknowledged nothing for %.0f s: %d messages (%.2f MiB) wait "
+                    "in the producer, %.2f MiB in the outbox", self.link.where, silent, self.unconfirmed,
+                    self._inflight / 2**20, self.held_bytes / 2**20)
 
     def _track_away(self) -> None:
         waiting = not self.empty

@@ -4,9 +4,10 @@ where anything is sent; a KafkaLink that never started stands for Kafka being aw
 
 from __future__ import annotations
 
+import time
 import uuid
 
-from producers.kafka_link import READY, KafkaLink
+from producers.kafka_link import READY, UNREACHABLE, KafkaLink
 from producers.outbox import Outbox
 from producers.outbox_encoder import UNIT_BYTES, OutboxEncoder, record_units
 from producers.outbox_units import Unit
@@ -76,6 +77,28 @@ def test_a_drain_larger_than_the_bound_while_kafka_is_away_leaves_the_bound_but_
     # while Kafka takes messages, what is put now stays whole: a window larger than the bound still goes
     box.link.state = READY
     assert box._kept(units) == {id(u) for u in units}
+
+
+def test_kafka_that_looks_up_but_acknowledges_nothing_is_said_once_per_interval(caplog) -> None:
+    # the link's checks pass (READY) while nothing handed to librdkafka is acknowledged (here: nothing listens where
+    # the producer sends): the agent says so, at most once per silent_warn_s, and not while Kafka is away
+    link = KafkaLink(AWAY, ["t"], stall_s=0.05)
+    link.state = READY
+    box = Outbox(Publisher(AWAY), link, OutboxEncoder(), 100_000, silent_warn_s=0.3)
+    caplog.set_level("WARNING", logger="fleetprof.agent")
+    box.add([_unit("cpu", 1_000, records=4), _unit("gpu_launches", 2_000, records=9)])
+    assert box.unconfirmed == 2 and box.held_bytes == 0
+    box.pump()
+    assert not [r for r in caplog.records if "acknowledged nothing" in r.message]  # not yet silent_warn_s
+    time.sleep(0.35)
+    box.pump()
+    box.pump()
+    said = [r.message for r in caplog.records if "acknowledged nothing" in r.message]
+    assert len(said) == 1 and "127.0.0.1:1 is reachable" in said[0] and "2 messages (0.00 MiB)" in said[0], said
+    link.state = UNREACHABLE
+    time.sleep(0.35)
+    box.pump()
+    assert len([r for r in caplog.records if "acknowledged nothing" in r.message]) == 1
 
 
 def test_a_drain_splits_at_the_unit_size_and_keeps_every_message_in_order() -> None:
