@@ -47,7 +47,7 @@ WHOLE_PATH, WHOLE_REPLICA = "/clickhouse/tables/all/{{database}}/{table}", "{sha
 EXCHANGED_PATH = "/clickhouse/tables/{uuid}/{shard}"
 # the statements a migration does not hold: a Distributed table in front of a table's or a view's local part, and the
 # version record ending each file
-DISTRIBUTED_TABLE = """CREATE TABLE IF NOT EXISTS {name}{on_cluster}
+DISTRIBUTED_TABLE = """{create} {name}{on_cluster}
 (
 {columns}
 )
@@ -89,10 +89,11 @@ class Layout:
 
     sharded: dict[str, str] = field(default_factory=dict)
     every_node: set[str] = field(default_factory=set)
-    # this file's: the tables it creates sharded (a DROP of one may come before its CREATE) and those it exchanges
-    created: dict[str, str] = field(default_factory=dict)
+    # this file's: the tables it creates sharded (a DROP of one may come before its CREATE), those it exchanges, and
+    # the CREATE body of each sharded table it made (an exchange gives the copy's columns to the Distributed table)
+    created: set[str] = field(default_factory=set)
     exchanged: set[str] = field(default_factory=set)
-    definitions: dict[str, str] = field(default_factory=dict)  # a sharded table created here -> its CREATE's body
+    definitions: dict[str, str] = field(default_factory=dict)
 
 
 def generate() -> dict[str, str]:
@@ -106,8 +107,9 @@ def generate_file(version: int, name: str, text: str, layout: Layout) -> str:
     """The cluster form of one migration; `layout` holds what the earlier migrations placed and learns this one's."""
     source = f"sql/migrations/{name}.sql"
     chunks, directives = [], 0
-    _plan_file(split_statements(text), layout)
-    for piece in split_statements(text):
+    pieces = split_statements(text)
+    _plan_file(pieces, layout)
+    for piece in pieces:
         lines = piece.splitlines()
         start = next(i for i, line in enumerate(lines) if line.strip() and not line.lstrip().startswith("--"))
         where = f"{source}: {lines[start].strip()}"
@@ -129,15 +131,15 @@ def generate_file(version: int, name: str, text: str, layout: Layout) -> str:
 
 def _plan_file(pieces: list[str], layout: Layout) -> None:
     """What the file creates sharded and what it exchanges, before its statements are generated in order."""
-    layout.created, layout.exchanged = {}, set()
+    layout.created, layout.exchanged, layout.definitions = set(), set(), {}
     for piece in pieces:
         lines = [line.strip() for line in piece.splitlines()]
-        code = [line for line in lines if line and not line.startswith("--")]
-        sharded = [m.group(1) for line in lines if (m := re.match(r"^--\s*@cluster\s+sharded by (.+?)\s*$", line))]
-        create = _CREATE_RE.match(code[0])
+        code = next(line for line in lines if line and not line.startswith("--"))
+        sharded = any((m := _DIRECTIVE_RE.match(line)) and m.group(1).startswith("sharded by ") for line in lines)
+        create = _CREATE_RE.match(code)
         if create and create.group(1) == "TABLE" and sharded:
-            layout.created[create.group(2)] = sharded[0]
-        exchange = _EXCHANGE_RE.match(code[0])
+            layout.created.add(create.group(2))
+        exchange = _EXCHANGE_RE.match(code)
         if exchange:
             layout.exchanged |= {exchange.group(1), exchange.group(2)}
 
@@ -240,9 +242,9 @@ def _exchange(first: str, second: str, layout: Layout, where: str) -> list[str]:
     if key is None or layout.sharded.get(second) != key or second not in layout.definitions:
         raise ClusterSqlError(f"{where}: only an EXCHANGE of a sharded table and its copy made in the same file, "
                               "sharded by one key, is generated")
-    front = _distributed(first, layout.definitions[second], f"{first}_local", key, where)
     return [EXCHANGE.format(first=f"{first}_local", on_cluster=ON_CLUSTER, second=f"{second}_local"),
-            front.replace("CREATE TABLE IF NOT EXISTS ", "CREATE OR REPLACE TABLE ", 1)]
+            _distributed(first, layout.definitions[second], f"{first}_local", key, where,
+                         create="CREATE OR REPLACE TABLE")]
 
 
 def _on_cluster(create: re.Match, name: str) -> str:
@@ -264,7 +266,8 @@ def _replicated(create: re.Match, table: str, rest: str, path: str, replica: str
     return _on_cluster(create, table) + "\n" + body
 
 
-def _distributed(name: str, rest: str, local: str, key: str, where: str) -> str:
+def _distributed(name: str, rest: str, local: str, key: str, where: str,
+                 create: str = "CREATE TABLE IF NOT EXISTS") -> str:
     """The Distributed table in front of `local`: the same columns and types, no codecs (it stores nothing)."""
     lines = rest.splitlines()
     if not lines or lines[0] != "(" or ")" not in lines:
@@ -277,7 +280,8 @@ def _distributed(name: str, rest: str, local: str, key: str, where: str) -> str:
             columns.append((column_name, _CODEC_RE.sub("", column_type)))
     width = max(len(n) for n, _ in columns) + 1
     listed = ",\n".join(f"    {n.ljust(width)}{t}" for n, t in columns)
-    return DISTRIBUTED_TABLE.format(name=name, on_cluster=ON_CLUSTER, columns=listed, local=local, key=key)
+    return DISTRIBUTED_TABLE.format(create=create, name=name, on_cluster=ON_CLUSTER, columns=listed, local=local,
+                                    key=key)
 
 
 def _materialized_view(create: re.Match, rest: str, layout: Layout, where: str) -> str:

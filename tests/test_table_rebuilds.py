@@ -95,6 +95,8 @@ def test_the_file_run_again_after_stopping_anywhere_leaves_the_same_rows(before_
     want = contents(store)
     statements = split_statements(REBUILD.read_text())
     code = ["\n".join(ln for ln in s.splitlines() if not ln.startswith("--")) for s in statements]
+    # the copy is dropped twice (before it is made, after the exchange): stop after the second drop; the view made
+    # twice (cpu_samples', then gpu_kernel_samples'): after the first
     stop = [i for i, c in enumerate(code) if c.startswith(stop_after)][-1 if stop_after.startswith("DROP") else 0]
     for statement in statements[:stop + 1]:  # a migration that died after this statement
         store.client.command(statement)
