@@ -39,6 +39,10 @@ class ElfError(Exception):
     """A file that cannot be read as an ELF file; the message is one line naming the file and the reason."""
 
 
+class ElfUnreadable(ElfError):
+    """The file could not be opened or read (gone, no permission): another path to the same file may do."""
+
+
 @dataclass
 class ElfSymbols:
     """One ELF file's identity and function table. Addresses are ELF virtual addresses, sorted, one name each."""
@@ -217,7 +221,7 @@ def _guarded(path: str | os.PathLike, parse: Callable[[str], T]) -> T:
     except ElfError as exc:
         raise ElfError(f"{path}: {_one_line(str(exc))}") from None
     except OSError as exc:
-        raise ElfError(f"{path}: cannot read: {_one_line(exc.strerror or str(exc))}") from None
+        raise ElfUnreadable(f"{path}: cannot read: {_one_line(exc.strerror or str(exc))}") from None
     except Exception as exc:  # noqa: BLE001 - pyelftools raises many kinds on malformed input; the contract is one
         raise ElfError(f"{path}: malformed ELF: {_one_line(f'{type(exc).__name__}: {exc}')}") from None
 

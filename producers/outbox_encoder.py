@@ -2,10 +2,11 @@
 encoded and split to fit each topic's message limit.
 
 Symbol tables come from the mapped files themselves, read through /proc/PID/root so a container's binary is the
-container's file (a deleted one through /proc/PID/map_files); the kernel's table comes from /proc/kallsyms, one per
-boot. A file that cannot be read (process gone, permission, not ELF) is skipped quietly and counted: its frames stay
-`[unknown] <binary>+0x…` downstream. A perf map's table (id `perfmap:…`, JIT code and CPython's `-X perf`) comes
-from the PerfMapCache that read it for the batch, not from a file.
+container's file (a deleted one through /proc/PID/map_files), or once the process has exited through the same path
+as the agent sees it when that file has the same build id; the kernel's table comes from /proc/kallsyms, one per
+boot. A file that cannot be read is skipped quietly and counted once: its frames stay `[unknown] <binary>+0x…`
+downstream until a later process that maps it lets it be read (one that is not ELF, never). A perf map's table (id
+`perfmap:…`, JIT code and CPython's `-X perf`) comes from the PerfMapCache that read it for the batch, not from a file.
 
 Workload identities are tables too, per node: the WorkloadIdentity record of each id a CPU batch, a launch or an
 NVML poll references goes out (topic identities, key the id's 16 hex digits) in a symbols unit before the first
@@ -16,16 +17,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
-from producers.elf_symbols import ElfError, read_elf_symbols, symbol_chunks
+from producers.elf_symbols import ElfError, ElfUnreadable, read_build_id, read_elf_symbols, symbol_chunks
 from producers.identity_refs import Identities, identity_record
 from producers.kallsyms import KernelSymbols, kernel_symbol_chunks
 from producers.outbox_units import Message, Unit
 from producers.perf_map import DEFAULT_PERF_MAPS, PerfMapCache, is_perf_map_id
-from producers.process_info import mapped_file
+from producers.process_info import DELETED, mapped_file
 from schemas import topics
 from schemas.cpu_batch_writer import encode_cpu_batch, encode_cpu_batches, split_cpu_batch
 from schemas.gpu_launch_writer import LaunchEncoder
@@ -45,8 +46,28 @@ IDENTITY_RESEND_S = 6 * 3600.0
 UNIT_BYTES = 128 << 10
 
 
+# build ids remembered as not readable through some process, with those processes (forgotten all at once past this)
+MAX_UNREAD = 10_000
+
+
 def _read_file_chunks(path: str, max_bytes: int) -> list[dict]:
     return symbol_chunks(read_elf_symbols(path), max_bytes)
+
+
+def _files_to_read(pid: int, mapping: dict) -> Iterator[str]:
+    """Where a mapped file's table is read: through the process (its root, or map_files for a deleted file); failing
+    that (the process exited), the same path as the agent sees it when that file has the mapping's build id, as a
+    host binary does."""
+    yield mapped_file(pid, mapping["start"], mapping["limit"], mapping["path"])
+    path = mapping["path"]
+    if not path.startswith("/") or path.endswith(DELETED):
+        return
+    try:
+        same = read_build_id(path) == mapping["build_id"]
+    except (ElfError, OSError):
+        return
+    if same:
+        yield path
 
 
 class OutboxEncoder:
@@ -59,9 +80,10 @@ class OutboxEncoder:
         self.max_bytes = max_bytes
         self._read_chunks = read_chunks
         self.perf_maps = perf_maps if perf_maps is not None else DEFAULT_PERF_MAPS  # the process cache's
-        self.sent_build_ids: set[str] = set()  # queued, or tried and unreadable: never retried this run
+        self.sent_build_ids: set[str] = set()  # queued, or not ELF: never read again this run
         self._sent_perf_ids: set[str] = set()  # perf maps queued, while some process still refers to them
-        self.unreadable = 0  # mapped files (or perf maps) whose symbols could not be read
+        self.unreadable = 0  # mapped files (or perf maps) whose symbols could not be read, once per build id
+        self._unread: dict[str, set[int]] = {}  # build id -> the processes it could not be read through, so far
         self.new_build_ids = 0
         self._launches = LaunchEncoder()
         self.identities = identities  # the records of the identity ids records carry (None: none are sent)
@@ -120,13 +142,19 @@ class OutboxEncoder:
             for m in proc["mappings"]:
                 bid = m["build_id"]
                 sent = self._sent_perf_ids if is_perf_map_id(bid) else self.sent_build_ids
-                if not bid or bid in sent:
+                if not bid or bid in sent or proc["pid"] in self._unread.get(bid, ()):
+                    continue
+                try:
+                    found = self._tables_of(proc["pid"], m, limit)
+                except ElfError as exc:  # the file's content is no usable ELF: so is every copy of that build id
+                    log.debug("no symbols for %s: %s", m["path"], exc)
+                    found = None
+                    sent.add(bid)
+                if found is None:
+                    self._not_read(bid, proc["pid"], sent)
                     continue
                 sent.add(bid)
-                found = self._tables_of(proc["pid"], m, limit)
-                if found is None:
-                    self.unreadable += 1
-                    continue
+                self._unread.pop(bid, None)
                 ids.add(bid)
                 for c in found:
                     sent.add(c["build_id"])  # the file may have changed since it was mapped
@@ -139,16 +167,35 @@ class OutboxEncoder:
                     for c in chunks]
         return [Unit("symbols", messages, tables=frozenset(ids))]
 
+    def _not_read(self, bid: str, pid: int, sent: set[str]) -> None:
+        """A table that could not be had through `pid` is counted once, and asked again of the next other process
+        that maps its build id: the first process to show a file may be gone before its window is encoded (a
+        compiler's cc1 lives a fraction of a second), and its table is then read through a later one."""
+        if bid in sent:  # a perf map not held, or a file no copy of which is usable ELF
+            self.unreadable += 1
+            return
+        if len(self._unread) >= MAX_UNREAD:
+            self._unread.clear()
+        tried = self._unread.setdefault(bid, set())
+        if not tried:
+            self.unreadable += 1
+        tried.add(pid)
+
     def _tables_of(self, pid: int, mapping: dict, limit: int) -> list[dict] | None:
-        """The SymbolChunk records for one mapping's build id, or None when they cannot be had."""
-        if is_perf_map_id(mapping["build_id"]):
-            return self.perf_maps.chunks(mapping["build_id"], limit)  # None: not held (over PerfMapCache's budget)
-        path = mapping["path"]
-        try:
-            return self._read_chunks(mapped_file(pid, mapping["start"], mapping["limit"], path), limit)
-        except (ElfError, OSError) as exc:
-            log.debug("no symbols for %s: %s", path, exc)
-            return None
+        """The SymbolChunk records for one mapping's build id, or None when they cannot be had through this process
+        (ElfError: when the file is not ELF that has them)."""
+        bid = mapping["build_id"]
+        if is_perf_map_id(bid):
+            chunks = self.perf_maps.chunks(bid, limit)
+            if chunks is None:  # not held (over PerfMapCache's budget): it will not be later either
+                self._sent_perf_ids.add(bid)
+            return chunks
+        for path in _files_to_read(pid, mapping):
+            try:
+                return self._read_chunks(path, limit)
+            except (ElfUnreadable, OSError) as exc:
+                log.debug("no symbols for %s through %s: %s", mapping["path"], path, exc)
+        return None
 
     # records
 

@@ -19,6 +19,7 @@ from producers.agent import Agent, Records
 from producers.cpu import CpuCollector
 from producers.cpu_sampler import KEY_FIELDS, BpfUnavailable, CpuSampler, check_bpf, default_stack_entries
 from producers.elf_symbols import read_build_id, symbol_chunks
+from producers.outbox_encoder import OutboxEncoder
 from producers.process_info import ProcessCache, process_info
 from schemas.wire import LOST_STACK_FRAME
 from tests.elf_helpers import need, unavailable
@@ -191,6 +192,9 @@ def test_a_process_that_exits_mid_window_keeps_its_metadata(workload_binary: Pat
     mine = [p for p in batch["processes"] if p["pid"] == procs[0].pid]
     assert mine, f"no samples of pid {procs[0].pid}: {[p['pid'] for p in batch['processes']]}"
     assert _has_its_binary(mine[0], workload_binary)
+    # and its table goes out with the window, read through the file the agent sees (the process is gone)
+    (table,) = [u for u in OutboxEncoder().cpu({**batch, "processes": mine}) if u.kind == "symbols"]
+    assert read_build_id(workload_binary) in table.tables
 
 
 def test_processes_that_live_a_third_of_a_second_are_read_while_they_run(short_binary: Path) -> None:
