@@ -54,12 +54,21 @@ class SentDefinitions:
     def new_ids(self, stack_ids: list[int], frames_of: Callable[[int], Iterable[int]]) -> tuple[list[int], set[int]]:
         """Of `stack_ids` (in order), those not sent yet, and the not yet sent frames they name; both pending from
         now on: a caller builds only these definitions."""
+        stacks, frames = self.unsent_ids(stack_ids, frames_of)
+        self.pend(stacks, frames)
+        return stacks, frames
+
+    def unsent_ids(self, stack_ids: list[int], frames_of: Callable[[int], Iterable[int]]
+                   ) -> tuple[list[int], set[int]]:
+        """new_ids without making them pending: what the output would carry, to size it first."""
         unseen = self.stacks.unseen(stack_ids) - self.pending_stacks
         stacks = [s for s in stack_ids if s in unseen]
-        frames = self.frames.unseen([f for s in stacks for f in frames_of(s)]) - self.pending_frames
-        self.pending_stacks |= unseen
-        self.pending_frames |= frames
-        return stacks, frames
+        return stacks, self.frames.unseen([f for s in stacks for f in frames_of(s)]) - self.pending_frames
+
+    def pend(self, stack_ids: list[int], frame_ids: set[int]) -> None:
+        """These definitions go out in the batch in hand (unsent_ids gave them)."""
+        self.pending_stacks.update(stack_ids)
+        self.pending_frames |= frame_ids
 
     def commit(self) -> None:
         self.stacks.add(self.pending_stacks)

@@ -53,16 +53,19 @@ class Symbolized:
     def frame_ids(self) -> set[int]:
         return set().union(*self.stacks.values())
 
-    def estimated_bytes(self) -> int:
-        """symbolize.estimated_bytes of the record, without building it: each frame once, by the cache's dense
-        frame numbers."""
+    def estimated_bytes(self, stack_ids: list[int] | None = None, frame_ids: set[int] | None = None) -> int:
+        """symbolize.estimated_bytes of the record `record(stack_ids, frame_ids)` gives, without building it: each
+        frame once, by the cache's dense frame numbers."""
         cache = self.cache
+        sids = self.stacks if stack_ids is None else stack_ids
         frames = 0
-        if self.stacks:
+        if frame_ids is not None:
+            frames = int(cache.frame_size[[cache.numbers[f] for f in frame_ids]].sum()) if frame_ids else 0
+        elif sids:
             used = np.zeros(cache.frames, dtype=bool)
-            used[np.concatenate([cache.stack_frames[s] for s in self.stacks])] = True
+            used[np.concatenate([cache.stack_frames[s] for s in sids])] = True
             frames = int(cache.frame_size[:cache.frames][used].sum())
-        stacks = sum(map(len, self.stacks.values())) * 10 + 12 * len(self.stacks)
+        stacks = sum(len(self.stacks[s]) for s in sids) * 10 + 12 * len(sids)
         samples = sum(len(s["comm"]) + len(s["container_id"]) + 38 for s in self.samples)
         return 64 + len(self.head["node"]) + frames + stacks + samples
 

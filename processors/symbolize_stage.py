@@ -103,18 +103,16 @@ class SymbolizeStage(TopicStage):
             if stats.unknown_build_ids and self._ask_debuginfod(stats.unknown_build_ids):
                 res, stats = self._symbolize(m.record)
             metrics.UNKNOWN_FRAMES.labels(self.name).inc(stats.unknown_frames)
-            if len(res.samples) <= 1 or res.estimated_bytes() <= STAGE_OUTPUT_MAX_BYTES:
-                parts = [self._new_only(res)]  # split_samples would keep it whole
+            # what goes out carries only definitions not sent before: that is what must fit, and what is sized
+            kept, frames = self.sent.unsent_ids(list(res.stacks), res.stacks.__getitem__)
+            if len(res.samples) <= 1 or res.estimated_bytes(kept, frames) <= STAGE_OUTPUT_MAX_BYTES:
+                self.sent.pend(kept, frames)
+                parts = [res.record(kept, frames)]  # split_samples would keep it whole
             else:
                 parts = [self.sent.new_only(part) for part in split_samples(res.record(), STAGE_OUTPUT_MAX_BYTES)]
             out.extend(Produced(topics.CPU_SAMPLES.name, m.record["node"], topics.CPU_SAMPLES.schema, part, m)
                        for part in parts)
         return out
-
-    def _new_only(self, res: Symbolized) -> dict:
-        """self.sent.new_only(res.record()), building only the definitions that go out."""
-        kept, frames = self.sent.new_ids(list(res.stacks), res.stacks.__getitem__)
-        return res.record(kept, frames)
 
     def after_commit(self) -> None:
         self.sent.commit()

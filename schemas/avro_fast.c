@@ -1,5 +1,5 @@
-/* The compiled Avro codec as a Python extension module: reading in avro_read.c, writing in avro_write.c
- * (schemas/avro_fast.py builds the three files together). */
+/* The compiled Avro codec as a Python extension module: reading in avro_read.c, writing in avro_write.c, the
+ * columnar CPU-batch reader's varint pass in avro_varints.c (schemas/avro_fast.py builds the files together). */
 #include "avro_fast.h"
 
 static PyMethodDef methods[] = {
@@ -7,6 +7,8 @@ static PyMethodDef methods[] = {
     {"read_each", avro_read_each, METH_VARARGS,
      "read_each(tree, datas, offset): read() of each bytes of the list, None where it would raise ValueError"},
     {"write", avro_write, METH_VARARGS, "write(tree, value, prefix): prefix + the Avro body of value"},
+    {"varints", avro_varints, METH_VARARGS,
+     "varints(data): (values, ends, bad) as int64 bytes: every run of bytes ending below 0x80 as a zigzag varint"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,5 +1,5 @@
-/* The compiled Avro codec's shared declarations (schemas/avro_fast.py builds avro_fast.c, avro_read.c and
- * avro_write.c into one extension module).
+/* The compiled Avro codec's shared declarations (schemas/avro_fast.py builds avro_fast.c, avro_read.c,
+ * avro_write.c and avro_varints.c into one extension module).
  *
  * Type tree: a primitive is a Python int (T_NULL .. T_STRING); a complex type is a tuple whose first item is its
  * kind: (T_RECORD, names, types, {name: default}), (T_ENUM, symbols), (T_ARRAY, items), (T_MAP, values),
@@ -19,9 +19,10 @@ enum { T_NULL, T_BOOLEAN, T_INT, T_LONG, T_FLOAT, T_DOUBLE, T_BYTES, T_STRING,
 
 #define MAX_DEPTH 64
 
-/* the module's functions (avro_read.c, avro_write.c) */
+/* the module's functions (avro_read.c, avro_write.c, avro_varints.c) */
 PyObject *avro_read(PyObject *self, PyObject *args);
 PyObject *avro_read_each(PyObject *self, PyObject *args);
 PyObject *avro_write(PyObject *self, PyObject *args);
+PyObject *avro_varints(PyObject *self, PyObject *args);
 
 #endif

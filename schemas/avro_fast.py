@@ -25,7 +25,7 @@ from typing import Any
 
 HERE = Path(__file__).parent
 # the extension module, reading, writing; and what they share
-SOURCES = tuple(HERE / name for name in ("avro_fast.c", "avro_read.c", "avro_write.c"))
+SOURCES = tuple(HERE / name for name in ("avro_fast.c", "avro_read.c", "avro_write.c", "avro_varints.c"))
 HEADER = HERE / "avro_fast.h"
 MODULE = "schemas._avro_fast"
 
@@ -209,3 +209,11 @@ def columns_reader_for(parsed_schema: Any, fields: tuple[str, ...]) -> Callable[
         types[tree[1].index(field)] = (T_COLUMNS, array[1])
     columnar = (T_RECORD, tree[1], tuple(types), tree[3])
     return lambda data, offset: read(columnar, data, offset)
+
+
+def varints_reader() -> Callable[[bytes], tuple[bytes, bytes, bytes]] | None:
+    """varints(data) -> (values, ends, bad), each int64 bytes: every run of bytes that ends in a byte < 0x80 decoded
+    as a zigzag varint, where each run ends, and the indexes of runs over 64 bits (avro_varints.c); None where the
+    module is unavailable."""
+    module = _load()
+    return None if module is None else module.varints

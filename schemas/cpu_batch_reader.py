@@ -2,9 +2,9 @@
 columnar (`PackedStacks`). It reads messages written with the schema the layout comes from
 (schemas/cpu_batch_layout.py); `decode_columnar` sends every other message through fastavro.
 
-It finds every byte < 0x80 once (the last byte of each varint), decodes all the message's varints in a few
-vectorized passes, and walks the stacks arrays by varint index; the other fields are read by a small Python cursor,
-field by field as the layout lists them.
+It finds every byte < 0x80 once (the last byte of each varint), decodes all the message's varints in one compiled
+pass (schemas/avro_varints.c; a few vectorized numpy passes where it is unavailable), and walks the stacks arrays by
+varint index; the other fields are read by a small Python cursor, field by field as the layout lists them.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from schemas import avro_fast
 from schemas.cpu_batch_layout import LAYOUT, CpuBatchLayout, Record
 from schemas.packed_stacks import PackedStacks, concat_ranges, lengths_to_offsets
 from schemas.single_object import (
@@ -78,28 +79,47 @@ class _Varints:
     message decodes every stacks array; runs inside strings are never read."""
 
     def __init__(self, data: bytes) -> None:
-        padded = data + bytes(11)  # every varint's first 11 bytes lie inside the buffer
-        b = np.frombuffer(padded, dtype=np.uint8)
-        ends = np.flatnonzero(b[:len(data)] < 0x80)
-        last = b[ends]
-        # one-byte varints (string bytes, counts, lengths) are their last byte; the rest, mostly addresses, are
-        # decoded 8 bytes at a time, a chunk at a time
-        values = (last >> 1).astype(np.int64)
-        values ^= -(last & 1).astype(np.int8)
-        multi = np.flatnonzero(np.frombuffer(b"\0" + data, dtype=np.uint8)[ends] >= 0x80)
-        windows = np.ndarray((len(data),), dtype="<u8", buffer=padded, strides=(1,))
-        bad = []
-        for lo in range(0, len(multi), _CHUNK):
-            idx = multi[lo:lo + _CHUNK]
-            starts = ends[idx - 1] + 1
-            starts[idx == 0] = 0
-            values[idx], wrong = _long_varints(windows, b, starts)
-            bad.append(idx[wrong])
+        compiled = _compiled_varints()
+        if compiled is not None:  # the same values in one pass over the bytes
+            values, ends, bad = (np.frombuffer(b, dtype=np.int64) for b in compiled(data))
+        else:
+            values, ends, bad = _numpy_varints(data)
         self.values = values
-        self.bad = np.concatenate(bad) if bad else np.zeros(0, dtype=np.int64)  # sorted
+        self.bad = bad  # sorted
         self.ends = ends
         self.n = len(ends)
         self.vals, self.end_at = memoryview(values), memoryview(ends)  # fast scalar reads for the walks
+
+
+_COMPILED: list = []  # [avro_fast.varints_reader()] once asked
+
+
+def _compiled_varints() -> Callable[[bytes], tuple[bytes, bytes, bytes]] | None:
+    if not _COMPILED:
+        _COMPILED.append(avro_fast.varints_reader())  # built on first use, as the rest of the compiled codec
+    return _COMPILED[0]
+
+
+def _numpy_varints(data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """_Varints's (values, ends, bad) by numpy passes, where the compiled codec is unavailable."""
+    padded = data + bytes(11)  # every varint's first 11 bytes lie inside the buffer
+    b = np.frombuffer(padded, dtype=np.uint8)
+    ends = np.flatnonzero(b[:len(data)] < 0x80)
+    last = b[ends]
+    # one-byte varints (string bytes, counts, lengths) are their last byte; the rest, mostly addresses, are
+    # decoded 8 bytes at a time, a chunk at a time
+    values = (last >> 1).astype(np.int64)
+    values ^= -(last & 1).astype(np.int8)
+    multi = np.flatnonzero(np.frombuffer(b"\0" + data, dtype=np.uint8)[ends] >= 0x80)
+    windows = np.ndarray((len(data),), dtype="<u8", buffer=padded, strides=(1,))
+    bad = []
+    for lo in range(0, len(multi), _CHUNK):
+        idx = multi[lo:lo + _CHUNK]
+        starts = ends[idx - 1] + 1
+        starts[idx == 0] = 0
+        values[idx], wrong = _long_varints(windows, b, starts)
+        bad.append(idx[wrong])
+    return values, ends, np.concatenate(bad) if bad else np.zeros(0, dtype=np.int64)
 
 
 def _fail(reason: str) -> DecodeError:

@@ -12,13 +12,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schemas import single_object
+from schemas import avro_fast, single_object
 from schemas.cpu_batch_layout import LAYOUT
-from schemas.cpu_batch_reader import CpuBatchReader, decode_columnar, decode_cpu_batch_columnar
+from schemas.cpu_batch_reader import CpuBatchReader, _numpy_varints, decode_columnar, decode_cpu_batch_columnar
 from schemas.cpu_batch_writer import encode_cpu_batches, long_bytes
 from schemas.packed_stacks import PackedStacks
 from simulate.synthetic_binaries import KERNEL_BUILD_ID
 from simulate.synthetic_fleet import FREQUENCY_HZ, SyntheticFleet
+from tests.elf_helpers import unavailable
 
 NEXT_DIR = Path(__file__).parent / "schemas"  # a next version of the schemas
 READER = CpuBatchReader(LAYOUT)
@@ -275,3 +276,38 @@ def test_other_writers_and_records_go_through_fastavro():
     v4 = single_object.encode("CpuStackBatch", {**batch, "agent_version": "3.0"}, registry=reg)
     _, rec = decode_columnar(v4, registry=reg)
     assert isinstance(rec["processes"][0]["stacks"], list) and rec["agent_version"] == "3.0"
+
+
+def _varints_alike(data: bytes) -> None:
+    """The compiled varint pass (avro_varints.c) gives the numpy passes' ends, bad runs, and values of the rest."""
+    compiled = avro_fast.varints_reader()
+    if compiled is None:
+        unavailable(f"compiled codec unavailable: {avro_fast.unavailable()}")
+    values, ends, bad = (np.frombuffer(b, dtype=np.int64) for b in compiled(data))
+    want_values, want_ends, want_bad = _numpy_varints(data)
+    assert ends.tolist() == want_ends.tolist() and bad.tolist() == want_bad.tolist()
+    good = np.ones(len(values), dtype=bool)
+    good[bad] = False
+    assert values[good].tolist() == want_values[good].tolist()
+
+
+@given(st.binary(max_size=400))
+@settings(max_examples=400, deadline=None)
+def test_the_compiled_varint_pass_reads_any_bytes_as_numpy_does(data):
+    _varints_alike(data)
+
+
+def test_the_compiled_varint_pass_at_64_bits_and_beyond():
+    edges = [b"", b"\x00", b"\x7f", b"\x80", b"\x80" * 20]
+    for n in range(1, 13):  # runs of n bytes, the last ending them with 0, 1, 2 or 0x7f (10 bytes: over 64 bits
+        for last in (0, 1, 2, 0x7F):  # past 1), at every offset of an 8-byte word and at the buffer's end
+            edges += [b"\xff" * (n - 1) + bytes([last]), b"\x01" * 5 + b"\xff" * (n - 1) + bytes([last]) + b"\x03"]
+    for data in edges:
+        _varints_alike(data)
+    for data in _small_messages():
+        _varints_alike(data)
+    # the largest and smallest longs, as the codec writes them
+    big = b"".join(long_bytes(v) for v in (-(1 << 63), (1 << 63) - 1, 0, -1, 1 << 62))
+    values, _, bad = _numpy_varints(big)
+    assert values.tolist() == [-(1 << 63), (1 << 63) - 1, 0, -1, 1 << 62] and not len(bad)
+    _varints_alike(big)

@@ -231,3 +231,44 @@ def test_a_lost_stack_is_named_for_its_cause_and_the_batch_source_carries_throug
         ("[stack lost: map full, raise agent --stack-entries]", ""), ("main", LIBC)]
     assert (out["simulated"], out["frequency_hz"]) == (True, 99)
     assert single_object.decode(single_object.encode("CpuSamples", out))[1] == out
+
+
+def test_the_stage_sizes_what_goes_out_definitions_sent_before_left_out(monkeypatch):
+    """A node's window whose definitions take it over the output bound is split the first time; once they went out
+    (the batch committed), the same stacks again are one message of samples: the definitions sent before are not in
+    it, so they do not count toward its size."""
+    from processors import symbolize_stage
+    from processors.messages import Message
+    from processors.symbolize import estimated_bytes
+    from processors.symbolize_stage import SymbolizeStage
+    from schemas import topics
+
+    base = 0x7F0000000000
+    tables = _tables()  # and an app of 64 functions, 0x40 bytes each: 40 stacks of three, each its own
+    tables.add_chunk({"build_id": "bb" * 20, "binary": "app", "kind": "ELF", "chunk_index": 0, "chunk_count": 1,
+                      "load_segments": [], "addrs": [0x40 * f for f in range(64)], "sizes": [0x40] * 64,
+                      "names": [f"function_number_{f}" for f in range(64)]})
+    app = {"start": base + 0x10000, "limit": base + 0x11000, "file_offset": 0, "path": "/app", "build_id": "bb" * 20}
+    stacks = [{"tid": i, "user_addrs": [base + 0x10000 + 0x40 * f + 8 for f in (i, (i + 7) % 64, (i * 5) % 64)],
+               "kernel_addrs": [], "count": i + 1} for i in range(40)]
+    batch = _batch(stacks)
+    batch["processes"][0]["mappings"].append(app)
+    rec = _symbolize(batch, tables)
+    assert len(rec["stacks"]) == len(rec["samples"]) == 40
+    whole, samples_only = estimated_bytes(rec), estimated_bytes({**rec, "frames": [], "stacks": []})
+    bound = (whole + samples_only) // 2
+    monkeypatch.setattr(symbolize_stage, "STAGE_OUTPUT_MAX_BYTES", bound)
+    stage = SymbolizeStage(tables)
+    outputs = []
+    for offset in range(2):
+        message = Message(topics.CPU_STACKS.name, 0, offset, None, "fleetprof.CpuStackBatch", batch, b"")
+        stage.before_batch([message])
+        outputs.append([p.record for p in stage.process([message])])
+        stage.after_commit()
+    first, again = outputs
+    total = sum(s["count"] for s in stacks)
+    assert len(first) > 1 and sum(s["count"] for p in first for s in p["samples"]) == total
+    assert {s["stack_id"] for p in first for s in p["stacks"]} == {s["stack_id"] for s in rec["samples"]}
+    assert all(estimated_bytes(p) <= bound for p in first)
+    assert len(again) == 1 and not again[0]["stacks"] and not again[0]["frames"]
+    assert again[0]["samples"] == rec["samples"]

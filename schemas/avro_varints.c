@@ -1,0 +1,93 @@
+/* Every varint of a message at once, for the columnar CpuStackBatch reader (schemas/cpu_batch_reader.py, _Varints):
+ * each run of bytes that ends in a byte < 0x80 is decoded as a zigzag varint, as that file's numpy passes decode it.
+ * A run of more than 10 bytes, or of 10 whose last byte is over 1, is over 64 bits: its index is listed as bad (its
+ * value is what the first bytes give, never to be used). Two passes without a branch per byte: where every run
+ * ends, then each run on its own (no run waits for the one before), its first 8 bytes read as one word and their
+ * 7-bit groups packed in three shift-and-merge steps.
+ */
+#include "avro_fast.h"
+
+static inline uint64_t word_at(const unsigned char *b, Py_ssize_t p, Py_ssize_t n) {
+    uint64_t w = 0;
+    if (n - p >= 8)
+        memcpy(&w, b + p, 8);  /* little-endian hosts only (avro_fast.py checks) */
+    else
+        for (Py_ssize_t i = 0; p + i < n; i++)
+            w |= (uint64_t)b[p + i] << (8 * i);
+    return w;
+}
+
+static uint64_t packed_groups(uint64_t w) {
+    uint64_t u = w & 0x7F007F007F007F00ULL;
+    w = (w & 0x007F007F007F007FULL) | (u >> 1);
+    u = w & 0x3FFF00003FFF0000ULL;
+    w = (w & 0x00003FFF00003FFFULL) | (u >> 2);
+    u = w & 0x0FFFFFFF00000000ULL;
+    return (w & 0x000000000FFFFFFFULL) | (u >> 4);
+}
+
+/* The run ends of the message being read, kept from call to call (the GIL is held throughout): a fresh buffer of
+ * 8 bytes per message byte would be fresh pages, and faulting them in cost more than the decoding. */
+static int64_t *scratch;
+static Py_ssize_t scratch_len;
+
+static int64_t *scratch_for(Py_ssize_t n) {
+    if (n > scratch_len) {
+        int64_t *grown = PyMem_Realloc(scratch, n * 8);
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        scratch = grown;
+        scratch_len = n;
+    }
+    return scratch;
+}
+
+PyObject *avro_varints(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    if (!PyArg_ParseTuple(args, "y*", &data))
+        return NULL;
+    const unsigned char *b = data.buf;
+    Py_ssize_t n = data.len, runs = 0, bad = 0;
+    PyObject *values = NULL, *ends = NULL, *bads = NULL, *out = NULL;
+    int64_t *badv = NULL, *e = scratch_for(n + 1);
+    if (e == NULL)
+        goto done;
+    /* where each run ends: no branch per byte (the store lands on the next slot until a byte < 0x80 moves it) */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        e[runs] = i;
+        runs += b[i] < 0x80;
+    }
+    values = PyBytes_FromStringAndSize(NULL, runs * 8);
+    ends = PyBytes_FromStringAndSize((const char *)e, runs * 8);
+    badv = PyMem_Malloc(runs * 8 + 8);
+    if (values == NULL || ends == NULL || badv == NULL)
+        goto done;
+    int64_t *v = (int64_t *)PyBytes_AS_STRING(values);
+    /* each run decoded on its own: its start is the previous run's end + 1 */
+    for (Py_ssize_t k = 0; k < runs; k++) {
+        Py_ssize_t start = k ? e[k - 1] + 1 : 0, len = e[k] - start + 1;
+        uint64_t w = word_at(b, start, n), u;
+        if (len <= 8) {
+            u = packed_groups(len == 8 ? w : w & ((1ULL << (8 * len)) - 1));
+        } else {  /* the 9th group, and the 10th byte's bit */
+            u = packed_groups(w) | (uint64_t)(b[start + 8] & 0x7F) << 56;
+            if (len == 10)
+                u |= (uint64_t)b[start + 9] << 63;
+            if (len > 10 || (len == 10 && b[start + 9] > 1))
+                badv[bad++] = k;
+        }
+        v[k] = (int64_t)((u >> 1) ^ (~(u & 1) + 1));
+    }
+    bads = PyBytes_FromStringAndSize((const char *)badv, bad * 8);
+    if (bads != NULL)
+        out = PyTuple_Pack(3, values, ends, bads);
+done:
+    PyMem_Free(badv);
+    Py_XDECREF(values);
+    Py_XDECREF(ends);
+    Py_XDECREF(bads);
+    PyBuffer_Release(&data);
+    return out;
+}
