@@ -48,6 +48,7 @@ class Symbolized:
     head: dict  # node, window_start_ns, window_ns, simulated, frequency_hz
     stacks: dict[int, tuple[int, ...]]  # stack id -> frame ids, in first-seen order
     samples: list[dict]
+    samples_bytes: int  # their share of estimated_bytes
     cache: StackCache
 
     def frame_ids(self) -> set[int]:
@@ -66,8 +67,7 @@ class Symbolized:
             used[np.concatenate([cache.stack_frames[s] for s in sids])] = True
             frames = int(cache.frame_size[:cache.frames][used].sum())
         stacks = sum(len(self.stacks[s]) for s in sids) * 10 + 12 * len(sids)
-        samples = sum(len(s["comm"]) + len(s["container_id"]) + 38 for s in self.samples)
-        return 64 + len(self.head["node"]) + frames + stacks + samples
+        return 64 + len(self.head["node"]) + frames + stacks + self.samples_bytes
 
     def record(self, stack_ids: list[int] | None = None, frame_ids: set[int] | None = None) -> dict:
         """The CpuSamples record; with only the given stack and frame definitions when given."""
@@ -232,18 +232,41 @@ def symbolize_cached(batch: dict, tables: TableLookup, generation: int, memo: Fr
                 if keep[j]:
                     rows[pkeys[i]] = row
                 j += 1
-    stacks: dict[int, tuple[int, ...]] = {}
-    counts: dict[tuple, int] = {}
-    for proc, st, got, _ in found:
-        pid, comm, cid, ident = proc["pid"], proc["comm"], proc.get("container_id", ""), proc.get("identity_id", 0)
-        for row, n in zip(got, st.counts.tolist(), strict=True):
-            sid = row[0]
-            stacks[sid] = row[1]
-            key = (pid, comm, cid, ident, sid)
-            counts[key] = counts.get(key, 0) + n
     head = {"node": batch["node"], "window_start_ns": batch["window_start_ns"], "window_ns": batch["window_ns"],
             "simulated": bool(batch.get("simulated", False)), "frequency_hz": batch.get("frequency_hz", 0)}
-    samples = [{"pid": pid, "comm": comm, "container_id": cid, "identity_id": ident, "stack_id": sid,
-                "count": c if LONG_MIN <= c <= LONG_MAX else clamp_long(c)}
-               for (pid, comm, cid, ident, sid), c in counts.items()]
-    return Symbolized(head, stacks, samples, cache)
+    return Symbolized(head, *_sample_rows(found), cache)
+
+
+def _sample_rows(found: list[list]) -> tuple[dict[int, tuple[int, ...]], list[dict], int]:
+    """The record's stacks and samples (counts summed per process and stack, in first-seen order) from each process's
+    rows, with the samples' share of estimated_bytes."""
+    stacks: dict[int, tuple[int, ...]] = {}
+    procs = [(proc["pid"], proc["comm"], proc.get("container_id", ""), proc.get("identity_id", 0))
+             for proc, _, _, _ in found]
+    if len(set(procs)) < len(procs):  # one process listed twice: its counts are summed across the entries
+        counts: dict[tuple, int] = {}
+        for key, (_, st, got, _) in zip(procs, found, strict=True):
+            for row, n in zip(got, st.counts.tolist(), strict=True):
+                stacks[row[0]] = row[1]
+                counts[(*key, row[0])] = counts.get((*key, row[0]), 0) + n
+        per_proc = [(key[:4], [(key[4], c)]) for key, c in counts.items()]
+    else:
+        per_proc = []
+        for key, (_, st, got, _) in zip(procs, found, strict=True):
+            sids = [row[0] for row in got]
+            stacks.update(zip(sids, [row[1] for row in got], strict=True))
+            if len(set(sids)) == len(sids):  # the common case: a row per stack, each count an Avro long
+                per_proc.append((key, zip(sids, st.counts.tolist(), strict=True)))
+                continue
+            summed: dict[int, int] = {}
+            for sid, n in zip(sids, st.counts.tolist(), strict=True):
+                summed[sid] = summed.get(sid, 0) + n
+            per_proc.append((key, summed.items()))
+    samples: list[dict] = []
+    size = 0
+    for (pid, comm, cid, ident), counts_of in per_proc:
+        first = len(samples)
+        samples += [{"pid": pid, "comm": comm, "container_id": cid, "identity_id": ident, "stack_id": sid,
+                     "count": c if LONG_MIN <= c <= LONG_MAX else clamp_long(c)} for sid, c in counts_of]
+        size += (len(comm) + len(cid) + 38) * (len(samples) - first)
+    return stacks, samples, size

@@ -117,3 +117,19 @@ def test_a_replaced_table_drops_what_was_kept() -> None:
     memo = FrameMemo()  # the stage starts a new memo when a table is replaced (its keys are symbol indexes)
     out = _same(batch, tables, memo, cache)
     assert [f["function"] for f in out["frames"]] == ["read_v2"]
+
+
+def test_rows_of_one_stack_and_a_process_listed_twice_sum_as_symbolize_batch_sums_them() -> None:
+    """Several rows of one stack (threads) sum into one sample; a process in two entries of a batch (its comm the
+    same) sums across them, in the order symbolize_batch gives; counts past an Avro long are clamped the same."""
+    rows = [{"tid": t, "user_addrs": [BASE + 0x410, BASE + 0x110, BASE + 0x10], "kernel_addrs": [], "count": n}
+            for t, n in ((1, 3), (2, 4), (3, (1 << 63) - 2))]
+    other = [{"tid": 9, "user_addrs": [BASE + 0x110, BASE + 0x10], "kernel_addrs": [], "count": 5}]
+    batch = _batch(rows + other)
+    twice = dict(batch["processes"][0], stacks=other + rows[:1])
+    batch["processes"] += [dict(batch["processes"][0], pid=8, stacks=rows[:2]), twice]
+    memo, cache = FrameMemo(), StackCache()
+    for _ in range(2):  # symbolized, then from the cache
+        want = _same(batch, _tables(), memo, cache)
+    counts = [(s["pid"], s["count"]) for s in want["samples"]]
+    assert counts == [(7, (1 << 63) - 1), (7, 10), (8, 7)]
