@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 import numpy as np
 
@@ -199,8 +200,14 @@ def symbolize_cached(batch: dict, tables: TableLookup, generation: int, memo: Fr
             continue
         ctx = cache.context(kid, proc)
         ub, kb = st.user_addrs.tobytes(), st.kernel_addrs.tobytes()
-        uo, ko = (8 * lengths_to_offsets(st.user_lens)).tolist(), (8 * lengths_to_offsets(st.kernel_lens)).tolist()
-        pkeys = [(ctx, ub[uo[i]:uo[i + 1]], kb[ko[i]:ko[i + 1]]) for i in range(len(st))]
+        # each row's addresses as bytes: offsets by a running sum over Python ints (numpy's costs more at this size)
+        uo = accumulate((st.user_lens * 8).tolist(), initial=0)
+        ko = accumulate((st.kernel_lens * 8).tolist(), initial=0)
+        u0, k0 = next(uo), next(ko)
+        pkeys = []
+        for u1, k1 in zip(uo, ko, strict=True):
+            pkeys.append((ctx, ub[u0:u1], kb[k0:k1]))
+            u0, k0 = u1, k1
         got = [rows.get(k) for k in pkeys]
         missed = []
         for i, row in enumerate(got):
