@@ -9,6 +9,8 @@ static PyMethodDef methods[] = {
     {"write", avro_write, METH_VARARGS, "write(tree, value, prefix): prefix + the Avro body of value"},
     {"varints", avro_varints, METH_VARARGS,
      "varints(data): (values, ends, bad) as int64 bytes: every run of bytes ending below 0x80 as a zigzag varint"},
+    {"walk_stacks", avro_walk_stacks, METH_VARARGS,
+     "walk_stacks(values, k, count, steps...): (k after count stacks, each stack's first index as int64 bytes)"},
     {NULL, NULL, 0, NULL},
 };
 

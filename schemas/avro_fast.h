@@ -24,5 +24,6 @@ PyObject *avro_read(PyObject *self, PyObject *args);
 PyObject *avro_read_each(PyObject *self, PyObject *args);
 PyObject *avro_write(PyObject *self, PyObject *args);
 PyObject *avro_varints(PyObject *self, PyObject *args);
+PyObject *avro_walk_stacks(PyObject *self, PyObject *args);
 
 #endif

@@ -217,3 +217,11 @@ def varints_reader() -> Callable[[bytes], tuple[bytes, bytes, bytes]] | None:
     module is unavailable."""
     module = _load()
     return None if module is None else module.varints
+
+
+def walk_stacks_reader() -> Callable[..., tuple[int, bytes]] | None:
+    """walk_stacks(values, k, count, before, between1, between2, after1, after2) -> (k after, each stack's first
+    varint index as int64 bytes), ValueError "not one block" or "truncated stacks array" (avro_varints.c): the
+    columnar CPU-batch reader's fast walk over one block of a stacks array; None where the module is unavailable."""
+    module = _load()
+    return None if module is None else module.walk_stacks

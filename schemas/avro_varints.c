@@ -91,3 +91,55 @@ done:
     PyBuffer_Release(&data);
     return out;
 }
+
+/* The fast walk over one block of a stacks array (cpu_batch_reader._Cursor._walk_fast): `count` stacks from varint
+ * k, each a run of numbers, an address array of one block (its count, items, end marker; or a lone 0), numbers, the
+ * second such array, numbers (the steps: before the first array, after an empty one, after a full one's items,
+ * likewise after the second). Returns (the varint index after them, each stack's first varint index as int64
+ * bytes); ValueError "not one block" or "truncated stacks array". */
+PyObject *avro_walk_stacks(PyObject *self, PyObject *args) {
+    Py_buffer values;
+    Py_ssize_t k, count, before, between1, between2, after1, after2;
+    if (!PyArg_ParseTuple(args, "y*nnnnnnn", &values, &k, &count, &before, &between1, &between2, &after1, &after2))
+        return NULL;
+    const int64_t *v = values.buf;
+    Py_ssize_t n = values.len / 8;
+    PyObject *at = NULL, *out = NULL;
+    const char *why = NULL;
+    if (count < 0 || count > n)
+        why = "truncated stacks array";
+    else if ((at = PyBytes_FromStringAndSize(NULL, count * 8)) == NULL)
+        goto done;
+    int64_t *a = why ? NULL : (int64_t *)PyBytes_AS_STRING(at);
+    for (Py_ssize_t i = 0; why == NULL && i < count; i++) {
+        a[i] = k;
+        Py_ssize_t steps[2][2] = {{between1, between2}, {after1, after2}};
+        k += before;
+        for (int arr = 0; arr < 2 && why == NULL; arr++) {
+            if (k < 0 || k >= n) {
+                why = "truncated stacks array";
+                break;
+            }
+            int64_t items = v[k];
+            if (items < 0) {
+                why = "not one block";
+            } else if (items == 0) {
+                k += steps[arr][0];
+            } else if (items >= n - k - 1) {
+                why = "truncated stacks array";
+            } else if (v[k + 1 + items] != 0) {
+                why = "not one block";
+            } else {
+                k += items + steps[arr][1];
+            }
+        }
+    }
+    if (why != NULL)
+        PyErr_SetString(PyExc_ValueError, why);
+    else
+        out = Py_BuildValue("(nO)", k, at);
+done:
+    Py_XDECREF(at);
+    PyBuffer_Release(&values);
+    return out;
+}

@@ -79,7 +79,7 @@ class _Varints:
     message decodes every stacks array; runs inside strings are never read."""
 
     def __init__(self, data: bytes) -> None:
-        compiled = _compiled_varints()
+        compiled = _compiled()[0]
         if compiled is not None:  # the same values in one pass over the bytes
             values, ends, bad = (np.frombuffer(b, dtype=np.int64) for b in compiled(data))
         else:
@@ -91,12 +91,13 @@ class _Varints:
         self.vals, self.end_at = memoryview(values), memoryview(ends)  # fast scalar reads for the walks
 
 
-_COMPILED: list = []  # [avro_fast.varints_reader()] once asked
+_COMPILED: list = []  # [(avro_fast.varints_reader(), avro_fast.walk_stacks_reader())] once asked
 
 
-def _compiled_varints() -> Callable[[bytes], tuple[bytes, bytes, bytes]] | None:
+def _compiled() -> tuple[Callable[[bytes], tuple[bytes, bytes, bytes]] | None, Callable[..., tuple[int, bytes]] | None]:
+    """The compiled varint pass and fast walk (built on first use, as the rest of the compiled codec), or Nones."""
     if not _COMPILED:
-        _COMPILED.append(avro_fast.varints_reader())  # built on first use, as the rest of the compiled codec
+        _COMPILED.append((avro_fast.varints_reader(), avro_fast.walk_stacks_reader()))
     return _COMPILED[0]
 
 
@@ -303,6 +304,14 @@ class _Cursor:
         return len(self.nstacks) - 1
 
     def _walk_fast(self, k: int, count: int) -> int:
+        walk = _compiled()[1]
+        if walk is not None:
+            try:
+                k, firsts = walk(self.vt.values, k, count, *self.reader.walk_steps)
+            except ValueError as exc:
+                raise _fail(str(exc)) from None
+            self.at += np.frombuffer(firsts, dtype=np.int64).tolist()
+            return k
         vals, at = self.vt.vals, self.at
         before, between1, between2, after1, after2 = self.reader.walk_steps
         try:

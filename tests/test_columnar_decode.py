@@ -311,3 +311,15 @@ def test_the_compiled_varint_pass_at_64_bits_and_beyond():
     values, _, bad = _numpy_varints(big)
     assert values.tolist() == [-(1 << 63), (1 << 63) - 1, 0, -1, 1 << 62] and not len(bad)
     _varints_alike(big)
+
+
+def test_without_the_compiled_codec_the_numpy_passes_and_python_walk_read_the_same(monkeypatch):
+    from schemas import cpu_batch_reader
+
+    messages = _small_messages()
+    compiled = [columnar(m) for m in messages]
+    monkeypatch.setattr(cpu_batch_reader, "_COMPILED", [(None, None)])
+    assert [columnar(m) for m in messages] == compiled == [single_object.decode(m)[1] for m in messages]
+    for data in messages[:3]:
+        with pytest.raises(single_object.DecodeError):
+            decode_cpu_batch_columnar(data[:-3])
