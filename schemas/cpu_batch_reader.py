@@ -242,14 +242,15 @@ class _Cursor:
     def process(self, plan: _Plan) -> dict:
         """One process: its fields before the stacks (its "head": pid, names, mappings, code objects) are the same
         bytes window after window, so a head read before is not read again. Avro reads a record from its bytes
-        alone: the same bytes give the same fields."""
+        alone: the same bytes give the same fields, and the records of one head share them (its lists of mappings
+        and code objects: read-only, see decode_columnar)."""
         data, p, heads = self.data, self.p, self.reader.heads
         key = data[p:p + _HEAD_KEY]
         for head, fields, ends in heads.get(key, ()):
             if data.startswith(head, p):
                 self.p = p + len(head)
                 self.k = self.k + ends if self.k >= 0 else -1
-                rec = {name: ([dict(r) for r in v] if isinstance(v, list) else v) for name, v in fields.items()}
+                rec = dict(fields)
                 rec[self.reader.stacks_field] = self.stacks()
                 return rec
         rec = self.record(plan)
@@ -257,8 +258,7 @@ class _Cursor:
         if len(head) >= _HEAD_KEY:
             if len(heads) >= _MAX_HEADS:
                 heads.clear()
-            fields = {name: ([dict(r) for r in v] if isinstance(v, list) else v) for name, v in rec.items()
-                      if name != self.reader.stacks_field}
+            fields = {name: v for name, v in rec.items() if name != self.reader.stacks_field}
             ends = int(np.count_nonzero(np.frombuffer(head, dtype=np.uint8) < 0x80))  # varints ending inside
             heads[key] = [(head, fields, ends), *heads.get(key, [])[:3]]
         return rec
@@ -473,8 +473,9 @@ _READER = CpuBatchReader(LAYOUT)
 def decode_columnar(data: bytes, expect: str | None = None,
                     registry: SchemaRegistry | None = None) -> tuple[str, dict]:
     """`single_object.decode`, except that a CpuStackBatch written with the newest schema, and read with it, comes
-    back with each process's stacks as a PackedStacks. A newer reader version would add or drop fields: fastavro
-    resolves those."""
+    back with each process's stacks as a PackedStacks, and a process's other fields as those of the last message
+    that had the same bytes for them (the lists of mapping and code object dicts shared: never change them). A newer
+    reader version would add or drop fields: fastavro resolves those."""
     writer, reader = writer_and_reader(data, expect, registry)
     if writer is reader and writer.fingerprint == _READER.layout.schema.fingerprint:
         return writer.name, _READER.read(data)

@@ -323,3 +323,13 @@ def test_without_the_compiled_codec_the_numpy_passes_and_python_walk_read_the_sa
     for data in messages[:3]:
         with pytest.raises(single_object.DecodeError):
             decode_cpu_batch_columnar(data[:-3])
+
+
+def test_processes_with_the_same_head_bytes_share_its_values():
+    """A process whose fields before its stacks are the same bytes as in an earlier message gets that message's
+    values (read-only by contract): its mappings list is the same object, and equal to the codec's."""
+    data = _small_messages()[0]
+    first, again = decode_cpu_batch_columnar(data), decode_cpu_batch_columnar(data)
+    procs = [(a, b) for a, b in zip(first["processes"], again["processes"], strict=True) if a["mappings"]]
+    assert procs and all(a["mappings"] is b["mappings"] for a, b in procs)
+    assert as_records(again) == single_object.decode(data)[1]
