@@ -274,9 +274,10 @@ class Outbox:
         if not self.link.ready or silent < self.silent_warn_s or now - self._silent_log_at < self.silent_warn_s:
             return
         self._silent_log_at = now
+        state = self.publisher.state_line()
         log.warning("Kafka at %s is reachable but has acknowledged nothing for %.0f s: %d messages (%.2f MiB) wait "
-                    "in the producer, %.2f MiB in the outbox", self.link.where, silent, self.unconfirmed,
-                    self._inflight / 2**20, self.held_bytes / 2**20)
+                    "in the producer, %.2f MiB in the outbox%s", self.link.where, silent, self.unconfirmed,
+                    self._inflight / 2**20, self.held_bytes / 2**20, f"; {state}" if state else "")
 
     def _track_away(self) -> None:
         waiting = not self.empty

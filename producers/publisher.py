@@ -6,6 +6,7 @@ reports drain the queue; a message that fails for good is counted and `flush` ra
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ PRODUCER_DEFAULTS: dict[str, object] = {
     "message.timeout.ms": 0,
     "log_level": 3,  # librdkafka errors only: retried warnings (coordinator loading, reconnects) are noise here
 }
+STATS_INTERVAL_MS = 30_000  # the producer's view of its brokers this often, to say why nothing is acknowledged
 
 
 class PublishError(RuntimeError):
@@ -38,6 +40,8 @@ class Publisher:
     def __init__(self, config: dict, block_timeout: float = 60.0) -> None:
         cfg = {**PRODUCER_DEFAULTS, **config}
         cfg.setdefault("error_cb", self._on_error)
+        cfg.setdefault("stats_cb", self._on_stats)
+        cfg.setdefault("statistics.interval.ms", STATS_INTERVAL_MS)
         cfg.setdefault("logger", logging.getLogger("fleetprof.librdkafka"))
         self._producer = Producer(cfg)
         self.block_timeout = block_timeout
@@ -45,6 +49,7 @@ class Publisher:
         self.blocked_s = 0.0  # time spent waiting for room in the local queue
         self.first_error = ""
         self.broker_error = ""
+        self.brokers = ""  # librdkafka's last statistics, one line: each broker's state and what waits on it
 
     def _on_delivery(self, err: KafkaError | None, msg: Message,
                      done: Callable[[bool, str], None] | None = None) -> None:
@@ -64,6 +69,23 @@ class Publisher:
         if err.fatal():
             self.first_error = self.first_error or f"fatal producer error: {err.str()}"
         log.debug("kafka producer error: %s", err.str())
+
+    def _on_stats(self, stats_json: str) -> None:
+        try:
+            stats = json.loads(stats_json)
+            self.brokers = ", ".join(
+                f"{b.get('nodename') or name} {b.get('state')} (requests waiting to go {b.get('outbuf_cnt', 0)}, "
+                f"awaiting a response {b.get('waitresp_cnt', 0)}, timed out {b.get('req_timeouts', 0)}, "
+                f"connects {b.get('connects', 0)})"
+                for name, b in stats.get("brokers", {}).items())
+        except (ValueError, AttributeError, TypeError):  # a shape this code does not know: say nothing of it
+            self.brokers = ""
+
+    def state_line(self) -> str:
+        """What the producer last said of its brokers, and its last broker error; '' when it said nothing."""
+        parts = [f"brokers: {self.brokers}" if self.brokers else "",
+                 f"last broker error: {self.broker_error}" if self.broker_error else ""]
+        return "; ".join(p for p in parts if p)
 
     def publish(self, topic: str, key: bytes | str, value: bytes,
                 done: Callable[[bool, str], None] | None = None) -> None:

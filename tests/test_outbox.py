@@ -84,7 +84,8 @@ def test_kafka_that_looks_up_but_acknowledges_nothing_is_said_once_per_interval(
     # the producer sends): the agent says so, at most once per silent_warn_s, and not while Kafka is away
     link = KafkaLink(AWAY, ["t"], stall_s=0.05)
     link.state = READY
-    box = Outbox(Publisher(AWAY), link, OutboxEncoder(), 100_000, silent_warn_s=0.3)
+    box = Outbox(Publisher(dict(AWAY, **{"statistics.interval.ms": 100})), link, OutboxEncoder(), 100_000,
+                 silent_warn_s=0.3)
     caplog.set_level("WARNING", logger="fleetprof.agent")
     box.add([_unit("cpu", 1_000, records=4), _unit("gpu_launches", 2_000, records=9)])
     assert box.unconfirmed == 2 and box.held_bytes == 0
@@ -95,6 +96,8 @@ def test_kafka_that_looks_up_but_acknowledges_nothing_is_said_once_per_interval(
     box.pump()
     said = [r.message for r in caplog.records if "acknowledged nothing" in r.message]
     assert len(said) == 1 and "127.0.0.1:1 is reachable" in said[0] and "2 messages (0.00 MiB)" in said[0], said
+    # with what the producer's statistics last said of its brokers (the state of each, the requests waiting on it)
+    assert "; brokers: 127.0.0.1:1 " in said[0] and "awaiting a response 0" in said[0], said
     link.state = UNREACHABLE
     time.sleep(0.35)
     box.pump()
