@@ -179,7 +179,9 @@ def _columns(items: list[dict] | dict[str, list], fields: tuple[str, ...],
 
 
 def _identity_column(ids: list[int]) -> list[str]:
-    return list(map(identity_key, ids))
+    # a window's rows carry a handful of identities: each formatted once
+    keys = {i: identity_key(i) for i in set(ids)}
+    return list(map(keys.__getitem__, ids))
 
 
 _CPU_SAMPLE_FIELDS = ("pid", "comm", "container_id", "stack_id", "count")
