@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetprof import dedup_records
+from fleetprof.rebuild_guard import rebuild_refusal
 from fleetprof.settings import SQL_DIR
 from fleetprof.store_params import _unwrap, coerce_param, parse_time  # noqa: F401 - parse_time: the store's API
 
@@ -402,7 +403,11 @@ class Store:
             for version, name, path in migration_files():
                 if version in applied:
                     continue
-                for statement in split_statements(path.read_text()):
+                statements = split_statements(path.read_text())
+                refusal = rebuild_refusal(client, name, statements, store_sql)
+                if refusal:
+                    raise StoreError(refusal)
+                for statement in statements:
                     client.command(statement)
                 client.insert("schema_migrations", [[version, name, datetime.now(tz=UTC)]],
                               column_names=["version", "name", "applied_at"])

@@ -176,3 +176,39 @@ def test_the_timeline_rebuild_run_again_after_stopping_anywhere_keeps_every_reco
         store.client.command(statement)
     assert store.migrate() == ["0020_timeline_durations"]
     assert store.query_sql(TIMELINE_READ)[1] == want
+
+
+def test_a_rebuild_does_not_run_over_an_unfinished_sink_batch(before_0019, monkeypatch):
+    """A sink stopped inside a batch left it BEFORE in sink_state; the sink that resumes it writes it again whole,
+    and a rebuilt table has no record of what that batch inserted: the rebuild refuses (one line naming the batch)
+    until the batch is finished, or the operator says to go on."""
+    from fleetprof.rebuild_guard import ALLOW_ENV
+    from fleetprof.store import StoreError
+    from processors.store_writer import STATE_COLUMNS
+
+    store = before_0019
+    monkeypatch.delenv(ALLOW_ENV, raising=False)
+    want = contents(store)
+    stamp = datetime.now(tz=UTC)
+    store.insert("sink_state", [["gpu.samples", 1, 10, 20, "AFTER", stamp],  # finished batches do not matter
+                                ["cpu.samples", 3, 100, 199, "BEFORE", stamp]], STATE_COLUMNS)
+    with pytest.raises(StoreError, match=r"migration 0019_hour_first_sample_order rebuilds tables and a sink batch "
+                                         r"is unfinished \(cpu\.samples partition 3 offsets 100-199\)") as refused:
+        store.migrate()
+    assert "\n" not in str(refused.value) and ALLOW_ENV in str(refused.value)
+    assert sorting_key(store, "cpu_samples") != CPU_KEY and contents(store) == want  # nothing of it ran
+    # the batch finished (the old sink resumed it): the rebuild runs
+    store.insert("sink_state", [["cpu.samples", 3, 100, 199, "AFTER", stamp + timedelta(microseconds=1)]],
+                 STATE_COLUMNS)
+    assert store.migrate() == ["0019_hour_first_sample_order", "0020_timeline_durations"]
+    assert sorting_key(store, "cpu_samples") == CPU_KEY and contents(store) == want
+
+
+def test_the_operator_may_rebuild_over_an_unfinished_batch_knowingly(before_0019, monkeypatch):
+    from fleetprof.rebuild_guard import ALLOW_ENV
+    from processors.store_writer import STATE_COLUMNS
+
+    store = before_0019
+    store.insert("sink_state", [["cpu.samples", 0, 5, 9, "BEFORE", datetime.now(tz=UTC)]], STATE_COLUMNS)
+    monkeypatch.setenv(ALLOW_ENV, "1")
+    assert store.migrate() == ["0019_hour_first_sample_order", "0020_timeline_durations"]
