@@ -21,7 +21,8 @@ def rebuild_refusal(client: Any, migration: str, statements: list[str], store_sq
         return ""
     if not client.query(store_sql("table_present"), parameters={"name": "sink_state"}).result_rows[0][0]:
         return ""
-    rows = client.query(store_sql("unfinished_sink_batches")).result_rows
+    batches = client.query(store_sql("sink_batches"), parameters={"topics": []}).result_rows
+    rows = sorted((topic, part, lo, hi) for topic, part, lo, hi, state, _ in batches if state == "BEFORE")
     if not rows:
         return ""
     where = ", ".join(f"{topic} partition {part} offsets {lo}-{hi}" for topic, part, lo, hi in rows[:5])

@@ -397,7 +397,8 @@ class Store:
     def migrate(self) -> list[str]:
         """Apply the sql/migrations files not yet recorded in schema_migrations, in order; return their names."""
         with self._writers.lease() as client:
-            present = client.query(store_sql("migrations_table")).result_rows[0][0]
+            present = client.query(store_sql("table_present"),
+                                   parameters={"name": "schema_migrations"}).result_rows[0][0]
             applied = {r[0] for r in client.query(store_sql("applied_migrations")).result_rows} if present else set()
             done = []
             for version, name, path in migration_files():

@@ -150,6 +150,8 @@ class OutboxEncoder:
                     log.debug("no symbols for %s: %s", m["path"], exc)
                     found = None
                     sent.add(bid)
+                if found is None and is_perf_map_id(bid):  # not held (over PerfMapCache's budget): nor later
+                    sent.add(bid)
                 if found is None:
                     self._not_read(bid, proc["pid"], sent)
                     continue
@@ -184,12 +186,8 @@ class OutboxEncoder:
     def _tables_of(self, pid: int, mapping: dict, limit: int) -> list[dict] | None:
         """The SymbolChunk records for one mapping's build id, or None when they cannot be had through this process
         (ElfError: when the file is not ELF that has them)."""
-        bid = mapping["build_id"]
-        if is_perf_map_id(bid):
-            chunks = self.perf_maps.chunks(bid, limit)
-            if chunks is None:  # not held (over PerfMapCache's budget): it will not be later either
-                self._sent_perf_ids.add(bid)
-            return chunks
+        if is_perf_map_id(mapping["build_id"]):
+            return self.perf_maps.chunks(mapping["build_id"], limit)  # None: not held (over PerfMapCache's budget)
         for path in _files_to_read(pid, mapping):
             try:
                 return self._read_chunks(path, limit)

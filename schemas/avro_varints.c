@@ -26,24 +26,6 @@ static uint64_t packed_groups(uint64_t w) {
     return (w & 0x000000000FFFFFFFULL) | (u >> 4);
 }
 
-/* The run ends of the message being read, kept from call to call (the GIL is held throughout): a fresh buffer of
- * 8 bytes per message byte would be fresh pages, and faulting them in cost more than the decoding. */
-static int64_t *scratch;
-static Py_ssize_t scratch_len;
-
-static int64_t *scratch_for(Py_ssize_t n) {
-    if (n > scratch_len) {
-        int64_t *grown = PyMem_Realloc(scratch, n * 8);
-        if (grown == NULL) {
-            PyErr_NoMemory();
-            return NULL;
-        }
-        scratch = grown;
-        scratch_len = n;
-    }
-    return scratch;
-}
-
 PyObject *avro_varints(PyObject *self, PyObject *args) {
     Py_buffer data;
     if (!PyArg_ParseTuple(args, "y*", &data))
@@ -51,9 +33,11 @@ PyObject *avro_varints(PyObject *self, PyObject *args) {
     const unsigned char *b = data.buf;
     Py_ssize_t n = data.len, runs = 0, bad = 0;
     PyObject *values = NULL, *ends = NULL, *bads = NULL, *out = NULL;
-    int64_t *badv = NULL, *e = scratch_for(n + 1);
-    if (e == NULL)
+    int64_t *badv = NULL, *e = PyMem_Malloc(n * 8 + 8);
+    if (e == NULL) {
+        PyErr_NoMemory();
         goto done;
+    }
     /* where each run ends: no branch per byte (the store lands on the next slot until a byte < 0x80 moves it) */
     for (Py_ssize_t i = 0; i < n; i++) {
         e[runs] = i;
@@ -84,6 +68,7 @@ PyObject *avro_varints(PyObject *self, PyObject *args) {
     if (bads != NULL)
         out = PyTuple_Pack(3, values, ends, bads);
 done:
+    PyMem_Free(e);
     PyMem_Free(badv);
     Py_XDECREF(values);
     Py_XDECREF(ends);

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from bisect import bisect_left
 from collections.abc import Callable
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 import numpy as np
@@ -91,14 +91,10 @@ class _Varints:
         self.vals, self.end_at = memoryview(values), memoryview(ends)  # fast scalar reads for the walks
 
 
-_COMPILED: list = []  # [(avro_fast.varints_reader(), avro_fast.walk_stacks_reader())] once asked
-
-
+@cache
 def _compiled() -> tuple[Callable[[bytes], tuple[bytes, bytes, bytes]] | None, Callable[..., tuple[int, bytes]] | None]:
     """The compiled varint pass and fast walk (built on first use, as the rest of the compiled codec), or Nones."""
-    if not _COMPILED:
-        _COMPILED.append((avro_fast.varints_reader(), avro_fast.walk_stacks_reader()))
-    return _COMPILED[0]
+    return avro_fast.varints_reader(), avro_fast.walk_stacks_reader()
 
 
 def _numpy_varints(data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

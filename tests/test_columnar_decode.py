@@ -318,7 +318,7 @@ def test_without_the_compiled_codec_the_numpy_passes_and_python_walk_read_the_sa
 
     messages = _small_messages()
     compiled = [columnar(m) for m in messages]
-    monkeypatch.setattr(cpu_batch_reader, "_COMPILED", [(None, None)])
+    monkeypatch.setattr(cpu_batch_reader, "_compiled", lambda: (None, None))
     assert [columnar(m) for m in messages] == compiled == [single_object.decode(m)[1] for m in messages]
     for data in messages[:3]:
         with pytest.raises(single_object.DecodeError):
