@@ -61,6 +61,7 @@ class StageEntry:
     up: UpMode
     batch_size: int | None = None  # None: the runner's default
     poll_timeout: float | None = None
+    gather_s: float = 0.0  # TopicRunner's: keep polling while a burst lasts, up to this long
     alert_options: bool = False  # reads the --alert-* options (`fleetprof up` passes them as FLEETPROF_ALERT_*)
 
 
@@ -87,9 +88,10 @@ def _store(context: StageContext) -> Any:
 STAGES: tuple[StageEntry, ...] = (
     StageEntry(SymbolizeStage.name, SymbolizeStage.inputs, "cpu.samples: frames named from the symbols topic "
                "(and debuginfod)", Runner.TOPIC, _symbolize, UpMode.SCALED_CHILDREN),
-    # a correlator transaction also carries its state's changelog: larger batches amortize it
+    # a correlator transaction also carries its state's changelog and a GpuSamples record per node: one per burst
+    # (every node's window at its end) amortizes them best (bench/RESULTS.md, "One transaction per burst")
     StageEntry(CorrelateStage.name, CorrelateStage.inputs, "gpu.samples: GPU kernel time by launching CPU stack",
-               Runner.TOPIC, _correlate, UpMode.ONE_CHILD, batch_size=5000),
+               Runner.TOPIC, _correlate, UpMode.ONE_CHILD, batch_size=50_000, gather_s=2.0),
     # poll often: an alert should go out within a second or two of the poll that fires it
     StageEntry(AlertsStage.name, AlertsStage.inputs, "alerts: GPU utilization drops, with CPU evidence from the "
                "store, and the webhook", Runner.TOPIC, build_alerts_stage, UpMode.ONE_CHILD, batch_size=500,
@@ -109,4 +111,4 @@ def make_runner(entry: StageEntry, context: StageContext, batch_size: int | None
     kwargs: dict[str, Any] = {"batch_size": size} if size else {}
     if entry.poll_timeout is not None:
         kwargs["poll_timeout"] = entry.poll_timeout
-    return TopicRunner(entry.build(context), context.kafka, **kwargs)
+    return TopicRunner(entry.build(context), context.kafka, gather_s=entry.gather_s, **kwargs)

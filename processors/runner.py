@@ -35,6 +35,7 @@ RETRY_FIRST_DELAY, RETRY_MAX_DELAY = 0.2, 5.0  # seconds between tries of a call
 # A transactional call still blocked this long past its own timeout is stuck in librdkafka (send_offsets_to_transaction
 # can wait forever for a group coordinator it cached across a broker restart: librdkafka issues 5456 and 5511).
 STUCK_GRACE_S = 10.0
+GATHER_QUIET_S = 0.2  # a poll this long that brings nothing ends a gathered batch (TopicRunner gather_s)
 EXIT_STUCK = 75  # the process's exit status then (EX_TEMPFAIL): its supervisor starts a new one, which fences it
 
 
@@ -137,10 +138,15 @@ class TopicRunner:
 
     def __init__(self, stage: TopicStage, kafka: dict, *, batch_size: int = 200, poll_timeout: float = 0.5,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, group: str | None = None,
-                 txn_timeout: float = 30.0, slot: int | None = None) -> None:
+                 txn_timeout: float = 30.0, slot: int | None = None, gather_s: float = 0.0,
+                 gather_quiet_s: float = GATHER_QUIET_S) -> None:
+        """gather_s: once a poll brings messages, keep polling while messages keep coming (a poll of gather_quiet_s
+        that brings none ends it), for at most gather_s and batch_size messages: a burst becomes one batch (0: one
+        poll per batch)."""
         self.stage = stage
         self.batch_size = batch_size
         self.poll_timeout = poll_timeout
+        self.gather_s, self.gather_quiet_s = gather_s, gather_quiet_s
         self.max_message_bytes = max_message_bytes
         self.txn_timeout = txn_timeout
         self.call_timeout = min(txn_timeout, CALL_TIMEOUT_S)
@@ -183,7 +189,7 @@ class TopicRunner:
             return self._run_batch()
 
     def _run_batch(self) -> int:
-        raws = self.consumer.consume(num_messages=self.batch_size, timeout=self.poll_timeout)
+        raws = self._gather(self.consumer.consume(num_messages=self.batch_size, timeout=self.poll_timeout))
         raws = [m for m in raws if not skip_consumer_error(m)]
         if not raws:
             self.stage.idle()
@@ -205,6 +211,21 @@ class TopicRunner:
         self._commit(out)
         metrics.BATCH_SECONDS.labels(self.stage.name).observe(time.monotonic() - started)
         return len(raws)
+
+    def _gather(self, raws: list) -> list:
+        """`raws` and what follows it without a pause (see gather_s). A poll returns after its timeout unless the
+        batch is full, so without this a burst (every node's window at its end: 32,000 launches and kernels per 100
+        nodes) is cut into one batch per poll, each a transaction with its own changelog records and output
+        records per node, and a trailing small one the sink writes on its own."""
+        if not raws or self.gather_s <= 0:
+            return raws
+        until = time.monotonic() + self.gather_s
+        while len(raws) < self.batch_size and time.monotonic() < until:
+            more = self.consumer.consume(num_messages=self.batch_size - len(raws), timeout=self.gather_quiet_s)
+            if not more:
+                break
+            raws += more
+        return raws
 
     def _process(self, decoded: list[Message]) -> list[Produced]:
         try:

@@ -81,20 +81,20 @@ def test_process_help_lists_every_stage_of_the_registry():
 def test_each_topic_stage_is_built_and_run_as_its_entry_says(kafka_bootstrap, tmp_path, monkeypatch):
     monkeypatch.delenv("FLEETPROF_ALERT_WEBHOOK_URL", raising=False)
     _wait_for_list_offsets(kafka_bootstrap)
-    # (batch size, poll timeout) of each runner: without --batch-size, and with --batch-size 7
-    want = {"symbolize": [(200, 0.5), (7, 0.5)], "correlate": [(5000, 0.5), (7, 0.5)],
-            "alerts": [(500, 0.2), (7, 0.2)]}
+    # (batch size, poll timeout, gathering) of each runner: without --batch-size, and with --batch-size 7
+    want = {"symbolize": [(200, 0.5, 0), (7, 0.5, 0)], "correlate": [(50_000, 0.5, 2.0), (7, 0.5, 2.0)],
+            "alerts": [(500, 0.2, 0), (7, 0.2, 0)]}
     for entry in STAGES:
         if entry.runner is not Runner.TOPIC:
             continue
-        for batch_size, (size, poll) in zip((None, 7), want[entry.name], strict=True):
+        for batch_size, (size, poll, gather) in zip((None, 7), want[entry.name], strict=True):
             context = StageContext(_settings(kafka_bootstrap, tmp_path), threading.Event(), options=ALERT_DEFAULTS)
             with context.resources:
                 runner = make_runner(entry, context, batch_size)
                 try:
                     assert isinstance(runner, TopicRunner) and isinstance(runner.stage, TopicStage)
                     assert (runner.stage.name, runner.stage.inputs) == (entry.name, entry.inputs)
-                    assert (runner.batch_size, runner.poll_timeout) == (size, poll)
+                    assert (runner.batch_size, runner.poll_timeout, runner.gather_s) == (size, poll, gather)
                     assert runner.columnar is (entry.name == "symbolize")
                 finally:
                     runner.close()
