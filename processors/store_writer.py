@@ -37,6 +37,11 @@ from schemas import single_object
 log = logging.getLogger("fleetprof.sink")
 # Topics whose rows someone waits to query (a window's flame graph): written once a poll brings no more of them
 LATENCY_TOPICS = frozenset({"cpu.samples", "gpu.samples"})
+# A window's GPU samples (the correlator's one transaction per burst) most often come before its CPU samples (the
+# symbolizer's): unless this round's CPU samples went out already (a batch with CPU samples within CPU_ROUND_S),
+# they wait for them, at most flush_interval, so that the window is one batch, whole once its CPU samples are
+# queryable, not two: each batch is a part per table for the engine to write and merge (bench/RESULTS.md).
+CPU_ROUND_S = 5.0  # half the agents' 10 s window: the CPU samples of the round before are not this round's
 STATE_COLUMNS = ["topic", "partition", "min_offset", "max_offset", "state", "updated"]
 # commit errors meaning the partition went to another member: retrying cannot succeed, and need not
 _NOT_OURS = (KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS,
@@ -108,6 +113,7 @@ class StoreRunner:
         self.known_stacks = KnownIds()
         self.stamps = Stamps()
         self.batches = 0
+        self._cpu_written_at = -CPU_ROUND_S  # when a batch last held CPU samples (monotonic)
         # offsets to commit, sent without waiting (see _commit_offsets); a failed commit is sent again from run_once
         self.to_commit: dict[tuple[str, int], int] = {}
         self._commit_again_at: float | None = None  # when to send a failed commit again; None: none failed
@@ -202,16 +208,20 @@ class StoreRunner:
 
     def _due(self, now: float, fresh: bool) -> bool:
         """Whether to write what is buffered now: a full batch; messages of LATENCY_TOPICS once a poll brings no
-        more of them (the end of a burst: every node sends at its window's end) or after flush_interval; any
+        more of them (the end of a burst: every node sends at its window's end; GPU samples once this round's CPU
+        samples came too, see CPU_ROUND_S) or after flush_interval; any
         message after max_delay. One batch holds every buffered partition: each insert costs the engine a part
         (milliseconds of CPU whatever its size), so fewer, larger batches are what makes the sink cheap."""
         if not self.buffers:
             return False
         if sum(len(b) for b in self.buffers.values()) >= self.batch_messages:
             return True
+        cpu_came = now - self._cpu_written_at < CPU_ROUND_S
         for tp, first in self.first_seen.items():
             waited = now - first
-            if tp[0] in LATENCY_TOPICS and (not fresh or waited >= self.flush_interval):
+            if tp[0] in LATENCY_TOPICS and waited >= self.flush_interval:
+                return True
+            if tp[0] in LATENCY_TOPICS and not fresh and (tp[0] == "cpu.samples" or cpu_came):
                 return True
             if waited >= self.max_delay:
                 return True
@@ -223,6 +233,8 @@ class StoreRunner:
 
     def _flush(self) -> None:
         batch, self.buffers, self.first_seen = self.buffers, {}, {}
+        if any(topic == "cpu.samples" for topic, _ in batch):
+            self._cpu_written_at = time.monotonic()
         self._write(batch)
 
     # --- one batch --------------------------------------------------------------------------------------------

@@ -256,3 +256,38 @@ def test_by_default_a_window_burst_is_one_batch_and_nvml_polls_ride_with_it(monk
     assert tables.count("cpu_samples") == 1 and "gpu_device_metrics" in tables
     assert consumer.commits == [[("cpu.samples", 1, 4), ("cpu.samples", 2, 5), ("cpu.samples", 3, 6),
                                  ("gpu.metrics", 0, 10)]]
+
+
+def test_gpu_samples_wait_for_their_rounds_cpu_samples_unless_those_went_out_already(monkeypatch):
+    """The correlator's output for a window most often comes before the symbolizer's: it waits for the CPU samples
+    (one batch for the window, whole when they are queryable), at most flush_interval; GPU samples that come after
+    this round's CPU samples went out go at their burst's end, as CPU samples do."""
+    from tests.test_sink_gpu_depth import v3_record
+
+    clock = [100.0]
+    monkeypatch.setattr(sw.time, "monotonic", lambda: clock[0])
+    store, consumer = Store(), Consumer()
+    r = StoreRunner(store, {"bootstrap.servers": "127.0.0.1:1"})  # the defaults: flush_interval 2 s
+    r.consumer.close()
+    r.consumer = consumer
+    gpu = encode("GpuSamples", v3_record())
+
+    def polls(*each: list) -> None:
+        for raws in each:
+            consumer.polls.append(raws)
+            r.run_once()
+            clock[0] += 0.25
+
+    polls([Raw("gpu.samples", 0, 0, gpu)], [], [], [])  # 1 s of quiet after them: no batch, the CPU samples are due
+    assert r.batches == 0
+    polls([Raw("cpu.samples", 0, 0, cpu("n1", 0, 3))], [])  # they came: the window goes out at their burst's end
+    assert r.batches == 1
+    assert {t for t, _, _ in store.inserts} >= {"cpu_samples", "gpu_kernel_samples", "gpu_timeline"}
+    polls([Raw("gpu.samples", 0, 1, gpu)], [])  # late GPU samples of the same round: at their burst's end
+    assert r.batches == 2
+    clock[0] += 10  # the next round: its GPU samples alone wait, at most flush_interval
+    polls(*[[Raw("gpu.samples", 0, 2, gpu)]] + [[]] * 7)
+    assert r.batches == 2
+    polls([])
+    assert r.batches == 3
+    assert [t for t, _, _ in store.inserts].count("cpu_samples") == 1
