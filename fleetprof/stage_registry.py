@@ -86,8 +86,9 @@ def _store(context: StageContext) -> Any:
 
 
 STAGES: tuple[StageEntry, ...] = (
+    # a window's burst (every node's CPU stacks at its end) in one transaction, not cut where a poll ends
     StageEntry(SymbolizeStage.name, SymbolizeStage.inputs, "cpu.samples: frames named from the symbols topic "
-               "(and debuginfod)", Runner.TOPIC, _symbolize, UpMode.SCALED_CHILDREN),
+               "(and debuginfod)", Runner.TOPIC, _symbolize, UpMode.SCALED_CHILDREN, gather_s=1.0),
     # a correlator transaction also carries its state's changelog and a GpuSamples record per node: one per burst
     # (every node's window at its end) amortizes them best (bench/RESULTS.md, "One transaction per burst")
     StageEntry(CorrelateStage.name, CorrelateStage.inputs, "gpu.samples: GPU kernel time by launching CPU stack",

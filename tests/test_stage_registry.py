@@ -82,7 +82,7 @@ def test_each_topic_stage_is_built_and_run_as_its_entry_says(kafka_bootstrap, tm
     monkeypatch.delenv("FLEETPROF_ALERT_WEBHOOK_URL", raising=False)
     _wait_for_list_offsets(kafka_bootstrap)
     # (batch size, poll timeout, gathering) of each runner: without --batch-size, and with --batch-size 7
-    want = {"symbolize": [(200, 0.5, 0), (7, 0.5, 0)], "correlate": [(50_000, 0.5, 2.0), (7, 0.5, 2.0)],
+    want = {"symbolize": [(200, 0.5, 1.0), (7, 0.5, 1.0)], "correlate": [(50_000, 0.5, 2.0), (7, 0.5, 2.0)],
             "alerts": [(500, 0.2, 0), (7, 0.2, 0)]}
     for entry in STAGES:
         if entry.runner is not Runner.TOPIC:
