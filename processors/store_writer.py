@@ -32,11 +32,11 @@ from processors.runner import (
     skip_consumer_error,
 )
 from processors.sink import DEFINITION_TABLES, READ_AS_COLUMNS, SINK_INPUTS, Rows, rows_for
-from schemas import single_object
+from schemas import single_object, topics
 
 log = logging.getLogger("fleetprof.sink")
 # Topics whose rows someone waits to query (a window's flame graph): written once a poll brings no more of them
-LATENCY_TOPICS = frozenset({"cpu.samples", "gpu.samples"})
+LATENCY_TOPICS = frozenset({topics.CPU_SAMPLES.name, topics.GPU_SAMPLES.name})
 # A window's GPU samples (the correlator's one transaction per burst) most often come before its CPU samples (the
 # symbolizer's): unless this round's CPU samples went out already (a batch with CPU samples within CPU_ROUND_S),
 # they wait for them, at most flush_interval, so that the window is one batch, whole once its CPU samples are
@@ -221,7 +221,7 @@ class StoreRunner:
             waited = now - first
             if tp[0] in LATENCY_TOPICS and waited >= self.flush_interval:
                 return True
-            if tp[0] in LATENCY_TOPICS and not fresh and (tp[0] == "cpu.samples" or cpu_came):
+            if tp[0] in LATENCY_TOPICS and not fresh and (tp[0] == topics.CPU_SAMPLES.name or cpu_came):
                 return True
             if waited >= self.max_delay:
                 return True
@@ -233,7 +233,7 @@ class StoreRunner:
 
     def _flush(self) -> None:
         batch, self.buffers, self.first_seen = self.buffers, {}, {}
-        if any(topic == "cpu.samples" for topic, _ in batch):
+        if any(topic == topics.CPU_SAMPLES.name for topic, _ in batch):
             self._cpu_written_at = time.monotonic()
         self._write(batch)
 

@@ -86,7 +86,12 @@ def _burst(bootstrap: str, gather_s: float) -> tuple[list[int], list[dict]]:
         while not runner.consumer.assignment():  # assigned before the burst, which must then take several polls
             runner.run_once()
             assert time.monotonic() < deadline, "no partitions assigned"
-        sender = threading.Thread(target=lambda: [send(bootstrap, chunk) or time.sleep(0.15) for chunk in chunks])
+        def send_chunks() -> None:
+            for chunk in chunks:
+                send(bootstrap, chunk)
+                time.sleep(0.15)
+
+        sender = threading.Thread(target=send_chunks)
         sender.start()
         sizes, total = [], sum(map(len, chunks))
         while sum(sizes) < total:
