@@ -27,7 +27,7 @@ from schemas.packed_stacks import PackedStacks, concat_ranges
 from schemas.wire import KERNEL_BINARY, u64_to_long
 from simulate.synthetic_binaries import KERNEL_BUILD_ID, PAGE, Binary, catalogue
 from simulate.synthetic_identity import NodeWorkloads, Placement, node_workloads
-from simulate.synthetic_workload import KIND_BINARIES, build_paths, gpu_window, metrics
+from simulate.synthetic_workload import KIND_BINARIES, MEM_PAGE, build_paths, gpu_window, metrics
 
 FREQUENCY_HZ = 19
 ZIPF_S = 1.1
@@ -207,7 +207,7 @@ class SyntheticFleet:
         util = float(rng.uniform(25, 45) if starved else rng.uniform(82, 97))
         return SimNode(name, index, rng, procs, np.stack([p.bias for p in procs]),
                        np.array([p.pid for p in procs], dtype=np.int64), util,
-                       rng.uniform(55e9, 78e9, self.gpus).astype(np.int64),
+                       rng.uniform(55e9, 78e9, self.gpus).astype(np.int64) // MEM_PAGE * MEM_PAGE,
                        gpu_uuids=[f"GPU-{uuid.UUID(int=_stable_seed(name, g) << 64 | g)}" for g in range(self.gpus)],
                        workloads=work, gpu_owner_ids=[0 if o is None else u64_to_long(o.identity_id)
                                                       for o in work.gpu_owners])

@@ -24,6 +24,7 @@ PATHS_PER_KIND = {"trainer": 320, "worker": 120, "shipper": 60}
 Frame = tuple[str, str]
 GPU_NAME = "NVIDIA H100 80GB HBM3 (simulated)"
 GPU_MEM_BYTES = 85_520_809_984
+MEM_PAGE = 2 * 1024 * 1024  # device memory is handed out in 2 MiB pages, so NVML's used memory moves in them
 LAUNCH_CALLBACK_ID = 211  # CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000
 TRUE_LAUNCH_RATE = 5000.0  # kernel launches per second per busy GPU; each sampled launch stands for a share
 
@@ -286,7 +287,8 @@ def metrics(fleet: SyntheticFleet, node: SimNode, time_ns: int) -> dict:
     rng, g = node.rng, fleet.gpus
     util = np.clip(node.util + rng.normal(0, 4, g), 0, 100).astype(int).tolist()
     noise = rng.normal(0, 1, (4, g))
-    mem = (node.mem_used + (noise[0] * 2e8).astype(np.int64)).tolist()
+    # used memory moves in the allocator's 2 MiB pages (~200 MB either way), as NVML reports it, not byte by byte
+    mem = (node.mem_used + np.rint(noise[0] * 100).astype(np.int64) * MEM_PAGE).tolist()
     pcie = rng.integers(2_000_000, 12_000_000, (2, g)).tolist()
     devices = [{"index": i, "uuid": node.gpu_uuids[i], "name": GPU_NAME, "parent_uuid": "", "gpu_util_pct": u,
                 "mem_util_pct": int(np.clip(u * 0.6 + noise[1, i] * 3, 0, 100)), "mem_used_bytes": mem[i],
