@@ -7,10 +7,11 @@ How: `fleetprof loadgen`'s simulated fleet goes through the real broker, symboli
 store (bench/fleet_query.run_pipeline, unpaced); every MergeTree table is merged with OPTIMIZE TABLE ... FINAL and
 its active parts' bytes_on_disk summed (system.parts). The span S of the stored windows is then scaled to a day, table
 by table, by what the table keeps:
-  * rows that grow with time and outlive a day (the window tables, the hourly rollups, the 10 s NVML aggregates, the
-    timeline with its 7-day TTL, gpu_unmatched, profile_windows): bytes x 86,400 / S. For the hourly rollups that is an
-    upper bound (an hour's rows are its distinct keys, fewer than 3600 / S times a short run's);
-  * the 1 s NVML tables (migration 0016): bytes x min(TTL + an hour of TTL-merge delay, a day) / S;
+  * rows that grow with time and outlive a day (the window tables, the hourly rollups, the 10 s NVML aggregates,
+    gpu_unmatched, profile_windows): bytes x 86,400 / S. For the hourly rollups that is an upper bound (an hour's
+    rows are its distinct keys, fewer than 3600 / S times a short run's);
+  * the detail tier, the 1 s NVML tables (migration 0016) and the timeline (0021): bytes x min(TTL + an hour of
+    TTL-merge delay, a day) / S;
   * definitions (frames, stacks, workload_identities) and bookkeeping: as stored, once.
 Steady state: each table's bytes per day x its retention in days (at most 30), over the CPU samples of 30 days.
 Writes bench/out/storage_day.json and prints a table.
@@ -32,10 +33,12 @@ from bench.fleet_query import run_pipeline, sql  # noqa: E402
 from fleetprof.store import Store, open_store  # noqa: E402
 
 DAY_S = 86_400
-# what each table keeps, in days; tables not named grow with time for the 30 days. The 1 s NVML tables: 6 h of TTL
-# and up to an hour until a TTL merge deletes the rows (0016), where their 10 s aggregates exist; 30 days before.
-RETENTION_DAYS = {"gpu_timeline": 7.0}
-NVML_1S, NVML_1S_DAYS = ("gpu_device_metrics", "gpu_process_metrics"), 7 / 24
+# what each table keeps, in days; tables not named grow with time for the 30 days. The detail tier: the 1 s NVML
+# tables (0016, where their 10 s aggregates exist; 30 days before) and the timeline (0021; 7 days before), 6 h of TTL
+# and up to an hour until a TTL merge deletes the rows.
+DETAIL_DAYS = 7 / 24
+RETENTION_DAYS = {"gpu_timeline": DETAIL_DAYS}
+NVML_1S = ("gpu_device_metrics", "gpu_process_metrics")
 ONCE = {"frames", "stacks", "workload_identities", "sink_state", "schema_migrations", "alerts"}
 
 
@@ -54,7 +57,7 @@ def amortize(parts: dict[str, dict[str, int]], samples: int, span_s: float) -> d
     out = {}
     retention = dict(RETENTION_DAYS)
     if "gpu_device_metrics_10s" in parts:
-        retention.update(dict.fromkeys(NVML_1S, NVML_1S_DAYS))
+        retention.update(dict.fromkeys(NVML_1S, DETAIL_DAYS))
     for table, part in parts.items():
         per_run = part["bytes"] / samples
         if table in ONCE:

@@ -4,6 +4,7 @@ and the exact answer: lanes, bars, names as the flame graph names them, stacks, 
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 
 import httpx
@@ -56,7 +57,7 @@ def test_timeline_endpoint_returns_exact_bars_lanes_and_stacks(served):
         body = http.get("/api/timeline", params={"node": "n1", "from": ui.t0, "to": ui.t0 + 10}).json()
     assert body["since_ns"] == str(ui.t0 * NS) and body["until_ns"] == str((ui.t0 + 10) * NS)
     assert body["span_ns"] == 10 * NS and body["count"] == 5 and body["capped"] is False
-    assert body["limit"] == timeline.BAR_LIMIT
+    assert body["limit"] == timeline.BAR_LIMIT and body["expired"] == ""
     assert body["lanes"] == [{"node": "n1", "device": 0, "stream": 7}, {"node": "n1", "device": 0, "stream": 8},
                              {"node": "n1", "device": 1, "stream": 0}]
     # names and stacks once each, numbered in order of first appearance (bars by start)
@@ -125,3 +126,16 @@ def test_timeline_endpoint_refuses_long_ranges_and_caps_bars(served, monkeypatch
     # the first bars by start, and word that there are more
     assert capped["capped"] is True and capped["count"] == 3 and capped["limit"] == 3
     assert capped["bars"]["start"] == [1 * NS, 1_500_000_000, 2 * NS]
+
+
+def test_a_range_older_than_the_timeline_keeps_says_so(served):
+    ui = served
+    add_timeline(ui)
+    old = int(time.time()) - timeline.DETAIL_KEEP_S - 600
+    with httpx.Client(base_url=ui.url, timeout=30) as http:
+        body = http.get("/api/timeline", params={"node": "n1", "from": old, "to": old + 60}).json()
+        recent = http.get("/api/timeline", params={"node": "n1", "from": ui.t0, "to": ui.t0 + 10}).json()
+    assert body["count"] == 0
+    assert body["expired"] == ("The timeline keeps sampled records for 6 hours and this range starts before that: its "
+                               "bars are deleted or being deleted. Its GPU time stays in the flame graph (30 days).")
+    assert recent["count"] == 5 and recent["expired"] == ""

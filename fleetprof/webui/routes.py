@@ -363,7 +363,9 @@ def ui_routes(target: QueryTarget) -> list[BaseRoute]:
         payload = timeline.timeline(columns, rows, _stack_rows(target, "timeline_stacks", params),
                                     _stack_rows(target, "timeline_frames", params), since_ns, until_ns,
                                     timeline.BAR_LIMIT, one_node=bool(filters["node"]))
-        return _json(request, {**payload, "filters": filters, **simulated("gpu", since, until, filters["node"])})
+        expired = timeline.expired_note(since_ns, _ns(datetime.now(tz=UTC)))
+        return _json(request, {**payload, "filters": filters, "expired": expired,
+                               **simulated("gpu", since, until, filters["node"])})
 
     return [
         Route("/", index, methods=["GET"]),

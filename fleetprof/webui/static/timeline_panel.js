@@ -50,7 +50,7 @@ export class TimelinePanel {
       if (!response.ok) {
         this._message(body.error || `api/timeline: HTTP ${response.status}`);
       } else if (body.count === 0) {
-        this._message("No sampled GPU kernels, copies or sets in this range for these filters.");
+        this._message(body.expired || "No sampled GPU kernels, copies or sets in this range for these filters.");
       } else {
         this.data = body;
         this._message("");
@@ -103,6 +103,7 @@ export class TimelinePanel {
       parts.push(`capped at ${data.limit.toLocaleString("en-US")} bars: the first by start, until `
         + `${this.view.clock(Math.max(...data.bars.start.slice(-1)))} UTC; select a shorter range to see all`);
     }
+    if (data.expired) parts.push(data.expired);
     const simulated = data.simulated && data.simulated.length > 0;
     const info = this.el("info");
     info.textContent = (simulated ? "SIMULATED · " : "") + parts.join(" · ");
