@@ -210,9 +210,9 @@ def test_creates_run_on_the_cluster_and_each_replicated_table_has_its_own_keeper
             assert " ON CLUSTER `{cluster}`" in rows[0][0].splitlines()[0], f"{name}: {statement[:60]!r}"
         for table, (_, path, replica) in _replicated(statement).items():
             if path == "/clickhouse/tables/{uuid}/{shard}":
-                # a rebuilt table's copy (0019, 0020): swapped in under the live name, so its path is its own UUID's
+                # a rebuilt table's copy (0019-0021): swapped in under the live name, so its path is its own UUID's
                 assert table in ("cpu_samples_0019_local", "gpu_kernel_samples_0019_local",
-                                 "gpu_timeline_0020_local"), table
+                                 "gpu_timeline_0020_local", "gpu_timeline_0021_local"), table
                 assert replica == "{replica}", (table, replica)
                 continue
             whole = path == f"/clickhouse/tables/all/{{database}}/{table}"
