@@ -111,6 +111,11 @@ def main() -> None:
               f" {t['per_sample_30d']:>8.4f}")
     print(f"{'all':26} {'':>10} {'':>11} {totals['per_sample_run']:>13.4f} {totals['per_sample_day']:>8.4f}"
           f" {totals['per_sample_30d']:>8.4f}")
+    hours = {t.replace(minute=0, second=0, microsecond=0) for t in (span["first_window"], span["last_window"])}
+    if len(hours) > 1:  # the windows end when the run starts: one started before hh:20 crosses an hour
+        print(f"note: the windows span {len(hours)} UTC hours; the hour-first tables (0019) and the hourly rollups "
+              f"split every key there, which a day does 24 times, not {len(hours) - 1} in {span_s / 60:.0f} "
+              "minutes: the day figures overstate them (start a default run between hh:20 and hh:59)")
 
 
 if __name__ == "__main__":
