@@ -1,7 +1,8 @@
 """The web UI's GPU timeline in real headless Chromium (test_webui_page.py's browser and Page) over the known records of
 test_webui_timeline.py: bars drawn in their lanes (the canvas's pixels and its data attributes), the hover's name,
 duration, weight, NVTX range, CUDA graph and launching stack, the link both ways with the GPU flame graph's
-selection, and the refusal of a long range. Screenshots under test-artifacts/webui/."""
+selection, the refusal of a long range and the note on a range older than its records. Screenshots under
+test-artifacts/webui/."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import json
 import math
 from datetime import UTC, datetime
 
+from fleetprof.webui import timeline
 from tests.test_webui_page import ARTIFACTS, Page, browser  # noqa: F401  (the module's browser fixture)
 from tests.test_webui_timeline import ALL_REDUCE, MANGLED_ALL_REDUCE, NS, add_timeline
 
@@ -209,3 +211,16 @@ def test_timeline_follows_the_flame_graph_kind_collectives_and_range(browser, se
     assert not page.page.is_visible("#timeline")
     # the refusal is the server's 400, which Chromium logs; nothing else went wrong
     assert page.errors == ["Failed to load resource: the server responded with a status of 400 (Bad Request)"]
+
+
+def test_timeline_says_when_its_range_is_older_than_its_records(browser, served):  # noqa: F811
+    add_timeline(served)
+    since = int(datetime.now(tz=UTC).timestamp()) - timeline.DETAIL_KEEP_S - 600
+    page = open_timeline(browser, served, "&node=n1&kind=gpu")
+    page.page.goto(f"{served.url}/?since={since}&until={since + 60}&node=n1&kind=gpu")
+    page.settle(0)
+    settle_timeline(page, 0)
+    assert page.page.locator("[data-timeline=message]").inner_text() == (
+        "The timeline keeps sampled records for 6 hours and this range starts before that: its bars are deleted or "
+        "being deleted. Its GPU time stays in the flame graph (30 days).")
+    assert not page.page.is_visible("#timeline") and page.errors == []
