@@ -2,7 +2,7 @@
 same run. An event is one gpu.launches or gpu.kernels message.
 
     .venv/bin/python bench/correlator.py [--nodes 50] [--windows 6] [--launch-rate 20] [--batch 1000]
-                                         [--kafka-batch 5000]
+                                         [--kafka-batch 50000]
 
 Starts its own broker in a temporary directory (removed at the end); loadgen sends a simulated fleet's launches and
 kernels (and its symbol tables). Measured, each on one core over the same messages:
@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.local_ports import free_ports  # noqa: E402
 from fleetprof.broker import LocalBroker, create_topics  # noqa: E402
+from fleetprof.stage_registry import BY_NAME  # noqa: E402
 from processors.correlate_stage import build_correlate  # noqa: E402
 from processors.messages import Message  # noqa: E402
 from processors.runner import TopicRunner, encode_produced, expected_schemas  # noqa: E402
@@ -151,7 +152,8 @@ def through_kafka(kafka: dict, messages: int, batch: int) -> tuple[float, float]
     """(wall s, CPU s of this process) for the real stage (consumer group, transactions, changelog) to consume and
     commit every message."""
     group = f"bench-correlate-{uuid.uuid4().hex[:8]}"
-    runner = TopicRunner(build_correlate(kafka, group=group), kafka, group=group, batch_size=batch, poll_timeout=0.5)
+    runner = TopicRunner(build_correlate(kafka, group=group), kafka, group=group, batch_size=batch, poll_timeout=0.5,
+                         gather_s=BY_NAME["correlate"].gather_s)
     gc.collect()
     t0, c0 = time.perf_counter(), time.process_time()
     runner.start()
@@ -170,7 +172,8 @@ def main() -> None:
     ap.add_argument("--windows", type=int, default=6, help="10 s windows per node")
     ap.add_argument("--launch-rate", type=float, default=20.0, help="sampled launches/s per GPU (8 per node)")
     ap.add_argument("--batch", type=int, default=1000, help="messages per stage call, one core")
-    ap.add_argument("--kafka-batch", type=int, default=5000, help="messages per transaction through Kafka")
+    ap.add_argument("--kafka-batch", type=int, default=BY_NAME["correlate"].batch_size,
+                    help="messages per transaction through Kafka (the correlator stage's batch)")
     ap.add_argument("--no-kafka-stage", action="store_true", help="skip the run through Kafka")
     ap.add_argument("--out", default="correlator.json", help="file name under bench/out")
     args = ap.parse_args()
