@@ -1,4 +1,4 @@
-"""A migration that rebuilds a table (a copy filled from it, exchanged for it: 0019-0021) does not run over an
+"""A migration that rebuilds a table (a copy filled from it, exchanged for it: 0019-0022) does not run over an
 unfinished sink batch. The sink that resumes such a batch writes it again whole, and each table drops the inserts it
 has seen by their deduplication tokens; a rebuilt table's deduplication log starts empty, so it would hold the rows
 that batch wrote before the stop twice."""

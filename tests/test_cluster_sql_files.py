@@ -210,9 +210,10 @@ def test_creates_run_on_the_cluster_and_each_replicated_table_has_its_own_keeper
             assert " ON CLUSTER `{cluster}`" in rows[0][0].splitlines()[0], f"{name}: {statement[:60]!r}"
         for table, (_, path, replica) in _replicated(statement).items():
             if path == "/clickhouse/tables/{uuid}/{shard}":
-                # a rebuilt table's copy (0019-0021): swapped in under the live name, so its path is its own UUID's
-                assert table in ("cpu_samples_0019_local", "gpu_kernel_samples_0019_local",
-                                 "gpu_timeline_0020_local", "gpu_timeline_0021_local"), table
+                # a rebuilt table's copy (0019-0022): swapped in under the live name, so its path is its own UUID's
+                assert table in ("cpu_samples_0019_local", "gpu_kernel_samples_0019_local", "gpu_timeline_0020_local",
+                                 "gpu_timeline_0021_local", "gpu_device_metrics_0022_local",
+                                 "gpu_process_metrics_0022_local"), table
                 assert replica == "{replica}", (table, replica)
                 continue
             whole = path == f"/clickhouse/tables/all/{{database}}/{table}"
@@ -290,8 +291,8 @@ def test_materialized_views_are_the_single_node_ones_over_the_local_tables():
     single = [localized(s, local) for s in single_node_creates("MATERIALIZED VIEW")]
     cluster = [ON_CLUSTER_RE.sub("", s) for _, s in cluster_statements() if s.startswith("CREATE MATERIALIZED VIEW")]
     # 0014 recreates gpu_kernel_samples_1h_mv with nvtx_range, 0015 both with identity; 0016 adds the NVML 10 s views;
-    # 0018 recreates both hourly views without their grouping, 0019 on the rebuilt tables
-    assert len(cluster) == 11
+    # 0018 recreates both hourly views without their grouping, 0019 on the rebuilt tables, 0022 the NVML views on theirs
+    assert len(cluster) == 13
     assert cluster == single
 
 

@@ -314,7 +314,8 @@ def test_the_migration_backfills_rows_stored_before_it(chdb_dir):
                                    "0013_frame_build_id", "0014_gpu_copies_ranges_timeline", "0015_workload_identity",
                                    "0016_nvml_tiers", "0017_merge_selector",
                                    "0018_rollup_views_without_grouping", "0019_hour_first_sample_order",
-                                   "0020_timeline_durations", "0021_timeline_detail_tier"]
+                                   "0020_timeline_durations", "0021_timeline_detail_tier",
+                                   "0022_nvml_hourly_partitions"]
         for node in ("n1", "n2", "n3"):
             assert rollup_totals(before, node) == window_totals(before, node), node
         assert rollup_totals(before, "n1") == (sum(r[6] for r in cpu if r[1] == "n1"),

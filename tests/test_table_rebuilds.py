@@ -75,7 +75,8 @@ def test_the_rebuild_keeps_every_row_under_the_hour_first_key(before_0019):
     store = before_0019
     want = contents(store)
     assert len(want["cpu"]) > 100 and sum(r[-1] for r in want["cpu"]) > 500
-    assert store.migrate() == ["0019_hour_first_sample_order", "0020_timeline_durations", "0021_timeline_detail_tier"]
+    assert store.migrate() == ["0019_hour_first_sample_order", "0020_timeline_durations", "0021_timeline_detail_tier",
+                               "0022_nvml_hourly_partitions"]
     assert contents(store) == want
     assert sorting_key(store, "cpu_samples") == CPU_KEY
     assert sorting_key(store, "gpu_kernel_samples") == GPU_KEY
@@ -101,7 +102,8 @@ def test_the_file_run_again_after_stopping_anywhere_leaves_the_same_rows(before_
     for statement in statements[:stop + 1]:  # a migration that died after this statement
         store.client.command(statement)
     # 0019 runs whole again
-    assert store.migrate() == ["0019_hour_first_sample_order", "0020_timeline_durations", "0021_timeline_detail_tier"]
+    assert store.migrate() == ["0019_hour_first_sample_order", "0020_timeline_durations", "0021_timeline_detail_tier",
+                               "0022_nvml_hourly_partitions"]
     assert contents(store) == want
     assert sorting_key(store, "cpu_samples") == CPU_KEY
 
@@ -156,7 +158,8 @@ def test_the_timeline_keeps_each_record_s_end_through_its_duration(before_0020):
     store = before_0020
     _, want = store.query_sql(TIMELINE_READ)
     assert len(want) == 8 and max(r[3] for r in want) == 5 * 10**9
-    assert store.migrate() == ["0020_timeline_durations", "0021_timeline_detail_tier"]
+    assert store.migrate() == ["0020_timeline_durations", "0021_timeline_detail_tier",
+                               "0022_nvml_hourly_partitions"]
     assert store.query_sql(TIMELINE_READ)[1] == want
     _, kinds = store.query_sql("SELECT name, default_kind FROM system.columns WHERE database = currentDatabase() "
                                "AND table = 'gpu_timeline' AND name IN ('end_ns', 'duration_ns') ORDER BY name")
@@ -176,7 +179,8 @@ def test_the_timeline_rebuild_run_again_after_stopping_anywhere_keeps_every_reco
     stop = [i for i, c in enumerate(code) if c.startswith(stop_after)][-1]
     for statement in statements[:stop + 1]:
         store.client.command(statement)
-    assert store.migrate() == ["0020_timeline_durations", "0021_timeline_detail_tier"]
+    assert store.migrate() == ["0020_timeline_durations", "0021_timeline_detail_tier",
+                               "0022_nvml_hourly_partitions"]
     assert store.query_sql(TIMELINE_READ)[1] == want
 
 
@@ -202,7 +206,8 @@ def test_a_rebuild_does_not_run_over_an_unfinished_sink_batch(before_0019, monke
     # the batch finished (the old sink resumed it): the rebuild runs
     store.insert("sink_state", [["cpu.samples", 3, 100, 199, "AFTER", stamp + timedelta(microseconds=1)]],
                  STATE_COLUMNS)
-    assert store.migrate() == ["0019_hour_first_sample_order", "0020_timeline_durations", "0021_timeline_detail_tier"]
+    assert store.migrate() == ["0019_hour_first_sample_order", "0020_timeline_durations", "0021_timeline_detail_tier",
+                               "0022_nvml_hourly_partitions"]
     assert sorting_key(store, "cpu_samples") == CPU_KEY and contents(store) == want
 
 
@@ -213,4 +218,5 @@ def test_the_operator_may_rebuild_over_an_unfinished_batch_knowingly(before_0019
     store = before_0019
     store.insert("sink_state", [["cpu.samples", 0, 5, 9, "BEFORE", datetime.now(tz=UTC)]], STATE_COLUMNS)
     monkeypatch.setenv(ALLOW_ENV, "1")
-    assert store.migrate() == ["0019_hour_first_sample_order", "0020_timeline_durations", "0021_timeline_detail_tier"]
+    assert store.migrate() == ["0019_hour_first_sample_order", "0020_timeline_durations", "0021_timeline_detail_tier",
+                               "0022_nvml_hourly_partitions"]

@@ -59,7 +59,7 @@ def test_the_ttl_is_the_web_ui_s_and_the_nvml_detail_tier_s():
 
 def test_records_past_the_ttl_go_and_recent_ones_stay(before_0021):
     store = before_0021
-    assert store.migrate() == ["0021_timeline_detail_tier"]
+    assert store.migrate() == ["0021_timeline_detail_tier", "0022_nvml_hourly_partitions"]
     assert store.query_sql(READ)[1] == RECENT
     full = engine(store)
     assert "PARTITION BY toStartOfHour(ts)" in full and "TTL ts + toIntervalHour(6)" in full
@@ -79,6 +79,6 @@ def test_the_file_run_again_after_stopping_anywhere_keeps_the_recent_records(bef
     stop = [i for i, c in enumerate(code) if c.startswith(stop_after)][-1]
     for statement in statements[:stop + 1]:
         store.client.command(statement)
-    assert store.migrate() == ["0021_timeline_detail_tier"]
+    assert store.migrate() == ["0021_timeline_detail_tier", "0022_nvml_hourly_partitions"]
     assert store.query_sql(READ)[1] == RECENT
     assert "PARTITION BY toStartOfHour(ts)" in engine(store)
