@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from fleetprof.store import PARTS_DIR, migration_files, split_statements
+from fleetprof.store import PARTS_DIR, migration_files
 from tests.test_nvml_tiers import DEVICE_COLUMNS, PROCESS_COLUMNS
-from tests.test_table_rebuilds import drop, migrated_to
+from tests.test_table_rebuilds import died_after, drop, migrated_to, table_setting
 
 MIGRATION = next(p for v, _, p in migration_files() if v == 22)
 TABLES = ("gpu_device_metrics", "gpu_process_metrics")
@@ -60,9 +60,8 @@ def check_after(store) -> None:
     assert sums(store, ONE_S) == sorted(want("n2", 30))
     assert sums(store, TEN_S) == sorted(want("n1", 40) + want("n2", 30))  # nothing fed twice
     for table in TABLES:
-        _, rows = store.query_sql("SELECT engine_full FROM system.tables WHERE database = currentDatabase() "
-                                  "AND name = {t:String}", {"t": table})
-        assert "PARTITION BY toStartOfHour(ts)" in rows[0][0] and "ttl_only_drop_parts = 1" in rows[0][0], table
+        full = table_setting(store, table, "engine_full")
+        assert "PARTITION BY toStartOfHour(ts)" in full and "ttl_only_drop_parts = 1" in full, table
     # the views feed the aggregates from the new tables, once
     put(store, "n3", datetime.now(tz=UTC).replace(microsecond=0) - timedelta(minutes=5), 20)
     assert sums(store, ONE_S) == sorted(want("n2", 30) + want("n3", 20))
@@ -86,10 +85,6 @@ def test_recent_readings_stay_and_the_aggregates_hold_every_one_once(before_0022
                                         "EXCHANGE TABLES gpu_process_metrics"])
 def test_the_file_run_again_after_stopping_anywhere_leaves_the_same(before_0022, stop_after):
     store = before_0022
-    statements = split_statements(MIGRATION.read_text())
-    code = ["\n".join(ln for ln in s.splitlines() if not ln.startswith("--")) for s in statements]
-    stop = [i for i, c in enumerate(code) if c.strip().startswith(stop_after)][0]
-    for statement in statements[:stop + 1]:
-        store.client.command(statement)
+    died_after(store, MIGRATION, stop_after)
     assert store.migrate() == ["0022_nvml_hourly_partitions"]
     check_after(store)

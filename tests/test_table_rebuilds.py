@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
 from fleetprof.store import migration_files, open_store, split_statements
+from tests.test_cluster_sql import code
 from tests.test_rollup import CPU_COLUMNS, GPU_COLUMNS, first_hour, known_rows, rollup_totals, window_totals
 
 REBUILD = next(p for v, _, p in migration_files() if v == 19)
@@ -65,10 +67,24 @@ def contents(store) -> dict[str, list]:
     return {"cpu": cpu, "gpu": gpu, "rollups": rollups}
 
 
-def sorting_key(store, table: str) -> str:
-    _, rows = store.query_sql("SELECT sorting_key FROM system.tables WHERE database = currentDatabase() "
-                              "AND name = {t:String}", {"t": table})
+def table_setting(store, table: str, column: str = "sorting_key") -> str:
+    """A column of system.tables for `table` (sorting_key, engine_full)."""
+    _, rows = store.query_sql("SELECT {c:Identifier} FROM system.tables WHERE database = currentDatabase() "
+                              "AND name = {t:String}", {"c": column, "t": table})
     return rows[0][0]
+
+
+def sorting_key(store, table: str) -> str:
+    return table_setting(store, table)
+
+
+def died_after(store, migration: Path, start: str, last: bool = False) -> None:
+    """Run `migration` up to its first (`last`: its last) statement that starts with `start`, as a migration that
+    died after that statement leaves the store."""
+    statements = split_statements(migration.read_text())
+    stop = [i for i, statement in enumerate(statements) if code(statement).startswith(start)][-1 if last else 0]
+    for statement in statements[:stop + 1]:
+        store.client.command(statement)
 
 
 def test_the_rebuild_keeps_every_row_under_the_hour_first_key(before_0019):
@@ -94,13 +110,9 @@ def test_the_rebuild_keeps_every_row_under_the_hour_first_key(before_0019):
 def test_the_file_run_again_after_stopping_anywhere_leaves_the_same_rows(before_0019, stop_after):
     store = before_0019
     want = contents(store)
-    statements = split_statements(REBUILD.read_text())
-    code = ["\n".join(ln for ln in s.splitlines() if not ln.startswith("--")) for s in statements]
     # the copy is dropped twice (before it is made, after the exchange): stop after the second drop; the view made
     # twice (cpu_samples', then gpu_kernel_samples'): after the first
-    stop = [i for i, c in enumerate(code) if c.startswith(stop_after)][-1 if stop_after.startswith("DROP") else 0]
-    for statement in statements[:stop + 1]:  # a migration that died after this statement
-        store.client.command(statement)
+    died_after(store, REBUILD, stop_after, last=stop_after.startswith("DROP"))
     # 0019 runs whole again
     assert store.migrate() == ["0019_hour_first_sample_order", "0020_timeline_durations", "0021_timeline_detail_tier",
                                "0022_nvml_hourly_partitions"]
@@ -174,11 +186,7 @@ def test_the_timeline_keeps_each_record_s_end_through_its_duration(before_0020):
 def test_the_timeline_rebuild_run_again_after_stopping_anywhere_keeps_every_record(before_0020, stop_after):
     store = before_0020
     want = store.query_sql(TIMELINE_READ)[1]
-    statements = split_statements(DURATIONS.read_text())
-    code = ["\n".join(ln for ln in s.splitlines() if not ln.startswith("--")) for s in statements]
-    stop = [i for i, c in enumerate(code) if c.startswith(stop_after)][-1]
-    for statement in statements[:stop + 1]:
-        store.client.command(statement)
+    died_after(store, DURATIONS, stop_after, last=True)
     assert store.migrate() == ["0020_timeline_durations", "0021_timeline_detail_tier",
                                "0022_nvml_hourly_partitions"]
     assert store.query_sql(TIMELINE_READ)[1] == want

@@ -10,9 +10,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from fleetprof.store import PARTS_DIR, migration_files, split_statements
+from fleetprof.store import PARTS_DIR, migration_files
 from fleetprof.webui import timeline
-from tests.test_table_rebuilds import drop, migrated_to
+from tests.test_table_rebuilds import died_after, drop, migrated_to, table_setting
 from tests.test_webui_timeline import TIMELINE_COLUMNS
 
 MIGRATION = next(p for v, _, p in migration_files() if v == 21)
@@ -44,12 +44,6 @@ def before_0021(chdb_dir):
 RECENT = [("n2", 30, 30 * 5_000 + 435, 1, 30), ("n3", 20, 20 * 5_000 + 190, 1, 20)]
 
 
-def engine(store) -> str:
-    _, rows = store.query_sql("SELECT engine_full FROM system.tables WHERE database = currentDatabase() "
-                              "AND name = 'gpu_timeline'")
-    return rows[0][0]
-
-
 def test_the_ttl_is_the_web_ui_s_and_the_nvml_detail_tier_s():
     (hours,) = re.findall(r"^TTL ts \+ INTERVAL (\d+) HOUR$", MIGRATION.read_text(), re.MULTILINE)
     assert int(hours) * 3600 == timeline.DETAIL_KEEP_S
@@ -61,10 +55,10 @@ def test_records_past_the_ttl_go_and_recent_ones_stay(before_0021):
     store = before_0021
     assert store.migrate() == ["0021_timeline_detail_tier", "0022_nvml_hourly_partitions"]
     assert store.query_sql(READ)[1] == RECENT
-    full = engine(store)
+    full = table_setting(store, "gpu_timeline", "engine_full")
     assert "PARTITION BY toStartOfHour(ts)" in full and "TTL ts + toIntervalHour(6)" in full
     assert "ttl_only_drop_parts = 1" in full
-    # a sink behind by hours still writes an expired window: its hour's part goes at the next TTL merge
+    # a sink behind by hours still writes an expired window: its records go (at the insert, or the next TTL merge)
     store.insert("gpu_timeline", records(datetime.now(tz=UTC).replace(microsecond=0) - timedelta(hours=8), "n4", 10),
                  TIMELINE_COLUMNS)
     store.query_sql("OPTIMIZE TABLE gpu_timeline FINAL", readonly=False)
@@ -74,11 +68,7 @@ def test_records_past_the_ttl_go_and_recent_ones_stay(before_0021):
 @pytest.mark.parametrize("stop_after", ["INSERT INTO gpu_timeline_0021", "EXCHANGE TABLES", "DROP TABLE IF EXISTS"])
 def test_the_file_run_again_after_stopping_anywhere_keeps_the_recent_records(before_0021, stop_after):
     store = before_0021
-    statements = split_statements(MIGRATION.read_text())
-    code = ["\n".join(ln for ln in s.splitlines() if not ln.startswith("--")) for s in statements]
-    stop = [i for i, c in enumerate(code) if c.startswith(stop_after)][-1]
-    for statement in statements[:stop + 1]:
-        store.client.command(statement)
+    died_after(store, MIGRATION, stop_after, last=True)
     assert store.migrate() == ["0021_timeline_detail_tier", "0022_nvml_hourly_partitions"]
     assert store.query_sql(READ)[1] == RECENT
-    assert "PARTITION BY toStartOfHour(ts)" in engine(store)
+    assert "PARTITION BY toStartOfHour(ts)" in table_setting(store, "gpu_timeline", "engine_full")

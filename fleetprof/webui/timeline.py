@@ -27,6 +27,11 @@ from schemas.wire import GPU_BINARY
 
 MAX_RANGE_S = 300  # a timeline is read bar by bar: minutes, not hours
 DETAIL_KEEP_S = 6 * 3600  # gpu_timeline's TTL (migration 0021): older records are gone, their sums stay 30 days
+BAR_LIMIT = 100_000  # bars per answer: ~3 MB of JSON, drawn in well under a second (bench/timeline_render.py)
+KINDS = ("kernel", "copy", "set", "collective")  # `bars.kind` indexes this
+COLUMNS = ("node", "device", "stream", "pid", "comm", "start_ns", "end_ns", "activity", "name", "stack_id", "weight",
+           "bytes", "nvtx_range", "graph_id", "graph_node_id")  # timeline_bars's
+_ACTIVITY_KIND = {"KERNEL": 0, "MEMCPY": 1, "MEMSET": 2}
 
 
 def expired_note(since_ns: int, now_ns: int) -> str:
@@ -36,11 +41,6 @@ def expired_note(since_ns: int, now_ns: int) -> str:
         return ""
     return (f"The timeline keeps sampled records for {DETAIL_KEEP_S // 3600} hours and this range starts before "
             "that: its bars are deleted or being deleted. Its GPU time stays in the flame graph (30 days).")
-BAR_LIMIT = 100_000  # bars per answer: ~3 MB of JSON, drawn in well under a second (bench/timeline_render.py)
-KINDS = ("kernel", "copy", "set", "collective")  # `bars.kind` indexes this
-COLUMNS = ("node", "device", "stream", "pid", "comm", "start_ns", "end_ns", "activity", "name", "stack_id", "weight",
-           "bytes", "nvtx_range", "graph_id", "graph_node_id")  # timeline_bars's
-_ACTIVITY_KIND = {"KERNEL": 0, "MEMCPY": 1, "MEMSET": 2}
 
 
 def display_name(name: str) -> str:
