@@ -25,13 +25,14 @@ def test_an_evicted_table_is_read_again_from_the_compacted_topic(kafka_bootstrap
     feed = SymbolFeed({"bootstrap.servers": kafka_bootstrap}, tables)
     try:
         feed.catch_up(force=True)
-        # chunks are keyed per chunk, so they spread over partitions: which table is read last is not fixed
-        assert len(tables) == 1
+        # chunks are keyed per chunk, so they spread over partitions: which table is read last is not fixed, and the
+        # topic is the whole suite's, so the last tables read may be other tests' (a small one fits beside ours)
+        assert sum(b in tables for b in ids) <= 1
         gone = next(b for b in ids if b not in tables)
         assert feed.ensure({gone}) == 1
         table = tables.get(gone)
         assert table is not None and table.names == ["main", "run", "compute", "hash_block", "write_out"]
-        assert len(tables) == 1  # the other was evicted in turn: the bound holds
+        assert [b for b in ids if b in tables] == [gone]  # the other was evicted in turn: the bound holds
         assert feed.ensure({gone}) == 0  # present: nothing read
         assert feed.ensure({build_id_for(f"never-published-{run}")}) == 0
         assert feed.refetched == 1
