@@ -447,12 +447,15 @@ class Store:
             self._types.pop(table, None)  # a migration may have changed the table since: ask again on the retry
             raise
 
-    def lost_insert(self, table: str) -> str | None:
-        """The part named by `table`'s newest deduplication record when no active part holds it: an embedded
-        store's insert cut between the two by the process's death. Always None for a server."""
+    def insert_again(self, table: str, rows: Sequence[Sequence[Any]], column_names: list[str], dedup_token: str,
+                     column_oriented: bool = False) -> list[str]:
+        """insert() of an interrupted batch's rows: a server's inserts are whole or not at all; an embedded store's
+        can be cut by the process's death, which dedup_records.insert_again repairs. Returns what it repaired."""
         if not self.embedded:
-            return None
-        return dedup_records.lost_part(self, table)
+            self.insert(table, rows, column_names, dedup_token=dedup_token, column_oriented=column_oriented)
+            return []
+        return dedup_records.insert_again(self, table, dedup_token, lambda into, token: self.insert(
+            into, rows, column_names, dedup_token=token, column_oriented=column_oriented))
 
     def _column_types(self, table: str, column_names: list[str]) -> list[str] | None:
         """The columns' types, asked once per table (clickhouse-connect would describe the table before every insert:

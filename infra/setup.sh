@@ -58,6 +58,7 @@ command -v gcc >/dev/null || packages+=(gcc)  # ELF tests build libraries (no bu
 # struct offsets of producers/python_offsets.py are checked against them)
 [ -x /usr/bin/python3.11 ] || packages+=(python3.11)
 [ -e /usr/include/python3.11/internal/pycore_frame.h ] || packages+=(libpython3.11-dev)
+command -v strace >/dev/null || packages+=(strace)  # a test kills the sink at one exact rename (its fault injection)
 command -v chromium >/dev/null || packages+=(chromium)  # the web UI tests drive it headless (playwright)
 # <sys/sdt.h>: the USDT probes of the CUPTI shim and the GPU simulator (native/include/fleetprof_probes.h)
 compgen -G "/usr/include/*/sys/sdt.h" >/dev/null || [ -e /usr/include/sys/sdt.h ] || packages+=(systemtap-sdt-dev)

@@ -263,7 +263,7 @@ class StoreRunner:
         self._dead_letters(dead)
         for table, rows in tables.items():
             token = f"{key}:{table}"
-            self._insert(table, rows, token if resumed is None else self._resumed_token(table, token))
+            self._insert(table, rows, token, again=resumed is not None)
         # AFTER one microsecond past BEFORE, never now: written again for a batch that another instance resumed
         # from and went on with, it must not outrank that instance's newer state of the partition
         self._state(ranges, "AFTER", stamp + timedelta(microseconds=1))
@@ -291,7 +291,9 @@ class StoreRunner:
                                         m.value, f"row building failed: {exc!r}"))
         return rows_for(good, written_at)
 
-    def _insert(self, table: str, rows: Rows, token: str) -> None:
+    def _insert(self, table: str, rows: Rows, token: str, again: bool = False) -> None:
+        """`again`: an interrupted batch's rows, which the store writes so that whatever part of them the death
+        left in the table and its views' targets, each holds them once (Store.insert_again)."""
         if table in DEFINITION_TABLES:
             known = self.known_frames if table == "frames" else self.known_stacks
             fresh = known.unseen([r[0] for r in rows.rows])
@@ -305,24 +307,15 @@ class StoreRunner:
         elif len(rows):
             by_column = rows.by_column is not None
             data = rows.by_column if by_column else rows.rows
-            self._retry(lambda: self.store.insert(table, data, rows.columns, dedup_token=token,
-                                                  column_oriented=by_column))
+            if not again:
+                self._retry(lambda: self.store.insert(table, data, rows.columns, dedup_token=token,
+                                                      column_oriented=by_column))
+            else:
+                for repaired in self._retry(lambda: self.store.insert_again(table, data, rows.columns, token,
+                                                                            column_oriented=by_column)):
+                    log.warning("%s: the interrupted insert left a deduplication record without its part in %s; "
+                                "its rows went there again, once", table, repaired)
             metrics.ROWS_OUT.labels(self.name, table).inc(len(rows))
-
-    def _resumed_token(self, table: str, token: str) -> str:
-        """The token to write an interrupted batch's rows of `table` under again: their own, unless the table's
-        newest deduplication record names a part that is not there (the insert died between the two: its own token
-        would be dropped as a duplicate of nothing). Then one made from that part, the same on every later attempt
-        while the record stays the newest: a retry that lands is the newest record, and the next attempt goes back
-        to the batch's own token, which the lost record drops."""
-        if table in DEFINITION_TABLES:
-            return token
-        lost = self.store.lost_insert(table)
-        if lost is None:
-            return token
-        log.warning("%s: the interrupted insert left a deduplication record of part %s without the part; writing "
-                    "its rows again under a token of their own", table, lost)
-        return f"{token}:after:{lost}"
 
     def _state(self, ranges: dict[tuple[str, int], tuple[int, int]], state: str, stamp: datetime) -> None:
         rows = [[t, p, lo, hi, state, stamp] for (t, p), (lo, hi) in ranges.items()]

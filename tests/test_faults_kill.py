@@ -247,15 +247,17 @@ def store_sql(data_dir: Path, statement: str, **params: str) -> list[dict]:
     return json.loads(done.stdout)
 
 
-def stored_cpu(data_dir: Path, prefix: str) -> Counter:
-    rows = store_sql(data_dir, "SELECT node, toInt64(sum(count)) AS n FROM cpu_samples "
-                               "WHERE startsWith(node, {p:String}) GROUP BY node", p=prefix)
+def stored_cpu(data_dir: Path, prefix: str, table: str = "cpu_samples") -> Counter:
+    """Samples per node in `table`: the 10 s windows, or the hourly rollup their view feeds."""
+    rows = store_sql(data_dir, "SELECT node, toInt64(sum(count)) AS n FROM {t:Identifier} "
+                               "WHERE startsWith(node, {p:String}) GROUP BY node", t=table, p=prefix)
     return Counter({r["node"]: int(r["n"]) for r in rows})
 
 
-def stored_gpu(data_dir: Path, node: str) -> tuple[Counter, int]:
+def stored_gpu(data_dir: Path, node: str, table: str = "gpu_kernel_samples") -> tuple[Counter, int]:
     rows = store_sql(data_dir, "SELECT kernel_name, toInt64(sum(duration_ns)) AS ns, toInt64(sum(launches)) AS n "
-                               "FROM gpu_kernel_samples WHERE node = {node:String} GROUP BY kernel_name", node=node)
+                               "FROM {t:Identifier} WHERE node = {node:String} GROUP BY kernel_name", t=table,
+                     node=node)
     return Counter({r["kernel_name"]: int(r["ns"]) for r in rows}), sum(int(r["n"]) for r in rows)
 
 
@@ -457,6 +459,9 @@ def test_processors_killed_mid_batch_ten_times_store_exactly_what_was_sent(kafka
     assert stored_cpu(sink_dir, prefix) == load.cpu
     gpu_ns, launches = stored_gpu(sink_dir, run.node)
     assert gpu_ns == load.gpu and launches == load.launches
+    # and the hourly rollups the window tables' views feed (a kill inside a batch can fall inside a view's insert)
+    assert stored_cpu(sink_dir, prefix, "cpu_samples_1h") == load.cpu
+    assert stored_gpu(sink_dir, run.node, "gpu_kernel_samples_1h") == (load.gpu, load.launches)
     assert stored_unmatched(sink_dir, run.node) == 0
     assert dead_letters_for(kafka_bootstrap, dead_start, run.id) == []
 

@@ -67,8 +67,9 @@ class Store:
         as_rows = zip(*rows, strict=True) if column_oriented else rows
         self.inserts.append((table, [list(r) for r in as_rows], dedup_token))
 
-    def lost_insert(self, table):
-        return None  # a server's inserts are never cut by the sink's death
+    def insert_again(self, table, rows, column_names, dedup_token, column_oriented=False):
+        self.insert(table, rows, column_names, dedup_token, column_oriented)
+        return []  # a server's inserts are never cut by the sink's death
 
     def query_store(self, name, params):
         assert name == "sink_batches"
