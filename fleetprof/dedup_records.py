@@ -27,6 +27,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
+from fleetprof.store_statements import store_sql
+
 log = logging.getLogger("fleetprof.store")
 ATTACH_TRIES = 5  # a view detached for a repair is attached again this many times before the sink gives up
 ADD = "1"  # MergeTreeDeduplicationOp: 1 a part added, 2 a part dropped
@@ -96,8 +98,6 @@ def through_view(store: StoreQueries, table: str, view: str, select: str, target
         raise NotReplayable(f"view {view} does not read {table} once as FROM {store.database}.{table}: not replayed")
     with_replay = source.sub(f"FROM {store.database}.{replay}", select)
 
-    from fleetprof.store import store_sql  # here: the store imports this module
-
     def ddl(name: str, params: dict[str, str], tail: str = "") -> None:
         store.query_sql(store_sql(name) + tail, params, readonly=False)
 
@@ -139,8 +139,6 @@ def insert_again(store: StoreQueries, table: str, token: str, insert: Callable[[
 @contextmanager
 def _views_detached(store: StoreQueries, table: str) -> Iterator[None]:
     """`table` without its views for the block: a process that dies inside finds them attached again."""
-    from fleetprof.store import store_sql  # here: the store imports this module
-
     _, views = store.query_store("views_reading_table", {"database": store.database, "table": table})
     detached = []
     try:

@@ -29,6 +29,7 @@ from fleetprof import dedup_records
 from fleetprof.rebuild_guard import rebuild_refusal
 from fleetprof.settings import SQL_DIR
 from fleetprof.store_params import _unwrap, coerce_param, parse_time  # noqa: F401 - parse_time: the store's API
+from fleetprof.store_statements import store_sql
 
 if TYPE_CHECKING:
     import pyarrow
@@ -39,7 +40,6 @@ log = logging.getLogger(__name__)
 MIGRATIONS_DIR = SQL_DIR / "migrations"
 QUERIES_DIR = SQL_DIR / "queries"
 PARTS_DIR = SQL_DIR / "parts"
-STORE_SQL_DIR = SQL_DIR / "store"
 
 CHDB_PREFIX = "chdb://"
 USER_ENV = "FLEETPROF_CLICKHOUSE_USER"
@@ -134,11 +134,6 @@ def _included(name: str) -> str:  # sql/parts/<name>.sql (a filter, a join: no s
 
 def _newest_sql() -> int:  # the cache key: an edit to a query or a part that a query includes shows at once
     return max(p.stat().st_mtime_ns for d in (QUERIES_DIR, PARTS_DIR) for p in d.glob("*.sql"))
-
-
-def store_sql(name: str) -> str:
-    """A statement the store itself runs (sql/store/<name>.sql)."""
-    return (STORE_SQL_DIR / f"{name}.sql").read_text()
 
 
 def split_statements(text: str) -> list[str]:

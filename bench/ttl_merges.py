@@ -1,0 +1,149 @@
+"""Background CPU of the detail tier's TTL over hours, in scaled time: the 1 s NVML readings in daily partitions with
+a 6 h row TTL (migration 0016: each hour a TTL merge rewrites the parts that hold the newly expired hour) against
+hourly partitions whose parts go whole once expired (0022, and the timeline's 0021). Measured, not estimated.
+
+    .venv/bin/python bench/ttl_merges.py [--scale 60] [--hours 16] [--nodes 10]
+
+Time runs --scale times faster than the sink's: a scaled hour is 3600/scale s; every 10/scale s one sink batch of
+device readings (nodes x 8 GPUs x 10 readings, bench/sql/ttl_merges_insert.sql) goes into a chDB table with 0022's
+columns, codecs and key (bench/sql/ttl_merges_table.sql); the TTL is 6 scaled hours, the partitions a scaled day
+("rows": the row TTL, ttl_only_drop_parts = 0) or a scaled hour ("parts": ttl_only_drop_parts = 1), and
+merge_with_ttl_timeout a scaled hour in both. The two layouts run side by side, each in a process of its own. From
+the first expiry (7 scaled hours) to the end, the CPU of each process's threads (/proc/self/task) is summed: the
+inserting thread and the engine's pool (merges, TTL deletes, part drops), per reading inserted meanwhile. Not
+scaled: the engine's own timers (merge selection every few seconds), the same for both layouts.
+Writes bench/out/ttl_merges.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.sink_cost import thread_cpu  # noqa: E402
+from fleetprof.store import open_store  # noqa: E402
+
+SQL = ROOT / "bench" / "sql"
+TTL_HOURS = 6
+READINGS_PER_BATCH_PER_NODE = 8 * 10  # 8 GPUs, one reading a second over a 10 s batch
+
+
+def layouts(hour_s: int) -> dict[str, dict[str, str]]:
+    """Each layout's partition key and TTL settings, with `hour_s` seconds standing for an hour."""
+    return {
+        "rows": {"partition": f"toStartOfInterval(ts, INTERVAL {24 * hour_s} SECOND)",
+                 "settings": f"ttl_only_drop_parts = 0, merge_with_ttl_timeout = {hour_s}"},
+        "parts": {"partition": f"toStartOfInterval(ts, INTERVAL {hour_s} SECOND)",
+                  "settings": f"ttl_only_drop_parts = 1, merge_with_ttl_timeout = {hour_s}"},
+    }
+
+
+def child(layout: str, scale: int, hours: float, nodes: int) -> dict:
+    hour_s = 3600 // scale
+    batch_s, span_ms = 10 / scale, max(1, 1000 // scale)
+    tmp = Path(tempfile.mkdtemp(prefix="fleetprof-ttl-"))
+    store = open_store(f"chdb://{tmp / 'chdb'}", "bench")
+    try:
+        # partition, TTL and settings are the layout's expressions, not values: they cannot be bound
+        table = (SQL / "ttl_merges_table.sql").read_text().format(
+            ttl=f"INTERVAL {TTL_HOURS * hour_s} SECOND", **layouts(hour_s)[layout])
+        store.query_sql(table, readonly=False)
+        insert = (SQL / "ttl_merges_insert.sql").read_text()
+        rows = nodes * READINGS_PER_BATCH_PER_NODE
+        start = time.monotonic()
+        warm_at, end_at = start + (TTL_HOURS + 1) * hour_s, start + hours * hour_s
+        before, events_before, inserted, late = None, None, 0, 0
+        next_at = start
+        while (now := time.monotonic()) < end_at:
+            if before is None and now >= warm_at:
+                before, events_before, inserted = thread_cpu(), events(store), 0
+            store.query_sql(insert, {"rows": rows, "span_ms": span_ms}, readonly=False)
+            inserted += rows
+            next_at += batch_s
+            pause = next_at - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            else:
+                late += 1
+        after, events_after = thread_cpu(), events(store)
+        me = threading_native_id()
+        insert_s = after.get(me, 0.0) - before.get(me, 0.0)
+        pool = {k: v - before.get(k, 0.0) for k, v in after.items() if k[0] != me[0]}
+        merge_s = sum(v for (_, name), v in pool.items() if name.startswith("MergeMutate"))
+        _, kept = store.query_sql("SELECT count(), min(ts) FROM readings")
+        _, parts = store.query_sql("SELECT count(), sum(bytes_on_disk) FROM system.parts "
+                                   "WHERE database = currentDatabase() AND table = 'readings' AND active")
+        oldest_h = (time.time() - kept[0][1].timestamp()) / hour_s if kept[0][0] else 0.0
+        return {
+            "layout": layout, "scale": scale, "hours": hours, "nodes": nodes, "late_batches": late,
+            "readings_measured": inserted,
+            "us_per_reading": {"insert_thread": round(insert_s / inserted * 1e6, 3),
+                               "pool": round(sum(pool.values()) / inserted * 1e6, 3),
+                               "pool_merges": round(merge_s / inserted * 1e6, 3)},
+            "events": {k: events_after.get(k, 0) - events_before.get(k, 0) for k in events_after},
+            "end": {"readings_kept": kept[0][0], "oldest_kept_scaled_hours": round(oldest_h, 2),
+                    "active_parts": parts[0][0], "bytes_on_disk": parts[0][1]},
+        }
+    finally:
+        store.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def threading_native_id() -> tuple[int, str]:
+    """(thread id, name) of the calling thread as thread_cpu keys it."""
+    import threading
+    tid = threading.get_native_id()
+    name = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+    return tid, name
+
+
+def events(store) -> dict[str, int]:
+    _, rows = store.query_sql("SELECT event, value FROM system.events WHERE event IN ('Merge', 'MergedRows', "
+                              "'MergedUncompressedBytes', 'InsertedRows')")
+    return {k: int(v) for k, v in rows}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scale", type=int, default=60, help="how many times faster than real time (3600 divisible)")
+    ap.add_argument("--hours", type=float, default=16.0, help="scaled hours to run (the first 7 are warm-up)")
+    ap.add_argument("--nodes", type=int, default=10)
+    ap.add_argument("--child", choices=("rows", "parts"), help=argparse.SUPPRESS)
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "ttl_merges.json")
+    args = ap.parse_args()
+    if 3600 % args.scale or args.hours <= TTL_HOURS + 1:
+        ap.error("--scale must divide 3600 and --hours exceed the TTL's 6 hours plus one")
+    if args.child:
+        print(json.dumps(child(args.child, args.scale, args.hours, args.nodes)))
+        return
+    procs = {layout: subprocess.Popen(
+        [sys.executable, __file__, "--child", layout, "--scale", str(args.scale), "--hours", str(args.hours),
+         "--nodes", str(args.nodes)], stdout=subprocess.PIPE, text=True, cwd=ROOT) for layout in ("rows", "parts")}
+    results = {}
+    for layout, proc in procs.items():
+        out, _ = proc.communicate()
+        if proc.returncode != 0:
+            sys.exit(f"ttl_merges: the {layout} layout's run failed (exit {proc.returncode})")
+        results[layout] = json.loads(out.strip().splitlines()[-1])
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1, default=str))
+    print(f"{'layout':8} {'readings':>10} {'insert us':>10} {'pool us':>9} {'merges us':>10} {'merged rows':>12} "
+          f"{'kept':>9} {'oldest h':>9} {'parts':>6} {'late':>5}")
+    for layout, r in results.items():
+        u, e, end = r["us_per_reading"], r["events"], r["end"]
+        print(f"{layout:8} {r['readings_measured']:>10} {u['insert_thread']:>10} {u['pool']:>9} "
+              f"{u['pool_merges']:>10} {e.get('MergedRows', 0):>12} {end['readings_kept']:>9} "
+              f"{end['oldest_kept_scaled_hours']:>9} {end['active_parts']:>6} {r['late_batches']:>5}")
+
+
+if __name__ == "__main__":
+    main()
