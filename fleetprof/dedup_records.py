@@ -76,12 +76,16 @@ def lost_part(store: StoreQueries, table: str) -> str | None:
     return None
 
 
+def views_reading(store: StoreQueries, table: str) -> list[tuple[str, str, str]]:
+    """(view, its SELECT, its target) of each materialized view reading `table`."""
+    return store.query_store("views_reading_table", {"database": store.database, "table": table})[1]
+
+
 def views_cut_short(store: StoreQueries, table: str) -> list[tuple[str, str, str, str]]:
     """(view, its SELECT, its target, the lost part) of each materialized view reading `table` whose target's newest
     deduplication record names a part that is not there."""
-    _, views = store.query_store("views_reading_table", {"database": store.database, "table": table})
     found = []
-    for view, select, target in views:
+    for view, select, target in views_reading(store, table):
         part = lost_part(store, target)
         if part is not None:
             found.append((view, select, target, part))
@@ -98,19 +102,24 @@ def through_view(store: StoreQueries, table: str, view: str, select: str, target
         raise NotReplayable(f"view {view} does not read {table} once as FROM {store.database}.{table}: not replayed")
     with_replay = source.sub(f"FROM {store.database}.{replay}", select)
 
-    def ddl(name: str, params: dict[str, str], tail: str = "") -> None:
-        store.query_sql(store_sql(name) + tail, params, readonly=False)
-
-    ddl("replay_view_drop", {"view": copy})  # a repair cut short leaves them: made again from the view as it is
-    ddl("replay_table_drop", {"replay": replay})
-    ddl("replay_table_create", {"replay": replay, "source": table})
+    _ddl(store, "replay_table_create", {"replay": replay, "source": table})
     try:
         # as_select is the server's own text of a view the migrations made, not a value: it cannot be a parameter
-        ddl("replay_view_create", {"view": copy, "target": target}, "\n" + with_replay)
+        _ddl(store, "replay_view_create", {"view": copy, "target": target}, "\n" + with_replay)
         insert(replay)
     finally:
-        ddl("replay_view_drop", {"view": copy})
-        ddl("replay_table_drop", {"replay": replay})
+        _drop_copies(store, table, [view])
+
+
+def _drop_copies(store: StoreQueries, table: str, views: list[str]) -> None:
+    """The replay table of `table` and the copies of `views` over it, where a repair left them."""
+    for view in views:
+        _ddl(store, "replay_view_drop", {"view": f"{view}_replay"})
+    _ddl(store, "replay_table_drop", {"replay": f"{table}_replay"})
+
+
+def _ddl(store: StoreQueries, name: str, params: dict[str, str], tail: str = "") -> None:
+    store.query_sql(store_sql(name) + tail, params, readonly=False)
 
 
 def insert_again(store: StoreQueries, table: str, token: str, insert: Callable[[str, str], None]) -> list[str]:
@@ -119,6 +128,8 @@ def insert_again(store: StoreQueries, table: str, token: str, insert: Callable[[
     repairs name the lost part: while its record is the newest they are the same on every attempt, and once a
     repair landed the next attempt's own token is dropped everywhere (by the lost record, or the views' copies)."""
     repaired = []
+    # a repair that a death cut short leaves its replay table and view copies: they go before anything else
+    _drop_copies(store, table, [view for view, _, _ in views_reading(store, table)])
     lost = lost_part(store, table)
     insert(table, token)
     if lost is not None:
@@ -139,18 +150,17 @@ def insert_again(store: StoreQueries, table: str, token: str, insert: Callable[[
 @contextmanager
 def _views_detached(store: StoreQueries, table: str) -> Iterator[None]:
     """`table` without its views for the block: a process that dies inside finds them attached again."""
-    _, views = store.query_store("views_reading_table", {"database": store.database, "table": table})
     detached = []
     try:
-        for view, _, _ in views:
-            store.query_sql(store_sql("view_detach"), {"view": view}, readonly=False)
+        for view, _, _ in views_reading(store, table):
+            _ddl(store, "view_detach", {"view": view})
             detached.append(view)
         yield
     finally:
         for view in detached:
             for attempt in range(ATTACH_TRIES):  # left detached, the view would miss every later batch
                 try:
-                    store.query_sql(store_sql("view_attach"), {"view": view}, readonly=False)
+                    _ddl(store, "view_attach", {"view": view})
                     break
                 except Exception:
                     if attempt == ATTACH_TRIES - 1:

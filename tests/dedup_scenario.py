@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 
 from fleetprof.dedup_records import lost_part, views_cut_short
 from fleetprof.store import open_store
+from fleetprof.store_statements import store_sql
 from processors.sink import Rows
 from processors.sink_columns import CPU_SAMPLE_COLUMNS, DEVICE_COLUMNS
 from processors.store_writer import StoreRunner
@@ -112,6 +113,11 @@ def resume_views(path: str) -> dict:
         for table, (rows, columns, _) in VIEW_BATCHES.items():  # what the sink did before: the source's own token
             store.insert(table, rows, columns, dedup_token=f"{TOKEN}:{table}")
         out["own_tokens"] = counts(store)
+        # what a repair cut short by a death leaves: the replay table and a view's copy over it
+        store.query_sql(store_sql("replay_table_create"), {"replay": "cpu_samples_replay", "source": "cpu_samples"},
+                        readonly=False)
+        store.query_sql(store_sql("replay_view_create") + " SELECT * FROM fleetprof.cpu_samples_replay",
+                        {"view": "cpu_samples_1h_mv_replay", "target": "cpu_samples"}, readonly=False)
         for attempt in ("retry", "retry_again"):
             for table, (rows, columns, _) in VIEW_BATCHES.items():
                 token = f"{TOKEN}:{table}"
