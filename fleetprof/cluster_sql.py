@@ -64,6 +64,22 @@ EXCHANGE = "EXCHANGE TABLES {first} AND {second}{on_cluster}"
 # change what only the local tables have (settings, TTL)
 LOCAL_ALTERS = ("ADD COLUMN ", "MODIFY ORDER BY ", "MODIFY SETTING ", "MODIFY TTL ")
 RECORD = "INSERT INTO schema_migrations (version, name, applied_at) VALUES ({version}, '{name}', now())"
+# first in a file that rebuilds tables (EXCHANGE TABLES), as `fleetprof db migrate` refuses on one node
+# (fleetprof/rebuild_guard.py): clickhouse-client stops the file at its error
+REBUILD_GUARD = """\
+-- Cluster: this file rebuilds tables, whose deduplication logs start empty: a sink batch left unfinished would be
+-- stored twice once a sink writes it again (fleetprof/rebuild_guard.py). So it stops here while one is unfinished:
+-- start the sink of the version that began it (it finishes the batch by itself), stop the sinks, run the file again;
+-- or, accepting those rows twice, run it from the next statement.
+SELECT throwIf(count() > 0, 'fleetprof: a sink batch is unfinished, which this rebuild would store twice: see above')
+           AS unfinished_sink_batches
+FROM
+(
+    SELECT topic, partition, argMax(state, updated) AS state
+    FROM sink_state
+    GROUP BY topic, partition
+    HAVING state = 'BEFORE'
+)"""
 
 _DIRECTIVE_RE = re.compile(r"^--\s*@cluster\b\s*(.*?)\s*$")
 _NOTE_RE = re.compile(r"^--\s*Cluster:")
@@ -121,6 +137,8 @@ def generate_file(version: int, name: str, text: str, layout: Layout) -> str:
         chunks.extend(f"{statement};" for statement in statements[1:])
     if directives != sum(bool(_DIRECTIVE_RE.match(line.strip())) for line in text.splitlines()):
         raise ClusterSqlError(f"{source}: a `-- @cluster` line belongs in the comment lines right above a statement")
+    if layout.exchanged:
+        chunks.insert(0, REBUILD_GUARD + ";")
     chunks.append(RECORD.format(version=version, name=name) + ";")
     header = [f"-- Generated from {source} by `{COMMAND}`: do not edit.",
               "-- The migration says why the columns, codecs, keys, partitions, TTL and settings are what they are;",

@@ -228,3 +228,28 @@ def test_the_operator_may_rebuild_over_an_unfinished_batch_knowingly(before_0019
     monkeypatch.setenv(ALLOW_ENV, "1")
     assert store.migrate() == ["0019_hour_first_sample_order", "0020_timeline_durations", "0021_timeline_detail_tier",
                                "0022_nvml_hourly_partitions"]
+
+
+def test_a_cluster_file_that_rebuilds_tables_stops_over_an_unfinished_sink_batch(before_0019):
+    """The cluster's migrations run through clickhouse-client, not `fleetprof db migrate`: each file that rebuilds
+    tables begins with a statement that fails while a sink batch is unfinished (clickhouse-client stops the file
+    there), and passes once it is finished. Run here on a single node's sink_state, the table it reads."""
+    from fleetprof import cluster_sql
+    from processors.store_writer import STATE_COLUMNS
+
+    files = {path.name: path.read_text() for path in sorted(cluster_sql.CLUSTER_DIR.glob("0*.sql"))}
+    guarded = {name for name, text in files.items() if code(split_statements(text)[0]) ==
+               code(cluster_sql.REBUILD_GUARD)}
+    assert guarded == {name for name, text in files.items() if "EXCHANGE TABLES" in text}
+    assert {name[:4] for name in guarded} == {"0019", "0020", "0021", "0022"}
+    guard = code(cluster_sql.REBUILD_GUARD)
+    store = before_0019
+    assert store.query_sql(guard) == (["unfinished_sink_batches"], [(0,)])  # no sink ever wrote: it passes
+    stamp = datetime.now(tz=UTC)
+    store.insert("sink_state", [["gpu.samples", 1, 10, 20, "AFTER", stamp],
+                                ["cpu.samples", 3, 100, 199, "BEFORE", stamp]], STATE_COLUMNS)
+    with pytest.raises(Exception, match="fleetprof: a sink batch is unfinished, which this rebuild would store twice"):
+        store.query_sql(guard)
+    store.insert("sink_state", [["cpu.samples", 3, 100, 199, "AFTER", stamp + timedelta(microseconds=1)]],
+                 STATE_COLUMNS)
+    assert store.query_sql(guard) == (["unfinished_sink_batches"], [(0,)])

@@ -2,6 +2,20 @@
 -- The migration says why the columns, codecs, keys, partitions, TTL and settings are what they are;
 -- sql/cluster/README.md says how a cluster differs from one node.
 --
+-- Cluster: this file rebuilds tables, whose deduplication logs start empty: a sink batch left unfinished would be
+-- stored twice once a sink writes it again (fleetprof/rebuild_guard.py). So it stops here while one is unfinished:
+-- start the sink of the version that began it (it finishes the batch by itself), stop the sinks, run the file again;
+-- or, accepting those rows twice, run it from the next statement.
+SELECT throwIf(count() > 0, 'fleetprof: a sink batch is unfinished, which this rebuild would store twice: see above')
+           AS unfinished_sink_batches
+FROM
+(
+    SELECT topic, partition, argMax(state, updated) AS state
+    FROM sink_state
+    GROUP BY topic, partition
+    HAVING state = 'BEFORE'
+);
+
 -- Cluster: copied through the Distributed tables (the same sharding key), the local tables exchanged on every node.
 DROP TABLE IF EXISTS gpu_timeline_0021 ON CLUSTER '{cluster}' SYNC;
 
