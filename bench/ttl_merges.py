@@ -12,7 +12,10 @@ merge_with_ttl_timeout a scaled hour in both. The two layouts run side by side, 
 the first expiry (7 scaled hours) to the end, the CPU of each process's threads (/proc/self/task) is summed: the
 inserting thread and the engine's pool (merges, TTL deletes, part drops), per reading inserted meanwhile. Not
 scaled: the engine's own timers (merge selection every few seconds), the same for both layouts.
-Writes bench/out/ttl_merges.json and prints a table.
+--table cpu: the same for cpu_samples (0019's engine and key, no TTL within a run: bench/sql/ttl_merges_cpu_*.sql,
+~500 rows per node a batch) in daily ("daily") against hourly ("hourly") partitions, measured from the first scaled
+hour on: what bounded merge levels would save the sink at steady state.
+Writes bench/out/ttl_merges[_cpu].json and prints a table.
 """
 
 from __future__ import annotations
@@ -37,8 +40,11 @@ TTL_HOURS = 6
 READINGS_PER_BATCH_PER_NODE = 8 * 10  # 8 GPUs, one reading a second over a 10 s batch
 
 
-def layouts(hour_s: int) -> dict[str, dict[str, str]]:
+def layouts(hour_s: int, table: str = "nvml") -> dict[str, dict[str, str]]:
     """Each layout's partition key and TTL settings, with `hour_s` seconds standing for an hour."""
+    if table == "cpu":
+        return {name: {"partition": f"toStartOfInterval(ts, INTERVAL {span * hour_s} SECOND)", "hour": str(hour_s),
+                       "settings": "ttl_only_drop_parts = 1"} for name, span in (("daily", 24), ("hourly", 1))}
     return {
         "rows": {"partition": f"toStartOfInterval(ts, INTERVAL {24 * hour_s} SECOND)",
                  "settings": f"ttl_only_drop_parts = 0, merge_with_ttl_timeout = {hour_s}"},
@@ -47,26 +53,29 @@ def layouts(hour_s: int) -> dict[str, dict[str, str]]:
     }
 
 
-def child(layout: str, scale: int, hours: float, nodes: int) -> dict:
+def child(layout: str, scale: int, hours: float, nodes: int, kind: str = "nvml") -> dict:
     hour_s = 3600 // scale
     batch_s, span_ms = 10 / scale, max(1, 1000 // scale)
+    prefix, per_node, warm_hours = (("ttl_merges_cpu", 500, 1) if kind == "cpu"
+                                    else ("ttl_merges", READINGS_PER_BATCH_PER_NODE, TTL_HOURS + 1))
     tmp = Path(tempfile.mkdtemp(prefix="fleetprof-ttl-"))
     store = open_store(f"chdb://{tmp / 'chdb'}", "bench")
     try:
         # partition, TTL and settings are the layout's expressions, not values: they cannot be bound
-        table = (SQL / "ttl_merges_table.sql").read_text().format(
-            ttl=f"INTERVAL {TTL_HOURS * hour_s} SECOND", **layouts(hour_s)[layout])
+        table = (SQL / f"{prefix}_table.sql").read_text().format(
+            ttl=f"INTERVAL {TTL_HOURS * hour_s} SECOND", **layouts(hour_s, kind)[layout])
         store.query_sql(table, readonly=False)
-        insert = (SQL / "ttl_merges_insert.sql").read_text()
-        rows = nodes * READINGS_PER_BATCH_PER_NODE
+        insert = (SQL / f"{prefix}_insert.sql").read_text()
+        rows = nodes * per_node
+        params = {"rows": rows} if kind == "cpu" else {"rows": rows, "span_ms": span_ms}
         start = time.monotonic()
-        warm_at, end_at = start + (TTL_HOURS + 1) * hour_s, start + hours * hour_s
+        warm_at, end_at = start + warm_hours * hour_s, start + hours * hour_s
         before, events_before, inserted, late = None, None, 0, 0
         next_at = start
         while (now := time.monotonic()) < end_at:
             if before is None and now >= warm_at:
                 before, events_before, inserted = thread_cpu(), events(store), 0
-            store.query_sql(insert, {"rows": rows, "span_ms": span_ms}, readonly=False)
+            store.query_sql(insert, params, readonly=False)
             inserted += rows
             next_at += batch_s
             pause = next_at - time.monotonic()
@@ -117,25 +126,29 @@ def main() -> None:
     ap.add_argument("--scale", type=int, default=60, help="how many times faster than real time (3600 divisible)")
     ap.add_argument("--hours", type=float, default=16.0, help="scaled hours to run (the first 7 are warm-up)")
     ap.add_argument("--nodes", type=int, default=10)
-    ap.add_argument("--child", choices=("rows", "parts"), help=argparse.SUPPRESS)
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "ttl_merges.json")
+    ap.add_argument("--table", choices=("nvml", "cpu"), default="nvml")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    if 3600 % args.scale or args.hours <= TTL_HOURS + 1:
-        ap.error("--scale must divide 3600 and --hours exceed the TTL's 6 hours plus one")
+    warm_hours = 1 if args.table == "cpu" else TTL_HOURS + 1
+    if 3600 % args.scale or args.hours <= warm_hours:
+        ap.error(f"--scale must divide 3600 and --hours exceed the {warm_hours} warm-up hours")
     if args.child:
-        print(json.dumps(child(args.child, args.scale, args.hours, args.nodes)))
+        print(json.dumps(child(args.child, args.scale, args.hours, args.nodes, args.table)))
         return
+    path = args.out or ROOT / "bench" / "out" / ("ttl_merges_cpu.json" if args.table == "cpu" else "ttl_merges.json")
     procs = {layout: subprocess.Popen(
         [sys.executable, __file__, "--child", layout, "--scale", str(args.scale), "--hours", str(args.hours),
-         "--nodes", str(args.nodes)], stdout=subprocess.PIPE, text=True, cwd=ROOT) for layout in ("rows", "parts")}
+         "--nodes", str(args.nodes), "--table", args.table], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        for layout in layouts(3600 // args.scale, args.table)}
     results = {}
     for layout, proc in procs.items():
         out, _ = proc.communicate()
         if proc.returncode != 0:
             sys.exit(f"ttl_merges: the {layout} layout's run failed (exit {proc.returncode})")
         results[layout] = json.loads(out.strip().splitlines()[-1])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1, default=str))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1, default=str))
     print(f"{'layout':8} {'readings':>10} {'insert us':>10} {'pool us':>9} {'merges us':>10} {'merged rows':>12} "
           f"{'kept':>9} {'oldest h':>9} {'parts':>6} {'late':>5}")
     for layout, r in results.items():
