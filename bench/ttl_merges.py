@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -109,7 +110,6 @@ def child(layout: str, scale: int, hours: float, nodes: int, kind: str = "nvml")
 
 def threading_native_id() -> tuple[int, str]:
     """(thread id, name) of the calling thread as thread_cpu keys it."""
-    import threading
     tid = threading.get_native_id()
     name = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
     return tid, name

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleetprof.store import MIGRATIONS_DIR, migration_files, split_statements
+from fleetprof.store_statements import store_sql
 
 CLUSTER_DIR = MIGRATIONS_DIR.parent / "cluster"
 COMMAND = "python -m fleetprof.cluster_sql"
@@ -65,7 +66,8 @@ EXCHANGE = "EXCHANGE TABLES {first} AND {second}{on_cluster}"
 LOCAL_ALTERS = ("ADD COLUMN ", "MODIFY ORDER BY ", "MODIFY SETTING ", "MODIFY TTL ")
 RECORD = "INSERT INTO schema_migrations (version, name, applied_at) VALUES ({version}, '{name}', now())"
 # first in a file that rebuilds tables (EXCHANGE TABLES), as `fleetprof db migrate` refuses on one node
-# (fleetprof/rebuild_guard.py): clickhouse-client stops the file at its error
+# (fleetprof/rebuild_guard.py), over the same sink_batches statement, every topic: clickhouse-client stops the file at
+# its error
 REBUILD_GUARD = """\
 -- Cluster: this file rebuilds tables, whose deduplication logs start empty: a sink batch left unfinished would be
 -- stored twice once a sink writes it again (fleetprof/rebuild_guard.py). So it stops here while one is unfinished:
@@ -75,11 +77,11 @@ SELECT throwIf(count() > 0, 'fleetprof: a sink batch is unfinished, which this r
            AS unfinished_sink_batches
 FROM
 (
-    SELECT topic, partition, argMax(state, updated) AS state
-    FROM sink_state
-    GROUP BY topic, partition
-    HAVING state = 'BEFORE'
-)"""
+{batches}
+)
+WHERE state = 'BEFORE'""".format(batches="\n".join(
+    f"    {line}" for line in store_sql("sink_batches").replace("{topics:Array(String)}", "[]").splitlines()
+    if not line.startswith("--")))
 
 _DIRECTIVE_RE = re.compile(r"^--\s*@cluster\b\s*(.*?)\s*$")
 _NOTE_RE = re.compile(r"^--\s*Cluster:")

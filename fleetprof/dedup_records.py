@@ -81,11 +81,11 @@ def views_reading(store: StoreQueries, table: str) -> list[tuple[str, str, str]]
     return store.query_store("views_reading_table", {"database": store.database, "table": table})[1]
 
 
-def views_cut_short(store: StoreQueries, table: str) -> list[tuple[str, str, str, str]]:
-    """(view, its SELECT, its target, the lost part) of each materialized view reading `table` whose target's newest
+def views_cut_short(store: StoreQueries, views: list[tuple[str, str, str]]) -> list[tuple[str, str, str, str]]:
+    """(view, its SELECT, its target, the lost part) of each of `views` (views_reading's) whose target's newest
     deduplication record names a part that is not there."""
     found = []
-    for view, select, target in views_reading(store, table):
+    for view, select, target in views:
         part = lost_part(store, target)
         if part is not None:
             found.append((view, select, target, part))
@@ -128,15 +128,16 @@ def insert_again(store: StoreQueries, table: str, token: str, insert: Callable[[
     repairs name the lost part: while its record is the newest they are the same on every attempt, and once a
     repair landed the next attempt's own token is dropped everywhere (by the lost record, or the views' copies)."""
     repaired = []
+    views = views_reading(store, table)
     # a repair that a death cut short leaves its replay table and view copies: they go before anything else
-    _drop_copies(store, table, [view for view, _, _ in views_reading(store, table)])
+    _drop_copies(store, table, [view for view, _, _ in views])
     lost = lost_part(store, table)
     insert(table, token)
     if lost is not None:
-        with _views_detached(store, table):
+        with _views_detached(store, [view for view, _, _ in views]):
             insert(table, f"{token}:after:{lost}")
         repaired.append(f"{table} (part {lost})")
-    for view, select, target, part in views_cut_short(store, table):
+    for view, select, target, part in views_cut_short(store, views):
         try:
             suffix = f":{view}:after:{part}"
             through_view(store, table, view, select, target, lambda replay, s=suffix: insert(replay, token + s))
@@ -148,11 +149,11 @@ def insert_again(store: StoreQueries, table: str, token: str, insert: Callable[[
 
 
 @contextmanager
-def _views_detached(store: StoreQueries, table: str) -> Iterator[None]:
-    """`table` without its views for the block: a process that dies inside finds them attached again."""
+def _views_detached(store: StoreQueries, views: list[str]) -> Iterator[None]:
+    """`views` detached from their source for the block: a process that dies inside finds them attached again."""
     detached = []
     try:
-        for view, _, _ in views_reading(store, table):
+        for view in views:
             _ddl(store, "view_detach", {"view": view})
             detached.append(view)
         yield

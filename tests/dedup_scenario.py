@@ -14,7 +14,7 @@ import json
 import sys
 from datetime import UTC, datetime
 
-from fleetprof.dedup_records import lost_part, views_cut_short
+from fleetprof.dedup_records import lost_part, views_cut_short, views_reading
 from fleetprof.store import open_store
 from fleetprof.store_statements import store_sql
 from processors.sink import Rows
@@ -108,7 +108,7 @@ def resume_views(path: str) -> dict:
     store = open_store(f"chdb://{path}", "fleetprof")
     runner = StoreRunner(store, {"bootstrap.servers": "127.0.0.1:9", "log_level": 0})
     try:
-        out = {"cut": {t: [(v, target, part) for v, _, target, part in views_cut_short(store, t)]
+        out = {"cut": {t: [(v, target, part) for v, _, target, part in views_cut_short(store, views_reading(store, t))]
                        for t in VIEW_BATCHES}}
         for table, (rows, columns, _) in VIEW_BATCHES.items():  # what the sink did before: the source's own token
             store.insert(table, rows, columns, dedup_token=f"{TOKEN}:{table}")
@@ -123,7 +123,7 @@ def resume_views(path: str) -> dict:
                 token = f"{TOKEN}:{table}"
                 runner._insert(table, Rows(columns, [list(r) for r in rows]), token, again=True)
             out[attempt] = counts(store)
-        out["cut_after"] = {t: views_cut_short(store, t) for t in VIEW_BATCHES}
+        out["cut_after"] = {t: views_cut_short(store, views_reading(store, t)) for t in VIEW_BATCHES}
         return out
     finally:
         runner.producer.flush(0)

@@ -10,11 +10,18 @@ SELECT throwIf(count() > 0, 'fleetprof: a sink batch is unfinished, which this r
            AS unfinished_sink_batches
 FROM
 (
-    SELECT topic, partition, argMax(state, updated) AS state
+    SELECT
+        topic,
+        partition,
+        argMax(min_offset, updated) AS min_offset,
+        argMax(max_offset, updated) AS max_offset,
+        argMax(state, updated) AS state,
+        max(updated) AS stamp
     FROM sink_state
+    WHERE empty([]) OR topic IN []
     GROUP BY topic, partition
-    HAVING state = 'BEFORE'
-);
+)
+WHERE state = 'BEFORE';
 
 -- Cluster: each table is copied through the Distributed tables into the copy's Distributed table (the same sharding
 -- key, so each row goes back to the shard it came from) and the local tables are exchanged on every node.

@@ -10,11 +10,18 @@ SELECT throwIf(count() > 0, 'fleetprof: a sink batch is unfinished, which this r
            AS unfinished_sink_batches
 FROM
 (
-    SELECT topic, partition, argMax(state, updated) AS state
+    SELECT
+        topic,
+        partition,
+        argMax(min_offset, updated) AS min_offset,
+        argMax(max_offset, updated) AS max_offset,
+        argMax(state, updated) AS state,
+        max(updated) AS stamp
     FROM sink_state
+    WHERE empty([]) OR topic IN []
     GROUP BY topic, partition
-    HAVING state = 'BEFORE'
-);
+)
+WHERE state = 'BEFORE';
 
 -- Cluster: copied through the Distributed tables (the same sharding key), the local tables exchanged on every node.
 DROP TABLE IF EXISTS gpu_timeline_0021 ON CLUSTER '{cluster}' SYNC;
