@@ -7,14 +7,16 @@ must not let librdkafka hold more than the bound allows, since all of it counts 
 once every table step before them is acknowledged, so a table is in Kafka before any record that needs it. Whatever
 librdkafka holds is delivered once (idempotent, no expiry).
 
-What waits here counts against `max_bytes` (while Kafka is away, what librdkafka holds counts too). Beyond it the
-oldest whole record units are dropped, never those just put while Kafka takes messages, and while it is away never
-the newest record unit (a large drain comes in several, see OutboxEncoder); symbol tables only when nothing else is
-left to drop, and then with every held unit that needs them (the encoder is told, and sends those tables again when
-they are next needed). Nothing is handed over while the KafkaLink says Kafka is unreachable or lacks topics. Drops,
+What waits here counts against `max_bytes` (while Kafka is away, what librdkafka holds counts too). Beyond it the oldest
+whole record units are dropped, never those just put while Kafka takes messages, and while it is away never the newest
+record unit (a large drain comes in several, see OutboxEncoder); symbol tables only when nothing else is left to drop,
+and then with every held unit that needs them (the encoder is told, and sends those tables again when they are next
+needed). Never a unit part of which librdkafka has: a table of several chunks (the kernel's: several MB) that Kafka went
+away in the middle of stays, past the bound by its rest, since dropping it would only have it put again, whole, with the
+next record that needs it. Nothing is handed over while the KafkaLink says Kafka is unreachable or lacks topics. Drops,
 and messages Kafka refuses for good (too large, say), are counted per kind; none of them stops the agent. Kafka that
-passes the link's checks but acknowledges nothing for `silent_warn_s` is said in a log line (records then wait, and
-the oldest go, while Kafka looks up).
+passes the link's checks but acknowledges nothing for `silent_warn_s` is said in a log line (records then wait, and the
+oldest go, while Kafka looks up).
 """
 
 from __future__ import annotations
