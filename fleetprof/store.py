@@ -424,7 +424,10 @@ class Store:
         # costs the engine ~3 us a row (cpu_samples: 0.92 -> 0.11 s per 300k rows without it, bench/RESULTS.md) and
         # changes no answer: the same rows merge in the background, and every query sums or picks per key anyway,
         # as it must across parts. A view's block is grouped by its key already.
-        settings = {**settings, "optimize_on_insert": 0}
+        # A batch's rows may span more hours than the 100 partitions ClickHouse lets one insert make by default (the
+        # window tables, the timeline and the 1 s NVML readings are partitioned by hour): late windows, a node whose
+        # clock is days off. Refused, the batch would fail on every retry and stall the sink.
+        settings = {**settings, "optimize_on_insert": 0, "max_partitions_per_insert_block": 0}
         types = self._column_types(table, column_names)
         try:
             with self._writers.lease() as client:

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from fleetprof.store import PARTS_DIR, migration_files
+from tests.migration_names import migrations_from
 from tests.test_nvml_tiers import DEVICE_COLUMNS, PROCESS_COLUMNS
 from tests.test_table_rebuilds import died_after, drop, migrated_to, table_setting
 
@@ -75,7 +76,7 @@ def test_the_ttl_is_the_tier_s():
 
 
 def test_recent_readings_stay_and_the_aggregates_hold_every_one_once(before_0022):
-    assert before_0022.migrate() == ["0022_nvml_hourly_partitions"]
+    assert before_0022.migrate() == migrations_from(22)
     check_after(before_0022)
 
 
@@ -86,5 +87,23 @@ def test_recent_readings_stay_and_the_aggregates_hold_every_one_once(before_0022
 def test_the_file_run_again_after_stopping_anywhere_leaves_the_same(before_0022, stop_after):
     store = before_0022
     died_after(store, MIGRATION, stop_after)
-    assert store.migrate() == ["0022_nvml_hourly_partitions"]
+    assert store.migrate() == migrations_from(22)
     check_after(store)
+
+
+def test_a_batch_of_readings_days_apart_is_written(chdb_dir):
+    """One sink batch may hold polls of more hours than the 100 partitions ClickHouse lets an insert make by default
+    (a node days late, a clock days off): refused, it would fail on every retry and stall the sink. Every reading
+    reaches the 10 s tier, those inside the TTL the 1 s one (those past it go once the TTL drops their parts)."""
+    store = migrated_to(chdb_dir, 10_000)
+    try:
+        now = datetime.now(tz=UTC).replace(microsecond=0)
+        rows = [[now - timedelta(hours=i, minutes=30), "late", 0, "GPU-0", "H100", "", 50, 1, 1, [], False, ""]
+                for i in range(150)]
+        store.insert("gpu_device_metrics", rows, DEVICE_COLUMNS, dedup_token="gpu.metrics:0:1-2:gpu_device_metrics")
+        _, kept = store.query_sql("SELECT count() FROM gpu_device_metrics WHERE node = 'late' "
+                                  "AND ts > now() - INTERVAL 6 HOUR")
+        _, tens = store.query_sql("SELECT sum(readings) FROM gpu_device_metrics_10s WHERE node = 'late'")
+        assert kept == [(6,)] and tens == [(150,)]
+    finally:
+        drop(store)

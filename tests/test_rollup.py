@@ -15,6 +15,7 @@ import pytest
 from fleetprof.store import migration_files, open_store, split_statements
 from fleetprof.webui.model import ch_hex
 from processors.store_writer import StoreRunner
+from tests.migration_names import migrations_from
 from tests.pipeline_helpers import Running, sink, symbolizer, wait_for
 from tests.test_exactly_once import Crash, StoreDyingBeforeAfter, _send
 
@@ -310,12 +311,7 @@ def test_the_migration_backfills_rows_stored_before_it(chdb_dir):
         cpu, gpu = known_rows(h)
         before.insert("cpu_samples", cpu, CPU_COLUMNS)
         before.insert("gpu_kernel_samples", gpu, GPU_COLUMNS)
-        assert before.migrate() == ["0010_hourly_rollups", "0011_frame_language", "0012_profile_windows",
-                                   "0013_frame_build_id", "0014_gpu_copies_ranges_timeline", "0015_workload_identity",
-                                   "0016_nvml_tiers", "0017_merge_selector",
-                                   "0018_rollup_views_without_grouping", "0019_hour_first_sample_order",
-                                   "0020_timeline_durations", "0021_timeline_detail_tier",
-                                   "0022_nvml_hourly_partitions"]
+        assert before.migrate() == migrations_from(10)
         for node in ("n1", "n2", "n3"):
             assert rollup_totals(before, node) == window_totals(before, node), node
         assert rollup_totals(before, "n1") == (sum(r[6] for r in cpu if r[1] == "n1"),

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from fleetprof.store import migration_files, open_store, split_statements
+from tests.migration_names import migrations_from
 from tests.test_cluster_sql import code
 from tests.test_rollup import CPU_COLUMNS, GPU_COLUMNS, first_hour, known_rows, rollup_totals, window_totals
 
@@ -91,8 +92,7 @@ def test_the_rebuild_keeps_every_row_under_the_hour_first_key(before_0019):
     store = before_0019
     want = contents(store)
     assert len(want["cpu"]) > 100 and sum(r[-1] for r in want["cpu"]) > 500
-    assert store.migrate() == ["0019_hour_first_sample_order", "0020_timeline_durations", "0021_timeline_detail_tier",
-                               "0022_nvml_hourly_partitions"]
+    assert store.migrate() == migrations_from(19)
     assert contents(store) == want
     assert sorting_key(store, "cpu_samples") == CPU_KEY
     assert sorting_key(store, "gpu_kernel_samples") == GPU_KEY
@@ -114,8 +114,7 @@ def test_the_file_run_again_after_stopping_anywhere_leaves_the_same_rows(before_
     # twice (cpu_samples', then gpu_kernel_samples'): after the first
     died_after(store, REBUILD, stop_after, last=stop_after.startswith("DROP"))
     # 0019 runs whole again
-    assert store.migrate() == ["0019_hour_first_sample_order", "0020_timeline_durations", "0021_timeline_detail_tier",
-                               "0022_nvml_hourly_partitions"]
+    assert store.migrate() == migrations_from(19)
     assert contents(store) == want
     assert sorting_key(store, "cpu_samples") == CPU_KEY
 
@@ -170,8 +169,7 @@ def test_the_timeline_keeps_each_record_s_end_through_its_duration(before_0020):
     store = before_0020
     _, want = store.query_sql(TIMELINE_READ)
     assert len(want) == 8 and max(r[3] for r in want) == 5 * 10**9
-    assert store.migrate() == ["0020_timeline_durations", "0021_timeline_detail_tier",
-                               "0022_nvml_hourly_partitions"]
+    assert store.migrate() == migrations_from(20)
     assert store.query_sql(TIMELINE_READ)[1] == want
     _, kinds = store.query_sql("SELECT name, default_kind FROM system.columns WHERE database = currentDatabase() "
                                "AND table = 'gpu_timeline' AND name IN ('end_ns', 'duration_ns') ORDER BY name")
@@ -187,8 +185,7 @@ def test_the_timeline_rebuild_run_again_after_stopping_anywhere_keeps_every_reco
     store = before_0020
     want = store.query_sql(TIMELINE_READ)[1]
     died_after(store, DURATIONS, stop_after, last=True)
-    assert store.migrate() == ["0020_timeline_durations", "0021_timeline_detail_tier",
-                               "0022_nvml_hourly_partitions"]
+    assert store.migrate() == migrations_from(20)
     assert store.query_sql(TIMELINE_READ)[1] == want
 
 
@@ -214,8 +211,7 @@ def test_a_rebuild_does_not_run_over_an_unfinished_sink_batch(before_0019, monke
     # the batch finished (the old sink resumed it): the rebuild runs
     store.insert("sink_state", [["cpu.samples", 3, 100, 199, "AFTER", stamp + timedelta(microseconds=1)]],
                  STATE_COLUMNS)
-    assert store.migrate() == ["0019_hour_first_sample_order", "0020_timeline_durations", "0021_timeline_detail_tier",
-                               "0022_nvml_hourly_partitions"]
+    assert store.migrate() == migrations_from(19)
     assert sorting_key(store, "cpu_samples") == CPU_KEY and contents(store) == want
 
 
@@ -226,8 +222,7 @@ def test_the_operator_may_rebuild_over_an_unfinished_batch_knowingly(before_0019
     store = before_0019
     store.insert("sink_state", [["cpu.samples", 0, 5, 9, "BEFORE", datetime.now(tz=UTC)]], STATE_COLUMNS)
     monkeypatch.setenv(ALLOW_ENV, "1")
-    assert store.migrate() == ["0019_hour_first_sample_order", "0020_timeline_durations", "0021_timeline_detail_tier",
-                               "0022_nvml_hourly_partitions"]
+    assert store.migrate() == migrations_from(19)
 
 
 def test_a_cluster_file_that_rebuilds_tables_stops_over_an_unfinished_sink_batch(before_0019):

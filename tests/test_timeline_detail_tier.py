@@ -12,6 +12,7 @@ import pytest
 
 from fleetprof.store import PARTS_DIR, migration_files
 from fleetprof.webui import timeline
+from tests.migration_names import migrations_from
 from tests.test_table_rebuilds import died_after, drop, migrated_to, table_setting
 from tests.test_webui_timeline import TIMELINE_COLUMNS
 
@@ -53,7 +54,7 @@ def test_the_ttl_is_the_web_ui_s_and_the_nvml_detail_tier_s():
 
 def test_records_past_the_ttl_go_and_recent_ones_stay(before_0021):
     store = before_0021
-    assert store.migrate() == ["0021_timeline_detail_tier", "0022_nvml_hourly_partitions"]
+    assert store.migrate() == migrations_from(21)
     assert store.query_sql(READ)[1] == RECENT
     full = table_setting(store, "gpu_timeline", "engine_full")
     assert "PARTITION BY toStartOfHour(ts)" in full and "TTL ts + toIntervalHour(6)" in full
@@ -69,6 +70,6 @@ def test_records_past_the_ttl_go_and_recent_ones_stay(before_0021):
 def test_the_file_run_again_after_stopping_anywhere_keeps_the_recent_records(before_0021, stop_after):
     store = before_0021
     died_after(store, MIGRATION, stop_after, last=True)
-    assert store.migrate() == ["0021_timeline_detail_tier", "0022_nvml_hourly_partitions"]
+    assert store.migrate() == migrations_from(21)
     assert store.query_sql(READ)[1] == RECENT
     assert "PARTITION BY toStartOfHour(ts)" in table_setting(store, "gpu_timeline", "engine_full")
