@@ -13,8 +13,10 @@ the first expiry (7 scaled hours) to the end, the CPU of each process's threads 
 inserting thread and the engine's pool (merges, TTL deletes, part drops), per reading inserted meanwhile. Not
 scaled: the engine's own timers (merge selection every few seconds), the same for both layouts.
 --table cpu: the same for cpu_samples (0019's engine and key, no TTL within a run: bench/sql/ttl_merges_cpu_*.sql,
-~500 rows per node a batch) in daily ("daily") against hourly ("hourly") partitions, measured from the first scaled
-hour on: what bounded merge levels would save the sink at steady state.
+~500 rows per node a batch) in daily ("daily") against hourly ("hourly") partitions, and hourly ones whose parts are
+merged into one once they are all a scaled hour old ("hourly_merged"), measured from the first scaled hour on: what
+bounded merge levels would save the sink at steady state; once the inserts stop, the flame graph's scan over the last
+50 scaled minutes and over the whole run is timed on each (bench/sql/ttl_merges_cpu_query.sql).
 Writes bench/out/ttl_merges[_cpu].json and prints a table.
 """
 
@@ -44,8 +46,11 @@ READINGS_PER_BATCH_PER_NODE = 8 * 10  # 8 GPUs, one reading a second over a 10 s
 def layouts(hour_s: int, table: str = "nvml") -> dict[str, dict[str, str]]:
     """Each layout's partition key and TTL settings, with `hour_s` seconds standing for an hour."""
     if table == "cpu":
+        # hourly_merged: an hour's parts merged into one once all of them are an hour old (what storage sees)
+        force = f"min_age_to_force_merge_seconds = {hour_s}, min_age_to_force_merge_on_partition_only = 1"
         return {name: {"partition": f"toStartOfInterval(ts, INTERVAL {span * hour_s} SECOND)", "hour": str(hour_s),
-                       "settings": "ttl_only_drop_parts = 1"} for name, span in (("daily", 24), ("hourly", 1))}
+                       "settings": f"ttl_only_drop_parts = 1{extra}"}
+                for name, span, extra in (("daily", 24, ""), ("hourly", 1, ""), ("hourly_merged", 1, f", {force}"))}
     return {
         "rows": {"partition": f"toStartOfInterval(ts, INTERVAL {24 * hour_s} SECOND)",
                  "settings": f"ttl_only_drop_parts = 0, merge_with_ttl_timeout = {hour_s}"},
@@ -93,6 +98,7 @@ def child(layout: str, scale: int, hours: float, nodes: int, kind: str = "nvml")
         _, parts = store.query_sql("SELECT count(), sum(bytes_on_disk) FROM system.parts "
                                    "WHERE database = currentDatabase() AND table = 'readings' AND active")
         oldest_h = (time.time() - kept[0][1].timestamp()) / hour_s if kept[0][0] else 0.0
+        queries = query_times(store, hour_s, hours) if kind == "cpu" else {}
         return {
             "layout": layout, "scale": scale, "hours": hours, "nodes": nodes, "late_batches": late,
             "readings_measured": inserted,
@@ -102,10 +108,29 @@ def child(layout: str, scale: int, hours: float, nodes: int, kind: str = "nvml")
             "events": {k: events_after.get(k, 0) - events_before.get(k, 0) for k in events_after},
             "end": {"readings_kept": kept[0][0], "oldest_kept_scaled_hours": round(oldest_h, 2),
                     "active_parts": parts[0][0], "bytes_on_disk": parts[0][1]},
+            "query_s": queries,
         }
     finally:
         store.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def query_times(store, hour_s: int, hours: float, runs: int = 5) -> dict[str, float]:
+    """Median seconds of the flame graph's scan of the table (bench/sql/ttl_merges_cpu_query.sql) once the inserts
+    stop: the last 50 scaled minutes (the ragged edge a query reads from the windows, the hourly rollup answering
+    whole hours) and the whole run, all nodes and one."""
+    sql = (SQL / "ttl_merges_cpu_query.sql").read_text()
+    spans = {"edge_50min": 50 * hour_s * 1000 // 60, "whole_run": int(hours * hour_s * 1000)}
+    out = {}
+    for span, range_ms in spans.items():
+        for node in ("", "node-3"):
+            times = []
+            for _ in range(runs):
+                t = time.perf_counter()
+                store.query_sql(sql, {"range_ms": range_ms, "node": node})
+                times.append(time.perf_counter() - t)
+            out[f"{span}_{'one_node' if node else 'all_nodes'}"] = round(sorted(times)[runs // 2], 4)
+    return out
 
 
 def threading_native_id() -> tuple[int, str]:
@@ -149,13 +174,17 @@ def main() -> None:
         results[layout] = json.loads(out.strip().splitlines()[-1])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=1, default=str))
-    print(f"{'layout':8} {'readings':>10} {'insert us':>10} {'pool us':>9} {'merges us':>10} {'merged rows':>12} "
-          f"{'kept':>9} {'oldest h':>9} {'parts':>6} {'late':>5}")
+    print(f"{'layout':13} {'readings':>10} {'insert us':>10} {'pool us':>9} {'merges us':>10} {'merged rows':>12} "
+          f"{'kept':>9} {'oldest h':>9} {'parts':>6} {'MB':>7} {'late':>5}")
     for layout, r in results.items():
         u, e, end = r["us_per_reading"], r["events"], r["end"]
-        print(f"{layout:8} {r['readings_measured']:>10} {u['insert_thread']:>10} {u['pool']:>9} "
+        print(f"{layout:13} {r['readings_measured']:>10} {u['insert_thread']:>10} {u['pool']:>9} "
               f"{u['pool_merges']:>10} {e.get('MergedRows', 0):>12} {end['readings_kept']:>9} "
-              f"{end['oldest_kept_scaled_hours']:>9} {end['active_parts']:>6} {r['late_batches']:>5}")
+              f"{end['oldest_kept_scaled_hours']:>9} {end['active_parts']:>6} {end['bytes_on_disk'] / 1e6:>7.1f} "
+              f"{r['late_batches']:>5}")
+    for layout, r in results.items():
+        if r.get("query_s"):
+            print(f"{layout:13} query seconds (median): {r['query_s']}")
 
 
 if __name__ == "__main__":
