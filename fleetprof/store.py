@@ -425,8 +425,8 @@ class Store:
         # changes no answer: the same rows merge in the background, and every query sums or picks per key anyway,
         # as it must across parts. A view's block is grouped by its key already.
         # A batch's rows may span more hours than the 100 partitions ClickHouse lets one insert make by default (the
-        # window tables, the timeline and the 1 s NVML readings are partitioned by hour): late windows, a node whose
-        # clock is days off. Refused, the batch would fail on every retry and stall the sink.
+        # timeline and the 1 s NVML readings are partitioned by hour): late polls, a node whose clock is days off.
+        # Refused, the batch would fail on every retry and stall the sink.
         settings = {**settings, "optimize_on_insert": 0, "max_partitions_per_insert_block": 0}
         types = self._column_types(table, column_names)
         try:

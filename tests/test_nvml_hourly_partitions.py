@@ -91,21 +91,16 @@ def test_the_file_run_again_after_stopping_anywhere_leaves_the_same(before_0022,
     check_after(store)
 
 
-def test_a_batch_of_readings_days_apart_is_written(chdb_dir):
+def test_a_batch_of_readings_days_apart_is_written(store):
     """One sink batch may hold polls of more hours than the 100 partitions ClickHouse lets an insert make by default
     (a node days late, a clock days off): refused, it would fail on every retry and stall the sink. Every reading
     reaches the 10 s tier, those inside the TTL the 1 s one (those past it go once the TTL drops their parts)."""
-    store = migrated_to(chdb_dir, 10_000)
-    try:
-        now = datetime.now(tz=UTC).replace(microsecond=0)
-        rows = [[now - timedelta(hours=i, minutes=30), "late", 0, "GPU-0", "H100", "", 50, 1, 1, [], False, ""]
-                for i in range(150)]
-        for _ in range(2):  # and its retry after a crash before the commit: its parts in every hour dropped whole
-            store.insert("gpu_device_metrics", rows, DEVICE_COLUMNS,
-                         dedup_token="gpu.metrics:0:1-2:gpu_device_metrics")
-        _, kept = store.query_sql("SELECT count() FROM gpu_device_metrics WHERE node = 'late' "
-                                  "AND ts > now() - INTERVAL 6 HOUR")
-        _, tens = store.query_sql("SELECT sum(readings) FROM gpu_device_metrics_10s WHERE node = 'late'")
-        assert kept == [(6,)] and tens == [(150,)]
-    finally:
-        drop(store)
+    now = datetime.now(tz=UTC).replace(microsecond=0)
+    rows = [[now - timedelta(hours=i, minutes=30), "late", 0, "GPU-0", "H100", "", 50, 1, 1, [], False, ""]
+            for i in range(150)]
+    for _ in range(2):  # and its retry after a crash before the commit: its parts in every hour dropped whole
+        store.insert("gpu_device_metrics", rows, DEVICE_COLUMNS, dedup_token="gpu.metrics:0:1-2:gpu_device_metrics")
+    _, kept = store.query_sql("SELECT count() FROM gpu_device_metrics WHERE node = 'late' "
+                              "AND ts > now() - INTERVAL 6 HOUR")
+    _, tens = store.query_sql("SELECT sum(readings) FROM gpu_device_metrics_10s WHERE node = 'late'")
+    assert kept == [(6,)] and tens == [(150,)]
