@@ -48,9 +48,14 @@ def layouts(hour_s: int, table: str = "nvml") -> dict[str, dict[str, str]]:
     if table == "cpu":
         # hourly_merged: an hour's parts merged into one once all of them are an hour old (what storage sees)
         force = f"min_age_to_force_merge_seconds = {hour_s}, min_age_to_force_merge_on_partition_only = 1"
+        # daily_plain: daily partitions of a plain MergeTree, which merges without comparing each row's key to the
+        # last one's to sum (rows of one key are summed by every query anyway)
         return {name: {"partition": f"toStartOfInterval(ts, INTERVAL {span * hour_s} SECOND)", "hour": str(hour_s),
-                       "settings": f"ttl_only_drop_parts = 1{extra}"}
-                for name, span, extra in (("daily", 24, ""), ("hourly", 1, ""), ("hourly_merged", 1, f", {force}"))}
+                       "settings": f"ttl_only_drop_parts = 1{extra}", "engine": engine}
+                for name, span, extra, engine in (("daily", 24, "", "SummingMergeTree(count)"),
+                                                  ("hourly", 1, "", "SummingMergeTree(count)"),
+                                                  ("hourly_merged", 1, f", {force}", "SummingMergeTree(count)"),
+                                                  ("daily_plain", 24, "", "MergeTree"))}
     return {
         "rows": {"partition": f"toStartOfInterval(ts, INTERVAL {24 * hour_s} SECOND)",
                  "settings": f"ttl_only_drop_parts = 0, merge_with_ttl_timeout = {hour_s}"},
@@ -153,6 +158,7 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=10)
     ap.add_argument("--table", choices=("nvml", "cpu"), default="nvml")
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--layouts", help="comma-separated layouts to run side by side (default: all of the table's)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     warm_hours = 1 if args.table == "cpu" else TTL_HOURS + 1
@@ -161,11 +167,15 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.child, args.scale, args.hours, args.nodes, args.table)))
         return
+    known = layouts(3600 // args.scale, args.table)
+    chosen = args.layouts.split(",") if args.layouts else list(known)
+    if not set(chosen) <= known.keys():
+        ap.error(f"--layouts: {args.table} has {', '.join(known)}")
     path = args.out or ROOT / "bench" / "out" / ("ttl_merges_cpu.json" if args.table == "cpu" else "ttl_merges.json")
     procs = {layout: subprocess.Popen(
         [sys.executable, __file__, "--child", layout, "--scale", str(args.scale), "--hours", str(args.hours),
          "--nodes", str(args.nodes), "--table", args.table], stdout=subprocess.PIPE, text=True, cwd=ROOT)
-        for layout in layouts(3600 // args.scale, args.table)}
+        for layout in chosen}
     results = {}
     for layout, proc in procs.items():
         out, _ = proc.communicate()

@@ -61,6 +61,11 @@ ALTER_DISTRIBUTED = "ALTER TABLE {name}{on_cluster}\n    {added}"
 DROP_VIEW = "DROP VIEW IF EXISTS {name}{on_cluster}"
 DROP_TABLE = "DROP TABLE IF EXISTS {name}{on_cluster}{sync}"
 EXCHANGE = "EXCHANGE TABLES {first} AND {second}{on_cluster}"
+# a table given another's parts (ATTACH PARTITION ALL FROM) on one node: on a cluster the rows are copied through the
+# Distributed tables instead, each back to its shard (ATTACH ... FROM acts on one replica's parts: ON CLUSTER every
+# replica would attach its own, and replicas that lag attach less)
+COPY_ROWS = """INSERT INTO {into} SELECT * FROM {source}
+SETTINGS insert_deduplicate = 0, distributed_foreground_insert = 1"""
 # what an ALTER of a sharded table may do: add columns and keys (the new columns reach the Distributed table too), and
 # change what only the local tables have (settings, TTL)
 LOCAL_ALTERS = ("ADD COLUMN ", "MODIFY ORDER BY ", "MODIFY SETTING ", "MODIFY TTL ")
@@ -93,6 +98,7 @@ _ALTER_RE = re.compile(r"^ALTER TABLE (\w+)\b")
 _DROP_VIEW_RE = re.compile(r"^DROP VIEW IF EXISTS (\w+)$")
 _DROP_TABLE_RE = re.compile(r"^DROP TABLE IF EXISTS (\w+)( SYNC)?$")
 _EXCHANGE_RE = re.compile(r"^EXCHANGE TABLES (\w+) AND (\w+)$")
+_ATTACH_FROM_RE = re.compile(r"^ALTER TABLE (\w+) ATTACH PARTITION ALL FROM (\w+)$")
 _CODEC_RE = re.compile(r"\s+CODEC\(.*\)$")
 _DEDUP_RE = re.compile(r"\bnon_replicated_deduplication_window\b")
 
@@ -187,6 +193,9 @@ def _cluster_statements(code: str, placement: str | None, layout: Layout, where:
     if create is None:
         if placement is not None:
             raise ClusterSqlError(f"{where}: `-- @cluster` places a table or a view, nothing else")
+        attach = _ATTACH_FROM_RE.match(code)
+        if attach:
+            return _attach_from(attach.group(1), attach.group(2), layout, where)
         alter = _ALTER_RE.match(first)
         if alter and alter.group(1) in layout.sharded:
             return _sharded_alter(alter, code, where)
@@ -265,6 +274,16 @@ def _exchange(first: str, second: str, layout: Layout, where: str) -> list[str]:
     return [EXCHANGE.format(first=f"{first}_local", on_cluster=ON_CLUSTER, second=f"{second}_local"),
             _distributed(first, layout.definitions[second], f"{first}_local", key, where,
                          create="CREATE OR REPLACE TABLE")]
+
+
+def _attach_from(into: str, source: str, layout: Layout, where: str) -> list[str]:
+    """A copy made in this file given its table's parts: the rows copied through the Distributed tables."""
+    key = layout.sharded.get(source)
+    if (key is None or layout.sharded.get(into) != key or into not in layout.definitions
+            or not {into, source} <= layout.exchanged):
+        raise ClusterSqlError(f"{where}: only an ATTACH PARTITION ALL FROM a sharded table into the copy this file "
+                              "makes of it and exchanges it for is generated")
+    return [COPY_ROWS.format(into=into, source=source)]
 
 
 def _on_cluster(create: re.Match, name: str) -> str:

@@ -1,7 +1,7 @@
-"""A migration that rebuilds a table (a copy filled from it, exchanged for it: 0019-0022) does not run over an
-unfinished sink batch. The sink that resumes such a batch writes it again whole, and each table drops the inserts it
-has seen by their deduplication tokens; a rebuilt table's deduplication log starts empty, so it would hold the rows
-that batch wrote before the stop twice."""
+"""A migration that rebuilds a table (a copy filled from it or given its parts, exchanged for it: 0019-0023) does
+not run over an unfinished sink batch. The sink that resumes such a batch writes it again whole, and each table drops
+the inserts it has seen by their deduplication tokens; a rebuilt table's deduplication log starts empty, so it would
+hold the rows that batch wrote before the stop twice."""
 
 from __future__ import annotations
 

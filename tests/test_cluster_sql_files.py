@@ -156,7 +156,22 @@ def test_a_rebuilt_table_is_copied_swapped_and_dropped_on_every_node():
     assert "tallies_0042" not in layout.sharded and layout.sharded["tallies"] == "cityHash64(key)"
 
 
+def test_a_copy_given_its_table_s_parts_on_one_node_gets_the_rows_copied_on_a_cluster():
+    """ATTACH PARTITION ... FROM acts on one replica's parts, so ON CLUSTER every replica of a shard would attach its
+    own (and a lagging one less): the cluster form copies the rows through the Distributed tables instead."""
+    layout = Layout()
+    generate_file(42, "0042_tallies", SHARDED, layout)
+    attaching = REBUILD.replace("INSERT INTO tallies_0042 (key, total) SELECT key, total FROM tallies SETTINGS "
+                                "insert_deduplicate = 0", "ALTER TABLE tallies_0042 ATTACH PARTITION ALL FROM tallies")
+    statements = [code(s) for s in split_statements(generate_file(43, "0043_rebuild", attaching, layout))]
+    assert statements[5] == ("INSERT INTO tallies_0042 SELECT * FROM tallies\n"
+                             "SETTINGS insert_deduplicate = 0, distributed_foreground_insert = 1")
+    assert not any("ATTACH" in s for s in statements)
+
+
 @pytest.mark.parametrize(("migration", "message"), [
+    (SHARDED + ";\nALTER TABLE tallies ATTACH PARTITION ALL FROM tally_totals",
+     "only an ATTACH PARTITION ALL FROM a sharded table into the copy this file makes of it and exchanges it for"),
     (SHARDED.replace("-- @cluster sharded by cityHash64(key)\nCREATE TABLE", "CREATE TABLE"),
      "0042_tallies.sql: CREATE TABLE IF NOT EXISTS tallies: say where its rows live on a cluster"),
     (SHARDED.replace("-- @cluster on every node\n", "-- @cluster on every node\n-- @cluster on every node\n"),
@@ -212,10 +227,11 @@ def test_creates_run_on_the_cluster_and_each_replicated_table_has_its_own_keeper
             assert " ON CLUSTER `{cluster}`" in rows[0][0].splitlines()[0], f"{name}: {statement[:60]!r}"
         for table, (_, path, replica) in _replicated(statement).items():
             if path == "/clickhouse/tables/{uuid}/{shard}":
-                # a rebuilt table's copy (0019-0022): swapped in under the live name, so its path is its own UUID's
+                # a rebuilt table's copy (0019-0023): swapped in under the live name, so its path is its own UUID's
                 assert table in ("cpu_samples_0019_local", "gpu_kernel_samples_0019_local", "gpu_timeline_0020_local",
                                  "gpu_timeline_0021_local", "gpu_device_metrics_0022_local",
-                                 "gpu_process_metrics_0022_local"), table
+                                 "gpu_process_metrics_0022_local", "cpu_samples_0023_local",
+                                 "gpu_kernel_samples_0023_local"), table
                 assert replica == "{replica}", (table, replica)
                 continue
             whole = path == f"/clickhouse/tables/all/{{database}}/{table}"
@@ -293,8 +309,9 @@ def test_materialized_views_are_the_single_node_ones_over_the_local_tables():
     single = [localized(s, local) for s in single_node_creates("MATERIALIZED VIEW")]
     cluster = [ON_CLUSTER_RE.sub("", s) for _, s in cluster_statements() if s.startswith("CREATE MATERIALIZED VIEW")]
     # 0014 recreates gpu_kernel_samples_1h_mv with nvtx_range, 0015 both with identity; 0016 adds the NVML 10 s views;
-    # 0018 recreates both hourly views without their grouping, 0019 on the rebuilt tables, 0022 the NVML views on theirs
-    assert len(cluster) == 13
+    # 0018 recreates both hourly views without their grouping, 0019 and 0023 on the rebuilt tables, 0022 the NVML views
+    # on theirs
+    assert len(cluster) == 15
     assert cluster == single
 
 

@@ -198,7 +198,7 @@ def profile(store):
         (t0 - s, "n1", 10, "train", 100, 100), (t0 + 60 * s, "n1", 10, "train", 100, 100),  # just out of range
     ]
     store.insert("cpu_samples", [[ts, n, p, c, "", st, k] for ts, n, p, c, st, k in samples], SAMPLE_COLUMNS)
-    # the same key again in a separate part: SummingMergeTree has not merged it, the queries must sum
+    # the same key again in a separate part (a plain MergeTree never folds it, 0023): the queries must sum
     store.insert("cpu_samples", [[t0, "n1", 10, "train", "", 100, 2]], SAMPLE_COLUMNS)
     return store, t0, t0 + 60 * s
 

@@ -1,7 +1,8 @@
 """The migrations that rebuild a table (copy, EXCHANGE TABLES, drop). 0019: cpu_samples and gpu_kernel_samples hour
 first: a store holding rows before it holds the same rows and sums after it, under the new sorting key; the file run
 again from any statement leaves them so; the hourly rollups are fed once by the recreated views; a time range still
-prunes by the key. 0020: the timeline keeps durations, its end_ns an ALIAS giving every record's end as before."""
+prunes by the key. 0020: the timeline keeps durations, its end_ns an ALIAS giving every record's end as before. 0023:
+both sample tables plain MergeTree, given the old tables' parts, with the same rows, sums and rollups."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tests.test_rollup import CPU_COLUMNS, GPU_COLUMNS, first_hour, known_rows, 
 
 REBUILD = next(p for v, _, p in migration_files() if v == 19)
 DURATIONS = next(p for v, _, p in migration_files() if v == 20)
+PLAIN = next(p for v, _, p in migration_files() if v == 23)
 TIMELINE_COLUMNS = ["ts", "node", "pid", "comm", "device", "stream", "start_ns", "end_ns", "activity", "name",
                     "stack_id", "weight", "bytes", "nvtx_range", "graph_id", "graph_node_id", "correlation_id"]
 CPU_KEY = "node, toStartOfHour(ts), pid, stack_id, comm, container_id, identity, ts"
@@ -236,7 +238,7 @@ def test_a_cluster_file_that_rebuilds_tables_stops_over_an_unfinished_sink_batch
     guarded = {name for name, text in files.items() if code(split_statements(text)[0]) ==
                code(cluster_sql.REBUILD_GUARD)}
     assert guarded == {name for name, text in files.items() if "EXCHANGE TABLES" in text}
-    assert {name[:4] for name in guarded} == {"0019", "0020", "0021", "0022"}
+    assert {name[:4] for name in guarded} == {"0019", "0020", "0021", "0022", "0023"}
     guard = code(cluster_sql.REBUILD_GUARD)
     store = before_0019
     assert store.query_sql(guard) == (["unfinished_sink_batches"], [(0,)])  # no sink ever wrote: it passes
@@ -248,3 +250,63 @@ def test_a_cluster_file_that_rebuilds_tables_stops_over_an_unfinished_sink_batch
     store.insert("sink_state", [["cpu.samples", 3, 100, 199, "AFTER", stamp + timedelta(microseconds=1)]],
                  STATE_COLUMNS)
     assert store.query_sql(guard) == (["unfinished_sink_batches"], [(0,)])
+
+
+# --- 0023: plain MergeTree sample tables ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def before_0023(chdb_dir):
+    """A store migrated up to 0022 holding known rows in both sample tables, some keys in two parts each."""
+    store = migrated_to(chdb_dir, 22)
+    try:
+        cpu, gpu = known_rows(first_hour())
+        for rows in (cpu, cpu[:5]):
+            store.insert("cpu_samples", rows, CPU_COLUMNS)
+        for rows in (gpu, gpu[:3]):
+            store.insert("gpu_kernel_samples", rows, GPU_COLUMNS)
+        yield store
+    finally:
+        drop(store)
+
+
+def stored_rows(store) -> int:
+    _, rows = store.query_sql("SELECT (SELECT count() FROM cpu_samples) + (SELECT count() FROM gpu_kernel_samples)")
+    return rows[0][0]
+
+
+def test_the_sample_tables_become_plain_merge_trees_with_every_row(before_0023):
+    store = before_0023
+    store.client.command("OPTIMIZE TABLE cpu_samples FINAL")  # the old engine folds the keys written twice
+    want, rows = contents(store), stored_rows(store)
+    assert table_setting(store, "cpu_samples", "engine") == "SummingMergeTree"
+    assert store.migrate() == migrations_from(23)
+    assert contents(store) == want and stored_rows(store) == rows  # the old table's parts, as they were
+    for table, key in (("cpu_samples", CPU_KEY), ("gpu_kernel_samples", GPU_KEY)):
+        assert table_setting(store, table, "engine") == "MergeTree"
+        assert sorting_key(store, table) == key
+        assert "ttl_only_drop_parts = 1" in table_setting(store, table, "engine_full")
+    _, left = store.query_sql("SELECT name FROM system.tables WHERE database = currentDatabase() AND name LIKE '%0023'")
+    assert left == []
+    # the rows of one key written in two parts stay two rows when merged now, and every query still sums them
+    cpu, gpu = known_rows(first_hour())
+    store.insert("cpu_samples", cpu[:1], CPU_COLUMNS)
+    store.client.command("OPTIMIZE TABLE cpu_samples FINAL")
+    assert stored_rows(store) == rows + 1
+    node = cpu[0][1]
+    assert window_totals(store, node)[0] == dict(want["rollups"])[node][0] + cpu[0][6]
+    # the views feed the rollups from the new tables, once
+    store.insert("gpu_kernel_samples", gpu[:1], GPU_COLUMNS)
+    assert rollup_totals(store, node) == window_totals(store, node)
+
+
+@pytest.mark.parametrize("stop_after", ["ALTER TABLE cpu_samples_0023", "EXCHANGE TABLES cpu_samples AND",
+                                        "DROP TABLE IF EXISTS cpu_samples_0023 SYNC", "CREATE MATERIALIZED VIEW",
+                                        "ALTER TABLE gpu_kernel_samples_0023", "EXCHANGE TABLES gpu_kernel_samples"])
+def test_0023_run_again_after_stopping_anywhere_leaves_the_same_rows(before_0023, stop_after):
+    store = before_0023
+    want, rows = contents(store), stored_rows(store)
+    died_after(store, PLAIN, stop_after, last=stop_after.startswith("DROP"))
+    assert store.migrate() == migrations_from(23)
+    assert contents(store) == want and stored_rows(store) == rows
+    assert {table_setting(store, t, "engine") for t in ("cpu_samples", "gpu_kernel_samples")} == {"MergeTree"}

@@ -1,5 +1,6 @@
--- bench/ttl_merges.py --table cpu: cpu_samples (migration 0019's columns, codecs, engine and key, its time scaled:
--- {hour} seconds stand for an hour, ts in ms since several scaled windows share a second) partitioned by {partition}.
+-- bench/ttl_merges.py --table cpu: cpu_samples (migration 0019's columns, codecs and key, its time scaled: {hour}
+-- seconds stand for an hour, ts in ms since several scaled windows share a second), the layout's {engine}, partitioned
+-- by {partition}.
 CREATE TABLE readings
 (
     ts           DateTime64(3)          CODEC(Delta, ZSTD(1)),
@@ -11,7 +12,7 @@ CREATE TABLE readings
     count        UInt64                 CODEC(T64, ZSTD(1)),
     identity     LowCardinality(String) CODEC(ZSTD(1))
 )
-ENGINE = SummingMergeTree(count)
+ENGINE = {engine}
 PARTITION BY {partition}
 ORDER BY (node, toStartOfInterval(ts, INTERVAL {hour} SECOND), pid, stack_id, comm, container_id, identity, ts)
 SETTINGS non_replicated_deduplication_window = 10000, merge_selector_base = 20, {settings}
