@@ -2,15 +2,17 @@
 -- key, partitions, TTL and settings.
 --
 -- Why: a SummingMergeTree merge goes row by row, comparing each row's key with the last one's to sum the rows of one
--- key; a plain merge has nothing to fold. bench/ttl_merges.py --table cpu (26 scaled hours of 20 nodes, 90 M rows in
--- daily partitions, bench/RESULTS.md): the engine's background CPU 9.34 -> 3.56 us per row (its merges 6.85 -> 2.71)
--- for as many rows merged (3.2-3.3 per row), 717 -> 707 MB at the end, the flame graph's scans alike. Over a day a
--- row is merged about three times, so those merges were most of what a stored CPU sample costs the sink at steady
+-- key; a plain merge has nothing to fold. Measured (bench/RESULTS.md): the sink's own cpu_samples rows of 30 windows,
+-- written four times over through its insert path into each engine, merged the same way (10.6 M rows x levels) in
+-- 22.0-24.4 s of the engine's merge threads as SummingMergeTree and 9.6-9.8 s as MergeTree; bench/sink_cost.py
+-- --windows 120, every table: merges 53.8 -> 35.4 s; bench/ttl_merges.py --table cpu (26 scaled hours, 90 M rows in
+-- daily partitions): 9.34 -> 3.56 us of background CPU per row, 717 -> 707 MB at the end, the scans alike. Over a day
+-- a row is merged about three times, so those merges were most of what a stored CPU sample costs the sink at steady
 -- state. They folded next to nothing: a node's window reaches the sink as one row per key (the symbolizer sums a
 -- message's counts per process and stack, the correlator its GPU time per key), and a batch written again after a
--- crash is dropped by its deduplication token. Every
--- query sums per key, as it must across parts anyway, so no answer changes; rows of one key from two messages of one
--- window (an agent's window split across messages) now stay two rows on disk.
+-- crash is dropped by its deduplication token. Every query sums per key, as it must across parts anyway, so no answer
+-- changes; rows of one key from two messages of one window (an agent's window split across messages) now stay two
+-- rows on disk.
 -- The hourly rollups (0010) stay SummingMergeTree: there many windows' rows of one key do fold, 360 into one.
 --
 -- How: a table's engine cannot be altered, so each table is rebuilt as 0019 did, but its rows are not copied: the new
