@@ -204,7 +204,8 @@ def thread_cpu() -> dict[tuple[int, str], float]:
     return out
 
 
-def run(args: argparse.Namespace, raws: list[Raw], samples: int) -> dict:
+def run(args: argparse.Namespace, raws: list[Raw], samples: int, keep: Path | None = None) -> dict:
+    """One run; `keep`: a directory the store is left in (chdb://keep/chdb, database bench) instead of removed."""
     from clickhouse_connect.driver._backend import chdb_backend
 
     import processors.store_writer as sw
@@ -227,7 +228,7 @@ def run(args: argparse.Namespace, raws: list[Raw], samples: int) -> dict:
     chdb_backend.ChdbBackend._query_locked = timed
     clock = SimClock()
     sw.time = clock
-    tmp = Path(tempfile.mkdtemp(prefix="fleetprof-sinkcost-"))
+    tmp = keep or Path(tempfile.mkdtemp(prefix="fleetprof-sinkcost-"))
     store = open_store(f"chdb://{tmp / 'chdb'}", "bench")
     result: dict = {}
     try:
@@ -314,7 +315,8 @@ def run(args: argparse.Namespace, raws: list[Raw], samples: int) -> dict:
         }
     finally:
         store.close()
-        shutil.rmtree(tmp, ignore_errors=True)
+        if keep is None:
+            shutil.rmtree(tmp, ignore_errors=True)
     return result
 
 
