@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import resource
 import shutil
 import sys
 import tempfile
@@ -35,16 +34,10 @@ SQL = ROOT / "bench" / "sql"
 KEYS = {  # the CPU rollup's sorting keys to compare; "current" is read from the store
     "stack_first": "(node, hour, pid, stack_id, comm, container_id, identity)",
     "hashed": "(node, hour, pid, stack_id, cityHash64(comm, container_id, identity))",
-    "0023": "(node, hour, pid, comm, container_id, stack_id, identity)",
 }
 CHECK = ("SELECT sum(c), count(), sum(cityHash64(node, hour, pid, comm, container_id, stack_id, identity, c)) FROM "
          "(SELECT node, hour, pid, comm, container_id, stack_id, identity, sum(count) AS c FROM rollup_variant "
          "GROUP BY ALL)")
-
-
-def process_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def stop_merges(store) -> None:
@@ -58,9 +51,9 @@ def optimize(store, table: str) -> float:
     """The process's CPU seconds over one OPTIMIZE ... FINAL of `table`, nothing else merging (the merge runs on the
     engine's threads, not only the caller's)."""
     store.query_sql("SYSTEM START MERGES {t:Identifier}", {"t": table}, readonly=False)
-    before = process_cpu()
+    before = time.process_time()  # every thread of the process
     store.query_sql("OPTIMIZE TABLE {t:Identifier} FINAL", {"t": table}, readonly=False)
-    spent = process_cpu() - before
+    spent = time.process_time() - before
     store.query_sql("SYSTEM STOP MERGES {t:Identifier}", {"t": table}, readonly=False)
     return spent
 
@@ -83,9 +76,9 @@ def table_merges(store, stored: int) -> dict[str, dict]:
     return out
 
 
-def rollup_copy(store, key: str) -> str:
-    """CREATE TABLE rollup_variant as cpu_samples_1h is, sorted by `key` (its primary key the same)."""
-    ddl = store.query_sql("SHOW CREATE TABLE cpu_samples_1h")[1][0][0]
+def rollup_copy(ddl: str, key: str) -> str:
+    """`ddl` (cpu_samples_1h's SHOW CREATE TABLE) made CREATE TABLE rollup_variant sorted by `key`, its primary key
+    the same."""
     ddl = re.sub(r"^CREATE TABLE \S+", "CREATE TABLE rollup_variant", ddl)
     ddl = re.sub(r"^PRIMARY KEY .*\n", "", ddl, flags=re.MULTILINE)
     return re.sub(r"^ORDER BY .*$", f"ORDER BY {key}", ddl, flags=re.MULTILINE)
@@ -95,13 +88,14 @@ def rollup_keys(store, names: list[str], reps: int) -> dict[str, list[dict]]:
     _, current = store.query_sql("SELECT sorting_key FROM system.tables WHERE database = currentDatabase() AND "
                                  "name = 'cpu_samples_1h'")
     keys = {"current": f"({current[0][0]})", **KEYS}
+    ddl = store.query_sql("SHOW CREATE TABLE cpu_samples_1h")[1][0][0]
     _, windows = store.query_sql("SELECT DISTINCT ts FROM cpu_samples ORDER BY ts")
     insert_sql = (SQL / "merge_cost_rollup_insert.sql").read_text()
     out: dict[str, list[dict]] = {name: [] for name in names}
     for rep in range(reps):
         for name in names[rep % len(names):] + names[:rep % len(names)]:
             store.query_sql("DROP TABLE IF EXISTS rollup_variant SYNC", readonly=False)
-            store.query_sql(rollup_copy(store, keys[name]), readonly=False)
+            store.query_sql(rollup_copy(ddl, keys[name]), readonly=False)
             store.query_sql("SYSTEM STOP MERGES rollup_variant", readonly=False)
             for (ts,) in windows:
                 store.query_sql(insert_sql, {"ts": ts}, readonly=False)
