@@ -16,7 +16,9 @@ scaled: the engine's own timers (merge selection every few seconds), the same fo
 ~500 rows per node a batch) in daily ("daily") against hourly ("hourly") partitions, and hourly ones whose parts are
 merged into one once they are all a scaled hour old ("hourly_merged"), measured from the first scaled hour on: what
 bounded merge levels would save the sink at steady state; once the inserts stop, the flame graph's scan over the last
-50 scaled minutes and over the whole run is timed on each (bench/sql/ttl_merges_cpu_query.sql).
+50 scaled minutes and over the whole run is timed on each (bench/sql/ttl_merges_cpu_query.sql). Its wider layouts
+("daily_wide", "daily_wide_open": merge_selector_base = 100, with and without a day's final merge) price merging more
+parts at a time. The most active parts are sampled every 10 scaled minutes.
 Writes bench/out/ttl_merges[_cpu].json and prints a table.
 """
 
@@ -50,12 +52,18 @@ def layouts(hour_s: int, table: str = "nvml") -> dict[str, dict[str, str]]:
         force = f"min_age_to_force_merge_seconds = {hour_s}, min_age_to_force_merge_on_partition_only = 1"
         # daily_plain: daily partitions of a plain MergeTree, which merges without comparing each row's key to the
         # last one's to sum (rows of one key are summed by every query anyway)
+        # daily_wide: daily_plain under merge_selector_base = 100 (the engine lowers the base to 2 as a partition
+        # nears 50 parts, so that bounds the width), a day's parts merged into one once all of them are an hour old;
+        # daily_wide_open: the same without that last merge
+        base20, base100 = "merge_selector_base = 20", "merge_selector_base = 100"
         return {name: {"partition": f"toStartOfInterval(ts, INTERVAL {span * hour_s} SECOND)", "hour": str(hour_s),
-                       "settings": f"ttl_only_drop_parts = 1{extra}", "engine": engine}
-                for name, span, extra, engine in (("daily", 24, "", "SummingMergeTree(count)"),
-                                                  ("hourly", 1, "", "SummingMergeTree(count)"),
-                                                  ("hourly_merged", 1, f", {force}", "SummingMergeTree(count)"),
-                                                  ("daily_plain", 24, "", "MergeTree"))}
+                       "settings": f"ttl_only_drop_parts = 1, {extra}", "engine": engine}
+                for name, span, extra, engine in (("daily", 24, base20, "SummingMergeTree(count)"),
+                                                  ("hourly", 1, base20, "SummingMergeTree(count)"),
+                                                  ("hourly_merged", 1, f"{base20}, {force}", "SummingMergeTree(count)"),
+                                                  ("daily_plain", 24, base20, "MergeTree"),
+                                                  ("daily_wide", 24, f"{base100}, {force}", "MergeTree"),
+                                                  ("daily_wide_open", 24, base100, "MergeTree"))}
     return {
         "rows": {"partition": f"toStartOfInterval(ts, INTERVAL {24 * hour_s} SECOND)",
                  "settings": f"ttl_only_drop_parts = 0, merge_with_ttl_timeout = {hour_s}"},
@@ -82,12 +90,15 @@ def child(layout: str, scale: int, hours: float, nodes: int, kind: str = "nvml")
         start = time.monotonic()
         warm_at, end_at = start + warm_hours * hour_s, start + hours * hour_s
         before, events_before, inserted, late = None, None, 0, 0
-        next_at = start
+        next_at, batches, most_parts = start, 0, 0
         while (now := time.monotonic()) < end_at:
             if before is None and now >= warm_at:
                 before, events_before, inserted = thread_cpu(), events(store), 0
             store.query_sql(insert, params, readonly=False)
             inserted += rows
+            batches += 1
+            if batches % 60 == 0:  # every 10 scaled minutes: the most parts a query has had to read
+                most_parts = max(most_parts, active_parts(store))
             next_at += batch_s
             pause = next_at - time.monotonic()
             if pause > 0:
@@ -112,12 +123,19 @@ def child(layout: str, scale: int, hours: float, nodes: int, kind: str = "nvml")
                                "pool_merges": round(merge_s / inserted * 1e6, 3)},
             "events": {k: events_after.get(k, 0) - events_before.get(k, 0) for k in events_after},
             "end": {"readings_kept": kept[0][0], "oldest_kept_scaled_hours": round(oldest_h, 2),
-                    "active_parts": parts[0][0], "bytes_on_disk": parts[0][1]},
+                    "active_parts": parts[0][0], "most_active_parts": max(most_parts, parts[0][0]),
+                    "bytes_on_disk": parts[0][1]},
             "query_s": queries,
         }
     finally:
         store.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def active_parts(store) -> int:
+    _, rows = store.query_sql("SELECT count() FROM system.parts WHERE database = currentDatabase() "
+                              "AND table = 'readings' AND active")
+    return rows[0][0]
 
 
 def query_times(store, hour_s: int, hours: float, runs: int = 5) -> dict[str, float]:
@@ -185,12 +203,13 @@ def main() -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=1, default=str))
     print(f"{'layout':13} {'readings':>10} {'insert us':>10} {'pool us':>9} {'merges us':>10} {'merged rows':>12} "
-          f"{'kept':>9} {'oldest h':>9} {'parts':>6} {'MB':>7} {'late':>5}")
+          f"{'kept':>9} {'oldest h':>9} {'parts':>6} {'most':>5} {'MB':>7} {'late':>5}")
     for layout, r in results.items():
         u, e, end = r["us_per_reading"], r["events"], r["end"]
         print(f"{layout:13} {r['readings_measured']:>10} {u['insert_thread']:>10} {u['pool']:>9} "
               f"{u['pool_merges']:>10} {e.get('MergedRows', 0):>12} {end['readings_kept']:>9} "
-              f"{end['oldest_kept_scaled_hours']:>9} {end['active_parts']:>6} {end['bytes_on_disk'] / 1e6:>7.1f} "
+              f"{end['oldest_kept_scaled_hours']:>9} {end['active_parts']:>6} {end.get('most_active_parts', 0):>5} "
+              f"{end['bytes_on_disk'] / 1e6:>7.1f} "
               f"{r['late_batches']:>5}")
     for layout, r in results.items():
         if r.get("query_s"):

@@ -1,6 +1,6 @@
 -- bench/ttl_merges.py --table cpu: cpu_samples (migration 0019's columns, codecs and key, its time scaled: {hour}
 -- seconds stand for an hour, ts in ms since several scaled windows share a second), the layout's {engine}, partitioned
--- by {partition}.
+-- by {partition}, its merge settings among the layout's {settings}.
 CREATE TABLE readings
 (
     ts           DateTime64(3)          CODEC(Delta, ZSTD(1)),
@@ -15,4 +15,4 @@ CREATE TABLE readings
 ENGINE = {engine}
 PARTITION BY {partition}
 ORDER BY (node, toStartOfInterval(ts, INTERVAL {hour} SECOND), pid, stack_id, comm, container_id, identity, ts)
-SETTINGS non_replicated_deduplication_window = 10000, merge_selector_base = 20, {settings}
+SETTINGS non_replicated_deduplication_window = 10000, {settings}
