@@ -21,11 +21,11 @@ SELECT first_ts AS ts, node, gpu_index, uuid, name, parent_uuid,
        if(gpu_util_n = 0, NULL, gpu_util_sum / gpu_util_n) AS gpu_util_pct,
        if(mem_util_n = 0, NULL, mem_util_sum / mem_util_n) AS mem_util_pct,
        if(mem_used_n = 0, NULL, mem_used_sum / mem_used_n) AS mem_used_bytes,
-       toNullable(toFloat64(tupleElement(last, 'mem_total_bytes'))) AS mem_total_bytes,
+       toNullable(toFloat64(tupleElement(newest, 'mem_total_bytes'))) AS mem_total_bytes,
        if(sm_clock_n = 0, NULL, sm_clock_sum / sm_clock_n) AS sm_clock_mhz,
        if(mem_clock_n = 0, NULL, mem_clock_sum / mem_clock_n) AS mem_clock_mhz,
        if(power_n = 0, NULL, power_sum / power_n) AS power_mw,
-       toNullable(toFloat64(tupleElement(last, 'power_limit_mw'))) AS power_limit_mw,
+       toNullable(toFloat64(tupleElement(newest, 'power_limit_mw'))) AS power_limit_mw,
        if(temperature_n = 0, NULL, temperature_sum / temperature_n) AS temperature_c,
        if(pcie_tx_n = 0, NULL, pcie_tx_sum / pcie_tx_n) AS pcie_tx_kbps,
        if(pcie_rx_n = 0, NULL, pcie_rx_sum / pcie_rx_n) AS pcie_rx_kbps,
@@ -45,7 +45,7 @@ FROM
            sum(temperature_sum) AS temperature_sum, sum(temperature_n) AS temperature_n,
            sum(pcie_tx_sum) AS pcie_tx_sum, sum(pcie_tx_n) AS pcie_tx_n,
            sum(pcie_rx_sum) AS pcie_rx_sum, sum(pcie_rx_n) AS pcie_rx_n,
-           argMaxMerge(last) AS last
+           max(latest) AS newest
     FROM gpu_device_metrics_10s
     WHERE bucket >= toStartOfInterval({since:DateTime64(3)}, INTERVAL 10 SECOND, 'UTC')
       AND bucket < {until:DateTime64(3)} + INTERVAL 1 HOUR

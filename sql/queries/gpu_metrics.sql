@@ -33,7 +33,7 @@ FROM
     (
         SELECT node, gpu_index, uuid, parent_uuid, bucket, anyLast(name) AS name, anyLast(identity) AS identity,
                max(simulated) AS simulated, max(last_ts) AS last_ts, groupArrayArray(xid_errors) AS xid_errors,
-               argMaxMerge(last) AS l
+               max(latest) AS l
         FROM gpu_device_metrics_10s
         WHERE bucket >= toStartOfInterval({since:DateTime64(3)}, INTERVAL 10 SECOND, 'UTC')
           AND bucket < {until:DateTime64(3)}

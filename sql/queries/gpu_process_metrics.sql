@@ -27,7 +27,7 @@ FROM
     (
         SELECT node, gpu_index, pid, bucket, anyLast(comm) AS comm, anyLast(container_id) AS container_id,
                anyLast(identity) AS identity, max(simulated) AS simulated, max(last_ts) AS last_ts,
-               argMaxMerge(last) AS l
+               max(latest) AS l
         FROM gpu_process_metrics_10s
         WHERE bucket >= toStartOfInterval({since:DateTime64(3)}, INTERVAL 10 SECOND, 'UTC')
           AND bucket < {until:DateTime64(3)}
