@@ -208,7 +208,7 @@ def main() -> None:
         u, e, end = r["us_per_reading"], r["events"], r["end"]
         print(f"{layout:13} {r['readings_measured']:>10} {u['insert_thread']:>10} {u['pool']:>9} "
               f"{u['pool_merges']:>10} {e.get('MergedRows', 0):>12} {end['readings_kept']:>9} "
-              f"{end['oldest_kept_scaled_hours']:>9} {end['active_parts']:>6} {end.get('most_active_parts', 0):>5} "
+              f"{end['oldest_kept_scaled_hours']:>9} {end['active_parts']:>6} {end['most_active_parts']:>5} "
               f"{end['bytes_on_disk'] / 1e6:>7.1f} "
               f"{r['late_batches']:>5}")
     for layout, r in results.items():
