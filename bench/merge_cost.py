@@ -2,14 +2,16 @@
 sorting keys: which merges a stored CPU sample pays for, measured one table at a time.
 
     .venv/bin/python bench/merge_cost.py [--windows 60] [--reps 3] [--keys current,stack_first,hashed]
+                                         [--layouts current,strings_out_of_key,process_ids,...]
 
 A bench/sink_cost.py run (100 nodes, the captured sink input) with every merge stopped leaves one part per window in
 each table; then each table's parts are merged by OPTIMIZE ... FINAL, one table at a time, and the process's CPU
 meanwhile is that merge's cost (µs per row in, and per stored CPU sample). --keys: the rollup's rows again, one part
 per window as its view wrote them (bench/sql/merge_cost_rollup_insert.sql), into a copy of cpu_samples_1h (its own
 SHOW CREATE TABLE) under each named sorting key, merged the same way, --reps times in a rotating order (against
-the machine's drift); the sums per full key are checked equal across keys. One OPTIMIZE merges all of
-a table's parts at once, where the background merges take ~10-20 at a time and again at the next level: compare
+the machine's drift); the sums per full key are checked equal across keys. --layouts: the same for cpu_samples'
+rows under other columns and keys (LAYOUTS below: how much of a merge its string columns cost). One OPTIMIZE merges
+all of a table's parts at once, where the background merges take ~10-20 at a time and again at the next level: compare
 keys and tables with it, not with the pool's figures. Writes bench/out/merge_cost.json.
 """
 
@@ -34,6 +36,22 @@ SQL = ROOT / "bench" / "sql"
 KEYS = {  # the CPU rollup's sorting keys to compare; "current" is read from the store
     "stack_first": "(node, hour, pid, stack_id, comm, container_id, identity)",
     "hashed": "(node, hour, pid, stack_id, cityHash64(comm, container_id, identity))",
+}
+SAMPLE_COLUMNS = ("ts DateTime CODEC(Delta, ZSTD(1)), node LowCardinality(String) CODEC(ZSTD(1)), "
+                  "pid UInt32 CODEC(T64, ZSTD(1)), stack_id UInt64 CODEC(ZSTD(1)), count UInt64 CODEC(T64, ZSTD(1))")
+STRINGS = ", ".join(f"{c} {{t}} CODEC(ZSTD(1))" for c in ("comm", "container_id", "identity"))
+NAMED = "ts, node, pid, stack_id, count, comm, container_id, identity"  # the layouts' column order
+LAYOUTS = {  # cpu_samples under other columns and keys: (columns, sorting key, select list); "current" is the table's
+    "strings_out_of_key": (f"{SAMPLE_COLUMNS}, {STRINGS.format(t='LowCardinality(String)')}",
+                           "(node, toStartOfHour(ts), pid, stack_id, ts)", NAMED),
+    "plain_strings": (f"{SAMPLE_COLUMNS}, {STRINGS.format(t='String')}",
+                      "(node, toStartOfHour(ts), pid, stack_id, comm, container_id, identity, ts)", NAMED),
+    "process_ids": (f"{SAMPLE_COLUMNS}, proc_id UInt64 CODEC(ZSTD(1))", "(node, toStartOfHour(ts), pid, stack_id, ts)",
+                    "ts, node, pid, stack_id, count, cityHash64(comm, container_id, identity) AS proc_id"),
+    "process_and_node_ids": (f"{SAMPLE_COLUMNS.replace('node LowCardinality(String) CODEC(ZSTD(1))', 'node UInt32')}"
+                             ", proc_id UInt64 CODEC(ZSTD(1))", "(node, toStartOfHour(ts), pid, stack_id, ts)",
+                             "ts, toUInt32(cityHash64(node) % 1000000) AS node, pid, stack_id, count, "
+                             "cityHash64(comm, container_id, identity) AS proc_id"),
 }
 CHECK = ("SELECT sum(c), count(), sum(cityHash64(node, hour, pid, comm, container_id, stack_id, identity, c)) FROM "
          "(SELECT node, hour, pid, comm, container_id, stack_id, identity, sum(count) AS c FROM rollup_variant "
@@ -113,12 +131,47 @@ def rollup_keys(store, names: list[str], reps: int) -> dict[str, list[dict]]:
     return out
 
 
+def sample_layouts(store, names: list[str], reps: int) -> dict[str, list[dict]]:
+    """cpu_samples' rows, one part per window as the sink wrote them, into a table per layout, each merged by one
+    OPTIMIZE ... FINAL, `reps` times in a rotating order; the stored counts are checked equal across layouts."""
+    ddl = store.query_sql("SHOW CREATE TABLE cpu_samples")[1][0][0]
+    _, windows = store.query_sql("SELECT DISTINCT ts FROM cpu_samples ORDER BY ts")
+    out: dict[str, list[dict]] = {name: [] for name in names}
+    for rep in range(reps):
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
+            store.query_sql("DROP TABLE IF EXISTS layout_variant SYNC", readonly=False)
+            if name == "current":
+                store.query_sql(re.sub(r"^CREATE TABLE \S+", "CREATE TABLE layout_variant", ddl), readonly=False)
+                select = "*"
+            else:
+                columns, key, select = LAYOUTS[name]
+                store.query_sql(f"CREATE TABLE layout_variant ({columns}) ENGINE = MergeTree PARTITION BY toDate(ts) "
+                                f"ORDER BY {key}", readonly=False)
+            store.query_sql("SYSTEM STOP MERGES layout_variant", readonly=False)
+            for (ts,) in windows:  # the layouts' own text, not a caller's: nothing user-given reaches this SQL
+                store.query_sql(f"INSERT INTO layout_variant SELECT {select} FROM cpu_samples "
+                                "WHERE ts = {ts:DateTime} SETTINGS max_threads = 1, optimize_on_insert = 0",
+                                {"ts": ts}, readonly=False)
+            parts, rows, _ = parts_of(store, "layout_variant")
+            cpu = optimize(store, "layout_variant")
+            _, _, size = parts_of(store, "layout_variant")
+            total = int(store.query_sql("SELECT sum(count) FROM layout_variant")[1][0][0])
+            out[name].append({"parts": parts, "rows": rows, "bytes": size, "cpu_s": round(cpu, 3),
+                              "us_per_row": round(cpu / rows * 1e6, 3), "samples": total})
+            print(f"rep {rep} {name:20s} {rows:,} rows in {parts} parts -> {size:,} bytes: {cpu:.2f} s, "
+                  f"{cpu / rows * 1e6:.3f} µs per row", flush=True)
+    if len({r["samples"] for runs in out.values() for r in runs}) != 1:
+        raise SystemExit("the layouts hold different sample counts")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=100)
     ap.add_argument("--windows", type=int, default=60)
     ap.add_argument("--input", type=Path, default=ROOT / "bench" / "out" / "sink_input.bin")
     ap.add_argument("--keys", default="", help=f"comma-separated: current,{','.join(KEYS)} (none: tables only)")
+    ap.add_argument("--layouts", default="", help=f"comma-separated: current,{','.join(LAYOUTS)} (cpu_samples' rows)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "merge_cost.json")
     args = ap.parse_args()
@@ -134,6 +187,8 @@ def main() -> None:
             stop_merges(store)
             names = [k for k in args.keys.split(",") if k]
             variants = rollup_keys(store, names, args.reps) if names else {}  # before the tables' own merges
+            layout_names = [k for k in args.layouts.split(",") if k]
+            layouts = sample_layouts(store, layout_names, args.reps) if layout_names else {}
             tables = table_merges(store, stored)
         finally:
             store.close()
@@ -145,7 +200,7 @@ def main() -> None:
               f"{t['us_per_row']:7.3f} µs/row {t['us_per_stored_sample']:6.3f} µs per stored CPU sample")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"nodes": args.nodes, "windows": args.windows, "samples_stored": stored,
-                                    "tables": tables, "rollup_keys": variants}, indent=1))
+                                    "tables": tables, "rollup_keys": variants, "sample_layouts": layouts}, indent=1))
 
 
 if __name__ == "__main__":
