@@ -141,17 +141,16 @@ def sample_layouts(store, names: list[str], reps: int) -> dict[str, list[dict]]:
         for name in names[rep % len(names):] + names[:rep % len(names)]:
             store.query_sql("DROP TABLE IF EXISTS layout_variant SYNC", readonly=False)
             if name == "current":
-                store.query_sql(re.sub(r"^CREATE TABLE \S+", "CREATE TABLE layout_variant", ddl), readonly=False)
+                table = re.sub(r"^CREATE TABLE \S+", "CREATE TABLE layout_variant", ddl)
                 select = "*"
-            else:
+            else:  # the layouts' own expressions, not values: they cannot be bound
                 columns, key, select = LAYOUTS[name]
-                store.query_sql(f"CREATE TABLE layout_variant ({columns}) ENGINE = MergeTree PARTITION BY toDate(ts) "
-                                f"ORDER BY {key}", readonly=False)
+                table = (SQL / "merge_cost_layout_table.sql").read_text().format(columns=columns, key=key)
+            store.query_sql(table, readonly=False)
             store.query_sql("SYSTEM STOP MERGES layout_variant", readonly=False)
-            for (ts,) in windows:  # the layouts' own text, not a caller's: nothing user-given reaches this SQL
-                store.query_sql(f"INSERT INTO layout_variant SELECT {select} FROM cpu_samples "
-                                "WHERE ts = {ts:DateTime} SETTINGS max_threads = 1, optimize_on_insert = 0",
-                                {"ts": ts}, readonly=False)
+            insert = (SQL / "merge_cost_layout_insert.sql").read_text().format(select=select)
+            for (ts,) in windows:
+                store.query_sql(insert, {"ts": ts}, readonly=False)
             parts, rows, _ = parts_of(store, "layout_variant")
             cpu = optimize(store, "layout_variant")
             _, _, size = parts_of(store, "layout_variant")
