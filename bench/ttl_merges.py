@@ -18,7 +18,9 @@ merged into one once they are all a scaled hour old ("hourly_merged"), measured 
 bounded merge levels would save the sink at steady state; once the inserts stop, the flame graph's scan over the last
 50 scaled minutes and over the whole run is timed on each (bench/sql/ttl_merges_cpu_query.sql). Its wider layouts
 ("daily_wide", "daily_wide_open": merge_selector_base = 100, with and without a day's final merge) price merging more
-parts at a time. The most active parts are sampled every 10 scaled minutes.
+parts at a time; "daily_named" (each process with a 64-digit container id and a workload identity) against
+"daily_process_ids" (the same rows, only a process id stored in place of the strings) prices a process-id design.
+The most active parts are sampled every 10 scaled minutes.
 Writes bench/out/ttl_merges[_cpu].json and prints a table.
 """
 
@@ -55,15 +57,22 @@ def layouts(hour_s: int, table: str = "nvml") -> dict[str, dict[str, str]]:
         # daily_wide: daily_plain under merge_selector_base = 100 (the engine lowers the base to 2 as a partition
         # nears 50 parts, so that bounds the width), a day's parts merged into one once all of them are an hour old;
         # daily_wide_open: the same without that last merge
+        # daily_named: daily_plain with a container id and a workload identity per process (the others' are empty);
+        # daily_process_ids: the same rows, only a process id stored in place of the three strings
         base20, base100 = "merge_selector_base = 20", "merge_selector_base = 100"
+        named = {"insert_sql": "ttl_merges_cpu_named_insert.sql"}
         return {name: {"partition": f"toStartOfInterval(ts, INTERVAL {span * hour_s} SECOND)", "hour": str(hour_s),
-                       "settings": f"ttl_only_drop_parts = 1, {extra}", "engine": engine}
-                for name, span, extra, engine in (("daily", 24, base20, "SummingMergeTree(count)"),
-                                                  ("hourly", 1, base20, "SummingMergeTree(count)"),
-                                                  ("hourly_merged", 1, f"{base20}, {force}", "SummingMergeTree(count)"),
-                                                  ("daily_plain", 24, base20, "MergeTree"),
-                                                  ("daily_wide", 24, f"{base100}, {force}", "MergeTree"),
-                                                  ("daily_wide_open", 24, base100, "MergeTree"))}
+                       "settings": f"ttl_only_drop_parts = 1, {extra}", "engine": engine, **files}
+                for name, span, extra, engine, files in (
+                    ("daily", 24, base20, "SummingMergeTree(count)", {}),
+                    ("hourly", 1, base20, "SummingMergeTree(count)", {}),
+                    ("hourly_merged", 1, f"{base20}, {force}", "SummingMergeTree(count)", {}),
+                    ("daily_plain", 24, base20, "MergeTree", {}),
+                    ("daily_wide", 24, f"{base100}, {force}", "MergeTree", {}),
+                    ("daily_wide_open", 24, base100, "MergeTree", {}),
+                    ("daily_named", 24, base20, "MergeTree", named),
+                    ("daily_process_ids", 24, base20, "MergeTree",
+                     {**named, "table_sql": "ttl_merges_cpu_ids_table.sql"}))}
     return {
         "rows": {"partition": f"toStartOfInterval(ts, INTERVAL {24 * hour_s} SECOND)",
                  "settings": f"ttl_only_drop_parts = 0, merge_with_ttl_timeout = {hour_s}"},
@@ -81,10 +90,11 @@ def child(layout: str, scale: int, hours: float, nodes: int, kind: str = "nvml")
     store = open_store(f"chdb://{tmp / 'chdb'}", "bench")
     try:
         # partition, TTL and settings are the layout's expressions, not values: they cannot be bound
-        table = (SQL / f"{prefix}_table.sql").read_text().format(
-            ttl=f"INTERVAL {TTL_HOURS * hour_s} SECOND", **layouts(hour_s, kind)[layout])
+        chosen = layouts(hour_s, kind)[layout]
+        table = (SQL / chosen.get("table_sql", f"{prefix}_table.sql")).read_text().format(
+            ttl=f"INTERVAL {TTL_HOURS * hour_s} SECOND", **chosen)
         store.query_sql(table, readonly=False)
-        insert = (SQL / f"{prefix}_insert.sql").read_text()
+        insert = (SQL / chosen.get("insert_sql", f"{prefix}_insert.sql")).read_text()
         rows = nodes * per_node
         params = {"rows": rows} if kind == "cpu" else {"rows": rows, "span_ms": span_ms}
         start = time.monotonic()
