@@ -39,12 +39,18 @@ KEYS = {  # the CPU rollup's sorting keys to compare; "current" is read from the
 }
 SAMPLE_COLUMNS = ("ts DateTime CODEC(Delta, ZSTD(1)), node LowCardinality(String) CODEC(ZSTD(1)), "
                   "pid UInt32 CODEC(T64, ZSTD(1)), stack_id UInt64 CODEC(ZSTD(1)), count UInt64 CODEC(T64, ZSTD(1))")
-STRINGS = ", ".join(f"{c} {{t}} CODEC(ZSTD(1))" for c in ("comm", "container_id", "identity"))
+
+
+def strings(kind: str) -> str:
+    """The three process strings' column definitions, of type `kind`."""
+    return ", ".join(f"{c} {kind} CODEC(ZSTD(1))" for c in ("comm", "container_id", "identity"))
+
+
 NAMED = "ts, node, pid, stack_id, count, comm, container_id, identity"  # the layouts' column order
 LAYOUTS = {  # cpu_samples under other columns and keys: (columns, sorting key, select list); "current" is the table's
-    "strings_out_of_key": (f"{SAMPLE_COLUMNS}, {STRINGS.format(t='LowCardinality(String)')}",
+    "strings_out_of_key": (f"{SAMPLE_COLUMNS}, {strings('LowCardinality(String)')}",
                            "(node, toStartOfHour(ts), pid, stack_id, ts)", NAMED),
-    "plain_strings": (f"{SAMPLE_COLUMNS}, {STRINGS.format(t='String')}",
+    "plain_strings": (f"{SAMPLE_COLUMNS}, {strings('String')}",
                       "(node, toStartOfHour(ts), pid, stack_id, comm, container_id, identity, ts)", NAMED),
     "process_ids": (f"{SAMPLE_COLUMNS}, proc_id UInt64 CODEC(ZSTD(1))", "(node, toStartOfHour(ts), pid, stack_id, ts)",
                     "ts, node, pid, stack_id, count, cityHash64(comm, container_id, identity) AS proc_id"),
@@ -102,6 +108,24 @@ def rollup_copy(ddl: str, key: str) -> str:
     return re.sub(r"^ORDER BY .*$", f"ORDER BY {key}", ddl, flags=re.MULTILINE)
 
 
+def rotations(names: list[str], reps: int):
+    """(rep, names) for each rep, the order rotated by one each time (against the machine's drift)."""
+    for rep in range(reps):
+        yield rep, names[rep % len(names):] + names[:rep % len(names)]
+
+
+def copy_and_merge(store, table: str, create: str, insert: str, windows: list) -> tuple[int, int, float]:
+    """`table` made anew by `create`, filled one part per window by `insert` (merges stopped), then merged by one
+    OPTIMIZE ... FINAL: (parts, rows in, CPU seconds of the merge)."""
+    store.query_sql("DROP TABLE IF EXISTS {t:Identifier} SYNC", {"t": table}, readonly=False)
+    store.query_sql(create, readonly=False)
+    store.query_sql("SYSTEM STOP MERGES {t:Identifier}", {"t": table}, readonly=False)
+    for (ts,) in windows:
+        store.query_sql(insert, {"ts": ts}, readonly=False)
+    parts, rows_in, _ = parts_of(store, table)
+    return parts, rows_in, optimize(store, table)
+
+
 def rollup_keys(store, names: list[str], reps: int) -> dict[str, list[dict]]:
     _, current = store.query_sql("SELECT sorting_key FROM system.tables WHERE database = currentDatabase() AND "
                                  "name = 'cpu_samples_1h'")
@@ -110,15 +134,10 @@ def rollup_keys(store, names: list[str], reps: int) -> dict[str, list[dict]]:
     _, windows = store.query_sql("SELECT DISTINCT ts FROM cpu_samples ORDER BY ts")
     insert_sql = (SQL / "merge_cost_rollup_insert.sql").read_text()
     out: dict[str, list[dict]] = {name: [] for name in names}
-    for rep in range(reps):
-        for name in names[rep % len(names):] + names[:rep % len(names)]:
-            store.query_sql("DROP TABLE IF EXISTS rollup_variant SYNC", readonly=False)
-            store.query_sql(rollup_copy(ddl, keys[name]), readonly=False)
-            store.query_sql("SYSTEM STOP MERGES rollup_variant", readonly=False)
-            for (ts,) in windows:
-                store.query_sql(insert_sql, {"ts": ts}, readonly=False)
-            parts, rows_in, _ = parts_of(store, "rollup_variant")
-            cpu = optimize(store, "rollup_variant")
+    for rep, order in rotations(names, reps):
+        for name in order:
+            parts, rows_in, cpu = copy_and_merge(store, "rollup_variant", rollup_copy(ddl, keys[name]), insert_sql,
+                                                 windows)
             _, rows_out, size = parts_of(store, "rollup_variant")
             check = [int(v) for v in store.query_sql(CHECK)[1][0]]
             out[name].append({"parts": parts, "rows_in": rows_in, "rows_out": rows_out, "bytes": size,
@@ -137,22 +156,16 @@ def sample_layouts(store, names: list[str], reps: int) -> dict[str, list[dict]]:
     ddl = store.query_sql("SHOW CREATE TABLE cpu_samples")[1][0][0]
     _, windows = store.query_sql("SELECT DISTINCT ts FROM cpu_samples ORDER BY ts")
     out: dict[str, list[dict]] = {name: [] for name in names}
-    for rep in range(reps):
-        for name in names[rep % len(names):] + names[:rep % len(names)]:
-            store.query_sql("DROP TABLE IF EXISTS layout_variant SYNC", readonly=False)
+    for rep, order in rotations(names, reps):
+        for name in order:
             if name == "current":
-                table = re.sub(r"^CREATE TABLE \S+", "CREATE TABLE layout_variant", ddl)
+                create = re.sub(r"^CREATE TABLE \S+", "CREATE TABLE layout_variant", ddl)
                 select = "*"
             else:  # the layouts' own expressions, not values: they cannot be bound
                 columns, key, select = LAYOUTS[name]
-                table = (SQL / "merge_cost_layout_table.sql").read_text().format(columns=columns, key=key)
-            store.query_sql(table, readonly=False)
-            store.query_sql("SYSTEM STOP MERGES layout_variant", readonly=False)
+                create = (SQL / "merge_cost_layout_table.sql").read_text().format(columns=columns, key=key)
             insert = (SQL / "merge_cost_layout_insert.sql").read_text().format(select=select)
-            for (ts,) in windows:
-                store.query_sql(insert, {"ts": ts}, readonly=False)
-            parts, rows, _ = parts_of(store, "layout_variant")
-            cpu = optimize(store, "layout_variant")
+            parts, rows, cpu = copy_and_merge(store, "layout_variant", create, insert, windows)
             _, _, size = parts_of(store, "layout_variant")
             total = int(store.query_sql("SELECT sum(count) FROM layout_variant")[1][0][0])
             out[name].append({"parts": parts, "rows": rows, "bytes": size, "cpu_s": round(cpu, 3),

@@ -16,12 +16,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 from chdb import session
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from fleetprof.store import split_statements  # noqa: E402
+
 SETUP = """
 CREATE DATABASE IF NOT EXISTS b;
 CREATE TABLE b.names (proc_id UInt64, comm String, container_id String, identity String)
@@ -81,9 +86,8 @@ def main() -> None:
     s = session.Session()
     s.query("SET use_query_condition_cache = 0")  # else a filter's later repetitions skip the granules it ruled out
     sizes = {"rows": args.rows, "processes": args.processes}
-    for statement in SETUP.split(";\n"):
-        if statement.strip():
-            s.query(statement, "CSV", params=sizes)
+    for statement in split_statements(SETUP):
+        s.query(statement, "CSV", params=sizes)
     out: dict[str, dict[str, float]] = {}
     for what, queries in (("group by command", GROUP), ("filter one command", FILTER)):
         _, peer_answer = timed(s, next(iter(queries.values())), 1)  # also warms the table's files

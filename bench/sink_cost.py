@@ -324,13 +324,6 @@ def run(args: argparse.Namespace, raws: list[Raw], samples: int, keep: Path | No
     return result
 
 
-def sql_statements(text: str) -> list[str]:
-    """A .sql file's statements: `--` comment lines dropped, split at the ';' that ends a line."""
-    body = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
-    statements = (s.strip().rstrip(";").strip() for s in (body + "\n").split(";\n"))
-    return [s for s in statements if s]
-
-
 def merge_report(store) -> dict:
     """The engine's merge counters, and per table its active parts and rows × level (how often its rows were merged
     again, roughly: a merged part's level is one more than its sources' highest): chDB keeps no part_log."""
@@ -354,11 +347,13 @@ def main() -> None:
     ap.add_argument("--alter", action="append", default=[], metavar="SQL",
                     help="a statement run after the migrations (a table setting or codec to try); repeatable")
     ap.add_argument("--alter-file", type=Path, action="append", default=[], metavar="SQL_FILE",
-                    help="statements to run after the migrations, one per ';'-terminated block (a layout to try, "
+                    help="statements to run after the migrations, split as a migration file is (a layout to try, "
                          "e.g. bench/sql/sink_layout_*.sql); repeatable, after --alter")
     ap.add_argument("--code", type=Path, default=ROOT, help="the checkout whose sink and store run")
     args = ap.parse_args()
-    args.alter += [statement for path in args.alter_file for statement in sql_statements(path.read_text())]
+    from fleetprof.store import split_statements  # the migrations' own splitter, from the checkout that runs
+
+    args.alter += [statement for path in args.alter_file for statement in split_statements(path.read_text())]
     sys.path.insert(0, str(args.code.resolve()))
     raws, samples, per_topic = build_input(args.input, args.nodes, args.windows)
     result = run(args, raws, samples)
