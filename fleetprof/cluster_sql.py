@@ -14,7 +14,8 @@ What a migration says for the cluster, in comment lines above a statement (a sin
     per shard, behind a Distributed table `<name>` with that sharding key. Above CREATE VIEW: the view per node as
     `<name>_local` over the local tables (and over the `_local` views before it), behind a Distributed `<name>`.
   * `-- @cluster on every node` above CREATE TABLE: one Replicated table whose replica set spans the cluster, so each
-    node holds it whole; above CREATE VIEW: the same view on every node, reading the tables it reads on one node.
+    node holds it whole; above CREATE VIEW or CREATE DICTIONARY: the same view or dictionary on every node, reading
+    the tables it reads on one node. SYSTEM RELOAD DICTIONARY runs ON CLUSTER.
   * `-- Cluster: <text>`, up to the next `--` line, blank line or directive: notes copied above the statement's
     cluster form.
 The rest follows from those: every CREATE runs ON CLUSTER; a materialized view runs on every node from the local table
@@ -90,7 +91,8 @@ WHERE state = 'BEFORE'""".format(batches="\n".join(
 
 _DIRECTIVE_RE = re.compile(r"^--\s*@cluster\b\s*(.*?)\s*$")
 _NOTE_RE = re.compile(r"^--\s*Cluster:")
-_CREATE_RE = re.compile(r"^CREATE (?:OR REPLACE )?(TABLE|VIEW|MATERIALIZED VIEW) (?:IF NOT EXISTS )?(\w+)\b(.*)$")
+_CREATE_RE = re.compile(r"^CREATE (?:OR REPLACE )?(TABLE|VIEW|MATERIALIZED VIEW|DICTIONARY) (?:IF NOT EXISTS )?(\w+)\b(.*)$")
+_RELOAD_RE = re.compile(r"^SYSTEM RELOAD DICTIONARY (\w+)$")
 _TARGET_RE = re.compile(r"^ TO (\w+) AS$")
 _ENGINE_RE = re.compile(r"^ENGINE = (\w*)MergeTree(?:\((.*)\))?$", re.MULTILINE)
 _REFERENCE_RE = re.compile(r"\b(FROM|JOIN)(\s+)(\w+)\b")
@@ -211,6 +213,9 @@ def _cluster_statements(code: str, placement: str | None, layout: Layout, where:
         exchange = _EXCHANGE_RE.match(code)
         if exchange:
             return _exchange(exchange.group(1), exchange.group(2), layout, where)
+        reload = _RELOAD_RE.match(code)
+        if reload:
+            return [code + ON_CLUSTER]
         if not alter and not first.startswith("INSERT INTO "):
             raise ClusterSqlError(f"{where}: no cluster form for this statement in {COMMAND}")
         return [code]
@@ -219,9 +224,11 @@ def _cluster_statements(code: str, placement: str | None, layout: Layout, where:
         if placement is not None:
             raise ClusterSqlError(f"{where}: a materialized view follows its tables; no `-- @cluster` line")
         return [_materialized_view(create, rest, layout, where)]
+    if kind == "DICTIONARY" and placement != "on every node":
+        raise ClusterSqlError(f"{where}: a dictionary is made on every node: `-- @cluster on every node`")
     if placement == "on every node":
         layout.every_node.add(name)
-        if kind == "VIEW":
+        if kind in ("VIEW", "DICTIONARY"):
             return [_on_cluster(create, name) + "\n" + rest]
         return [_replicated(create, name, rest, WHOLE_PATH.format(table=name), WHOLE_REPLICA, where)]
     sharded = re.fullmatch(r"sharded by (.+)", placement or "")

@@ -26,10 +26,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetprof import dedup_records
+from fleetprof.process_ids import NAME_COLUMNS, NAMED_TABLES, rows_with_process_ids
 from fleetprof.rebuild_guard import rebuild_refusal
 from fleetprof.settings import SQL_DIR
 from fleetprof.store_params import _unwrap, coerce_param, parse_time  # noqa: F401 - parse_time: the store's API
 from fleetprof.store_statements import store_sql
+from processors.sink_columns import PROCESS_NAME_COLUMNS
 
 if TYPE_CHECKING:
     import pyarrow
@@ -428,6 +430,9 @@ class Store:
         # timeline and the 1 s NVML readings are partitioned by hour): late polls, a node whose clock is days off.
         # Refused, the batch would fail on every retry and stall the sink.
         settings = {**settings, "optimize_on_insert": 0, "max_partitions_per_insert_block": 0}
+        if table in NAMED_TABLES and not set(NAME_COLUMNS).isdisjoint(column_names) and \
+                self._column_types(table, ["proc_id"]) is not None:
+            rows, column_names = self._store_process_names(rows, column_names, column_oriented)
         types = self._column_types(table, column_names)
         try:
             with self._writers.lease() as client:
@@ -444,6 +449,21 @@ class Store:
         except Exception:
             self._types.pop(table, None)  # a migration may have changed the table since: ask again on the retry
             raise
+
+    def _store_process_names(self, rows: Sequence[Sequence[Any]], column_names: list[str],
+                             column_oriented: bool) -> tuple[list, list[str]]:
+        """Sample rows given with their process's strings (as before migration 0025: tools, tests, other writers)
+        stored as the sink stores them: the names written and loaded first, the rows with their ids."""
+        stored, columns, names = rows_with_process_ids(list(rows), column_names, column_oriented)
+        seen = int(datetime.now(tz=UTC).timestamp())
+        self.insert("process_names", [[*n, seen] for n in names], PROCESS_NAME_COLUMNS)
+        self.reload_process_names()
+        return stored, columns
+
+    def reload_process_names(self) -> None:
+        """Load the process names dictionary again (migration 0025), so rows written next are named at once."""
+        with self._writers.lease() as client:
+            client.command(store_sql("process_names_reload"))
 
     def insert_again(self, table: str, rows: Sequence[Sequence[Any]], column_names: list[str], dedup_token: str,
                      column_oriented: bool = False) -> list[str]:

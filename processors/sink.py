@@ -8,6 +8,7 @@ from datetime import datetime
 from functools import lru_cache
 from itertools import chain
 
+from fleetprof.process_ids import process_ids
 from processors.messages import Message
 from processors.sink_columns import (  # noqa: F401 - the sink's column lists, used here and by its users
     ALERT_COLUMNS,
@@ -20,6 +21,7 @@ from processors.sink_columns import (  # noqa: F401 - the sink's column lists, u
     GPU_UNMATCHED_COLUMNS,
     IDENTITY_COLUMNS,
     PROCESS_COLUMNS,
+    PROCESS_NAME_COLUMNS,
     PROFILE_WINDOW_COLUMNS,
     STACK_COLUMNS,
 )
@@ -32,10 +34,11 @@ _DEVICE_FIELDS = ("index", *DEVICE_COLUMNS[3:-2])
 _PROCESS_FIELDS = ("device_index", *PROCESS_COLUMNS[3:-2])
 
 # Tables whose rows are keyed by content (ReplacingMergeTree): safe to write again, no dedup token needed.
-DEFINITION_TABLES = ("frames", "stacks")
+DEFINITION_TABLES = ("frames", "stacks", "process_names")
 # Definitions with a TTL from their time column: never written older than the write (see _not_older_than); the
 # column and its ticks per second (DateTime: seconds, DateTime64(3): milliseconds)
-REFRESHED = {"frames": ("last_seen", 1), "stacks": ("last_seen", 1), "workload_identities": ("updated", 1000)}
+REFRESHED = {"frames": ("last_seen", 1), "stacks": ("last_seen", 1), "process_names": ("last_seen", 1),
+             "workload_identities": ("updated", 1000)}
 
 
 @dataclass
@@ -191,10 +194,20 @@ def cpu_samples_rows(rec: dict) -> dict[str, Rows]:
     """The rows of a CpuSamples record (its samples as columns, or records)."""
     ts, node = _ts(rec["window_start_ns"]), rec["node"]
     s, n = _columns(rec["samples"], _CPU_SAMPLE_FIELDS, {"identity_id": 0})
+    names, ids = _process_names(s["comm"], s["container_id"], _identity_column(s["identity_id"]), ts)
     table = Rows(CPU_SAMPLE_COLUMNS, by_column=[
-        [ts] * n, [node] * n, s["pid"], s["comm"], s["container_id"], longs_to_u64(s["stack_id"]), s["count"],
-        _identity_column(s["identity_id"])])
-    return {**_definitions(rec, ts), "cpu_samples": table, "profile_windows": _profile_window(rec, ts, "cpu", n)}
+        [ts] * n, [node] * n, s["pid"], ids, longs_to_u64(s["stack_id"]), s["count"]])
+    return {**_definitions(rec, ts), "process_names": names, "cpu_samples": table,
+            "profile_windows": _profile_window(rec, ts, "cpu", n)}
+
+
+def _process_names(comms: list[str], container_ids: list[str], identities: list[str],
+                   ts: int) -> tuple[Rows, list[int]]:
+    """Each sample's process id, and the names row of each id (a definition: written before the rows that carry
+    it)."""
+    ids = process_ids(comms, container_ids, identities)
+    first = dict(zip(ids, zip(comms, container_ids, identities, strict=True), strict=True))
+    return Rows(PROCESS_NAME_COLUMNS, [[i, *names, ts] for i, names in first.items()]), ids
 
 
 def gpu_metrics_rows(rec: dict) -> dict[str, Rows]:
@@ -227,14 +240,16 @@ def gpu_samples_rows(rec: dict) -> dict[str, Rows]:
     ts, node = _ts(rec["window_start_ns"]), rec["node"]
     s, n = _columns(rec["samples"], _GPU_SAMPLE_FIELDS, _GPU_SAMPLE_DEFAULTS)
     stack, ident = longs_to_u64(s["stack_id"]), _identity_column(s["identity_id"])
-    kernels = [[ts] * n, [node] * n, s["pid"], s["comm"], s["container_id"], s["device"], s["stream"], stack,
-               s["kernel_name"], s["duration_ns"], s["launches"], s["nvtx_range"], ident]
+    names, ids = _process_names(s["comm"], s["container_id"], ident, ts)
+    kernels = [[ts] * n, [node] * n, s["pid"], ids, s["device"], s["stream"], stack, s["kernel_name"],
+               s["duration_ns"], s["launches"], s["nvtx_range"]]
     at = [i for i, name in enumerate(s["kernel_name"]) if name.startswith(COPY_LABEL_PREFIXES)]
     copies = [[ts] * len(at), [node] * len(at), *([column[i] for i in at] for column in (
         s["pid"], s["comm"], s["container_id"], s["device"], s["stream"], stack, s["kernel_name"], s["memory_kinds"],
         s["nvtx_range"], s["duration_ns"], s["bytes"], s["launches"], ident))]
     return {
         **_definitions(rec, ts),
+        "process_names": names,
         "gpu_kernel_samples": Rows(GPU_SAMPLE_COLUMNS, by_column=kernels),
         "gpu_copy_samples": Rows(GPU_COPY_COLUMNS, by_column=copies),
         "gpu_timeline": _timeline(rec.get("timeline", []), s, node),

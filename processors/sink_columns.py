@@ -3,15 +3,18 @@
 
 FRAME_COLUMNS = ["frame_id", "function", "binary", "kind", "last_seen", "build_id"]
 STACK_COLUMNS = ["stack_id", "frame_ids", "last_seen"]
-CPU_SAMPLE_COLUMNS = ["ts", "node", "pid", "comm", "container_id", "stack_id", "count", "identity"]
+# the sample tables store a process id in place of comm, container_id and identity (migration 0025): process_names
+# holds those, written before the first rows that carry the id
+PROCESS_NAME_COLUMNS = ["proc_id", "comm", "container_id", "identity", "last_seen"]
+CPU_SAMPLE_COLUMNS = ["ts", "node", "pid", "proc_id", "stack_id", "count"]
 DEVICE_COLUMNS = ["ts", "node", "gpu_index", "uuid", "name", "parent_uuid", "gpu_util_pct", "mem_util_pct",
                   "mem_used_bytes", "mem_total_bytes", "sm_clock_mhz", "mem_clock_mhz", "power_mw",
                   "power_limit_mw", "temperature_c", "pcie_tx_kbps", "pcie_rx_kbps", "clock_event_reasons",
                   "xid_errors", "simulated", "identity"]
 PROCESS_COLUMNS = ["ts", "node", "gpu_index", "pid", "comm", "container_id", "sm_util_pct", "mem_util_pct",
                    "used_memory_bytes", "simulated", "identity"]
-GPU_SAMPLE_COLUMNS = ["ts", "node", "pid", "comm", "container_id", "device", "stream", "stack_id", "kernel_name",
-                      "duration_ns", "launches", "nvtx_range", "identity"]
+GPU_SAMPLE_COLUMNS = ["ts", "node", "pid", "proc_id", "device", "stream", "stack_id", "kernel_name", "duration_ns",
+                      "launches", "nvtx_range"]
 GPU_COPY_COLUMNS = ["ts", "node", "pid", "comm", "container_id", "device", "stream", "stack_id", "kernel_name",
                     "memory_kinds", "nvtx_range", "duration_ns", "bytes", "launches", "identity"]
 GPU_TIMELINE_COLUMNS = ["ts", "node", "pid", "comm", "device", "stream", "start_ns", "duration_ns", "activity", "name",

@@ -109,8 +109,7 @@ class StoreRunner:
         self.producer = Producer(pcfg)
         self.buffers: dict[tuple[str, int], list] = {}
         self.first_seen: dict[tuple[str, int], float] = {}
-        self.known_frames = KnownIds()
-        self.known_stacks = KnownIds()
+        self.known = {table: KnownIds() for table in DEFINITION_TABLES}  # definitions already written
         self.stamps = Stamps()
         self.batches = 0
         self._cpu_written_at = -CPU_ROUND_S  # when a batch last held CPU samples (monotonic)
@@ -295,13 +294,17 @@ class StoreRunner:
         """`again`: an interrupted batch's rows, which the store writes so that whatever part of them the death
         left in the table and its views' targets, each holds them once (Store.insert_again)."""
         if table in DEFINITION_TABLES:
-            known = self.known_frames if table == "frames" else self.known_stacks
+            known = self.known[table]
             fresh = known.unseen([r[0] for r in rows.rows])
             data = [r for r in rows.rows if r[0] in fresh]
             fresh_ids = {r[0] for r in data}
             data = list({r[0]: r for r in data}.values())
             if data:
                 self._retry(lambda: self.store.insert(table, data, rows.columns))
+                if table == "process_names":
+                    # the sample tables name their processes through a dictionary over this table (migration
+                    # 0025): loaded again now, before the rows that carry these ids are written
+                    self._retry(self.store.reload_process_names)
             known.add(fresh_ids)
             metrics.ROWS_OUT.labels(self.name, table).inc(len(data))
         elif len(rows):

@@ -5,6 +5,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from fleetprof.process_ids import process_id
 from processors.messages import Message
 from processors.sink import Rows, check_ranges, cpu_samples_rows, gpu_metrics_rows, identity_rows, rows_for
 from producers.workload_identity import Identity
@@ -22,9 +23,12 @@ def test_cpu_samples_rows():
     ts = T // 10**9  # DateTime: seconds since 1970, as the column holds them
     assert rows["frames"].rows == [[2**64 - 1, "f", "b", "NATIVE", ts, ""]]
     assert rows["stacks"].rows == [[2**64 - 2, [2**64 - 1, 5], ts]]
-    # a v2 sample (no identity_id) stores '', an id its 16 hex digits of the unsigned value
-    assert rows["cpu_samples"].as_rows() == [[ts, "n", 3, "c", "k", 2**64 - 2, 9, ""],
-                                        [ts, "n", 4, "c", "", 2**64 - 2, 1, "fffffffffffffffe"]]
+    # a v2 sample (no identity_id) stores '', an id its 16 hex digits of the unsigned value; each process's strings
+    # go to process_names once, the rows carry its id (migration 0025)
+    first, second = process_id("c", "k", ""), process_id("c", "", "fffffffffffffffe")
+    assert rows["cpu_samples"].as_rows() == [[ts, "n", 3, first, 2**64 - 2, 9], [ts, "n", 4, second, 2**64 - 2, 1]]
+    assert rows["process_names"].rows == [[first, "c", "k", "", ts], [second, "c", "", "fffffffffffffffe", ts]]
+    assert list(rows).index("process_names") < list(rows).index("cpu_samples")  # written before the rows naming it
 
 
 def test_gpu_metrics_rows_keep_nulls_and_the_simulated_label():
@@ -117,6 +121,9 @@ def test_samples_read_as_columns_give_the_rows_their_records_give(store) -> None
     with pytest.raises(ValueError, match="pid"):  # a column is range-checked as a whole
         rows_for([Message("cpu.samples", 0, 9, None, "fleetprof.CpuSamples",
                           columnar | {"samples": columnar["samples"] | {"pid": [3, -1]}})])
+    names = rows_for([msgs[0], msgs[2]])["process_names"]
+    store.insert("process_names", names.rows, names.columns)  # as the sink does: the names, loaded, then the rows
+    store.reload_process_names()
     store.insert("cpu_samples", merged.by_column, merged.columns, column_oriented=True)
     _, found = store.query_sql("SELECT node, pid, stack_id, count, identity FROM cpu_samples WHERE node IN "
                                "('n0', 'n2') ORDER BY node, pid", {})

@@ -82,28 +82,28 @@ def test_every_migration_statement_can_run_again(store, chdb_dir):
 
 
 def test_migrations_have_codecs_on_every_column(store):
-    # Views (0009) and materialized views writing TO a table (0010) store nothing, so they have no codecs; nor do ALIAS
-    # columns (gpu_timeline.end_ns, 0020); every stored column must name one.
+    # Views (0009), materialized views writing TO a table (0010) and dictionaries (0025) store nothing, so they have no
+    # codecs; nor do ALIAS columns (gpu_timeline.end_ns, 0020); every stored column must name one.
     _, rows = store.query_sql(
         "SELECT table, name FROM system.columns WHERE database = currentDatabase() AND compression_codec = ''"
         " AND default_kind != 'ALIAS'"
         " AND table NOT IN (SELECT name FROM system.tables WHERE database = currentDatabase()"
-        " AND engine IN ('View', 'MaterializedView'))")
+        " AND engine IN ('View', 'MaterializedView', 'Dictionary'))")
     assert rows == []
 
 
 def test_tables_written_every_flush_merge_with_a_larger_base(store):
     # 0017: every table that gets a part per sink flush (samples, readings, their rollups and tiers, windows) merges
-    # with merge_selector_base = 20; the small ones written on change (frames, stacks, identities, alerts, the sink's
-    # own state) keep the engine's default.
+    # with merge_selector_base = 20; the small ones written on change (frames, stacks, process names, identities,
+    # alerts, the sink's own state) keep the engine's default.
     _, rows = store.query_sql("SELECT name, create_table_query FROM system.tables WHERE database = currentDatabase() "
                               "AND engine LIKE '%MergeTree'")
     larger = {name for name, ddl in rows if "merge_selector_base = 20" in ddl}
     assert larger == {"cpu_samples", "cpu_samples_1h", "gpu_kernel_samples", "gpu_kernel_samples_1h",
                       "gpu_copy_samples", "gpu_unmatched", "gpu_timeline", "gpu_device_metrics", "gpu_process_metrics",
                       "gpu_device_metrics_10s", "gpu_process_metrics_10s", "profile_windows"}
-    assert {name for name, _ in rows} - larger == {"frames", "stacks", "workload_identities", "alerts", "sink_state",
-                                                   "schema_migrations"}
+    assert {name for name, _ in rows} - larger == {"frames", "stacks", "process_names", "workload_identities", "alerts",
+                                                   "sink_state", "schema_migrations"}
 
 
 def test_split_statements_drops_comment_only_pieces():
