@@ -91,7 +91,8 @@ WHERE state = 'BEFORE'""".format(batches="\n".join(
 
 _DIRECTIVE_RE = re.compile(r"^--\s*@cluster\b\s*(.*?)\s*$")
 _NOTE_RE = re.compile(r"^--\s*Cluster:")
-_CREATE_RE = re.compile(r"^CREATE (?:OR REPLACE )?(TABLE|VIEW|MATERIALIZED VIEW|DICTIONARY) (?:IF NOT EXISTS )?(\w+)\b(.*)$")
+_CREATE_RE = re.compile(
+    r"^CREATE (?:OR REPLACE )?(TABLE|VIEW|MATERIALIZED VIEW|DICTIONARY) (?:IF NOT EXISTS )?(\w+)\b(.*)$")
 _RELOAD_RE = re.compile(r"^SYSTEM RELOAD DICTIONARY (\w+)$")
 _TARGET_RE = re.compile(r"^ TO (\w+) AS$")
 _ENGINE_RE = re.compile(r"^ENGINE = (\w*)MergeTree(?:\((.*)\))?$", re.MULTILINE)

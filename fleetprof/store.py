@@ -26,12 +26,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetprof import dedup_records
-from fleetprof.process_ids import NAME_COLUMNS, NAMED_TABLES, rows_with_process_ids
 from fleetprof.rebuild_guard import rebuild_refusal
 from fleetprof.settings import SQL_DIR
 from fleetprof.store_params import _unwrap, coerce_param, parse_time  # noqa: F401 - parse_time: the store's API
 from fleetprof.store_statements import store_sql
-from processors.sink_columns import PROCESS_NAME_COLUMNS
+from processors.process_ids import NAME_COLUMNS, NAMED_TABLES, PROCESS_NAME_COLUMNS, rows_with_process_ids
 
 if TYPE_CHECKING:
     import pyarrow
@@ -449,6 +448,10 @@ class Store:
         except Exception:
             self._types.pop(table, None)  # a migration may have changed the table since: ask again on the retry
             raise
+        if table == "process_names":
+            # the sample tables name their processes through a dictionary over this table (migration 0025): loaded
+            # again before this returns, so the rows written next that carry these ids read their names at once
+            self.reload_process_names()
 
     def _store_process_names(self, rows: Sequence[Sequence[Any]], column_names: list[str],
                              column_oriented: bool) -> tuple[list, list[str]]:
@@ -457,11 +460,10 @@ class Store:
         stored, columns, names = rows_with_process_ids(list(rows), column_names, column_oriented)
         seen = int(datetime.now(tz=UTC).timestamp())
         self.insert("process_names", [[*n, seen] for n in names], PROCESS_NAME_COLUMNS)
-        self.reload_process_names()
         return stored, columns
 
     def reload_process_names(self) -> None:
-        """Load the process names dictionary again (migration 0025), so rows written next are named at once."""
+        """Load the process names dictionary again (migration 0025); insert() into process_names does."""
         with self._writers.lease() as client:
             client.command(store_sql("process_names_reload"))
 

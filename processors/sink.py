@@ -8,8 +8,8 @@ from datetime import datetime
 from functools import lru_cache
 from itertools import chain
 
-from fleetprof.process_ids import process_ids
 from processors.messages import Message
+from processors.process_ids import process_ids
 from processors.sink_columns import (  # noqa: F401 - the sink's column lists, used here and by its users
     ALERT_COLUMNS,
     CPU_SAMPLE_COLUMNS,
@@ -73,15 +73,16 @@ _U8, _U16, _U32, _U64, _I16 = (0, 2**8 - 1), (0, 2**16 - 1), (0, 2**32 - 1), (0,
 COLUMN_RANGES: dict[str, dict[str, tuple[int, int]]] = {
     "frames": {"frame_id": _U64},
     "stacks": {"stack_id": _U64, "frame_ids": _U64},
-    "cpu_samples": {"pid": _U32, "stack_id": _U64, "count": _U64},
+    "process_names": {"proc_id": _U64},
+    "cpu_samples": {"pid": _U32, "proc_id": _U64, "stack_id": _U64, "count": _U64},
     "gpu_device_metrics": {"gpu_index": _U16, "gpu_util_pct": _U8, "mem_util_pct": _U8, "mem_used_bytes": _U64,
                            "mem_total_bytes": _U64, "sm_clock_mhz": _U32, "mem_clock_mhz": _U32, "power_mw": _U32,
                            "power_limit_mw": _U32, "temperature_c": _I16, "pcie_tx_kbps": _U32,
                            "pcie_rx_kbps": _U32, "clock_event_reasons": _U64, "xid_errors": _U32},
     "gpu_process_metrics": {"gpu_index": _U16, "pid": _U32, "sm_util_pct": _U8, "mem_util_pct": _U8,
                             "used_memory_bytes": _U64},
-    "gpu_kernel_samples": {"pid": _U32, "device": _U16, "stream": _U32, "stack_id": _U64, "duration_ns": _U64,
-                           "launches": _U64},
+    "gpu_kernel_samples": {"pid": _U32, "proc_id": _U64, "device": _U16, "stream": _U32, "stack_id": _U64,
+                           "duration_ns": _U64, "launches": _U64},
     "gpu_copy_samples": {"pid": _U32, "device": _U16, "stream": _U32, "stack_id": _U64, "duration_ns": _U64,
                          "bytes": _U64, "launches": _U64},
     "gpu_timeline": {"pid": _U32, "device": _U16, "stream": _U32, "start_ns": _U64, "duration_ns": _U64,
@@ -91,8 +92,9 @@ COLUMN_RANGES: dict[str, dict[str, tuple[int, int]]] = {
     "alerts": {"gpu_index": _U16},
     "profile_windows": {"frequency_hz": _U32},
 }
-# Columns whose values come through long_to_u64: in range by construction, so check_ranges skips them
-_U64_BY_CONSTRUCTION = frozenset({"frame_id", "stack_id", "frame_ids", "graph_node_id"})
+# Columns whose values come through long_to_u64 (or a hash: proc_id): in range by construction, so check_ranges skips
+# them
+_U64_BY_CONSTRUCTION = frozenset({"frame_id", "stack_id", "frame_ids", "graph_node_id", "proc_id"})
 _DATETIME_MAX_S = 2**32 - 1  # DateTime is seconds since 1970 in a UInt32
 # a few ids per node, each on hundreds of rows a window
 identity_key = lru_cache(maxsize=1 << 16)(_identity_key)

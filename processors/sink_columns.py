@@ -1,11 +1,10 @@
 """The columns of every table the sink writes, in the order it writes them: the sink and `fleetprof query metrics`
 (its empty results' header) share them, and importing them costs nothing."""
 
+from processors.process_ids import PROCESS_NAME_COLUMNS  # noqa: F401 - written before the rows carrying their ids
+
 FRAME_COLUMNS = ["frame_id", "function", "binary", "kind", "last_seen", "build_id"]
 STACK_COLUMNS = ["stack_id", "frame_ids", "last_seen"]
-# the sample tables store a process id in place of comm, container_id and identity (migration 0025): process_names
-# holds those, written before the first rows that carry the id
-PROCESS_NAME_COLUMNS = ["proc_id", "comm", "container_id", "identity", "last_seen"]
 CPU_SAMPLE_COLUMNS = ["ts", "node", "pid", "proc_id", "stack_id", "count"]
 DEVICE_COLUMNS = ["ts", "node", "gpu_index", "uuid", "name", "parent_uuid", "gpu_util_pct", "mem_util_pct",
                   "mem_used_bytes", "mem_total_bytes", "sm_clock_mhz", "mem_clock_mhz", "power_mw",

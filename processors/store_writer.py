@@ -300,11 +300,9 @@ class StoreRunner:
             fresh_ids = {r[0] for r in data}
             data = list({r[0]: r for r in data}.values())
             if data:
+                # process_names: the store loads its dictionary again before returning (migration 0025), so the
+                # rows written next name their processes at once
                 self._retry(lambda: self.store.insert(table, data, rows.columns))
-                if table == "process_names":
-                    # the sample tables name their processes through a dictionary over this table (migration
-                    # 0025): loaded again now, before the rows that carry these ids are written
-                    self._retry(self.store.reload_process_names)
             known.add(fresh_ids)
             metrics.ROWS_OUT.labels(self.name, table).inc(len(data))
         elif len(rows):

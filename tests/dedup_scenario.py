@@ -17,12 +17,14 @@ from datetime import UTC, datetime
 from fleetprof.dedup_records import lost_part, views_cut_short, views_reading
 from fleetprof.store import open_store
 from fleetprof.store_statements import store_sql
+from processors.process_ids import process_id
 from processors.sink import Rows
 from processors.sink_columns import CPU_SAMPLE_COLUMNS, DEVICE_COLUMNS
 from processors.store_writer import StoreRunner
 
 TOKEN = "cpu.samples:0:10-11:cpu_samples"
-ROWS = [[datetime(2026, 12, 5, 10, 0, tzinfo=UTC), "n1", 7, "c", "", 5, 3, ""]]
+# as the sink writes them (its names row apart: only counts are read here, and a names insert is one rename more)
+ROWS = [[datetime(2026, 12, 5, 10, 0, tzinfo=UTC), "n1", 7, process_id("c", "", ""), 5, 3]]
 
 
 def stored(store) -> int:

@@ -18,7 +18,7 @@ from processors.alert_webhook import AlertWebhook, webhook_thread
 from processors.alerts import SECOND_NS, AlertConfig, alert_id
 from processors.alerts_stage import build_alerts
 from processors.runner import TopicRunner
-from processors.sink import CPU_SAMPLE_COLUMNS, STACK_COLUMNS
+from processors.sink import STACK_COLUMNS
 from schemas import single_object
 from tests.pipeline_helpers import Running, produce, read_topic, sink, wait_for
 
@@ -94,7 +94,7 @@ def _cpu_rows(store, node: str, base: int) -> None:
         rows += [[w, node, GPU_PID, "train", "", 11, 10], [w, node, GPU_PID, "train", "", 12, 5],
                  [w, node, OTHER_PID, "other", "", 11, 100]]
     rows.append([ts[4], node, GPU_PID, "train", "", 11, 10])  # only in the resolved alert's range
-    store.insert("cpu_samples", [[*row, ""] for row in rows], CPU_SAMPLE_COLUMNS)  # identity: none
+    store.insert("cpu_samples", rows, ["ts", "node", "pid", "comm", "container_id", "stack_id", "count"])
 
 
 def _alerts_runner(bootstrap: str, group: str, store, cls=TopicRunner) -> Running:

@@ -231,17 +231,19 @@ def test_creates_run_on_the_cluster_and_each_replicated_table_has_its_own_keeper
                 assert table in ("cpu_samples_0019_local", "gpu_kernel_samples_0019_local", "gpu_timeline_0020_local",
                                  "gpu_timeline_0021_local", "gpu_device_metrics_0022_local",
                                  "gpu_process_metrics_0022_local", "cpu_samples_0023_local",
-                                 "gpu_kernel_samples_0023_local"), table
+                                 "gpu_kernel_samples_0023_local", "cpu_samples_0025_local",
+                                 "gpu_kernel_samples_0025_local", "cpu_samples_1h_0025_local",
+                                 "gpu_kernel_samples_1h_0025_local"), table
                 assert replica == "{replica}", (table, replica)
                 continue
             whole = path == f"/clickhouse/tables/all/{{database}}/{table}"
             # a table on every node is one replica set: its replicas need names unique across the cluster
             assert whole or path == f"/clickhouse/tables/{{shard}}/{{database}}/{table}", (table, path)
             assert replica == ("{shard}-{replica}" if whole else "{replica}"), (table, replica)
-            assert whole == (table in ("frames", "schema_migrations", "sink_state")), table
+            assert whole == (table in ("frames", "schema_migrations", "sink_state", "process_names")), table
             assert path not in paths, f"{table} and {paths.get(path)} share {path}"
             paths[path] = table
-    assert len(paths) == 18  # gpu_device_metrics_10s_local and gpu_process_metrics_10s_local (0016) the last
+    assert len(paths) == 19  # process_names (0025) the last
 
 
 def _replicated(statement: str) -> dict[str, tuple[str, str, str]]:
@@ -310,8 +312,8 @@ def test_materialized_views_are_the_single_node_ones_over_the_local_tables():
     cluster = [ON_CLUSTER_RE.sub("", s) for _, s in cluster_statements() if s.startswith("CREATE MATERIALIZED VIEW")]
     # 0014 recreates gpu_kernel_samples_1h_mv with nvtx_range, 0015 both with identity; 0016 adds the NVML 10 s views;
     # 0018 recreates both hourly views without their grouping, 0019 and 0023 on the rebuilt tables, 0022 the NVML views
-    # on theirs, 0024 the NVML views writing the newest reading as a tuple
-    assert len(cluster) == 17
+    # on theirs, 0024 the NVML views writing the newest reading as a tuple, 0025 both hourly views over process ids
+    assert len(cluster) == 19
     assert cluster == single
 
 

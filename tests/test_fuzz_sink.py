@@ -22,7 +22,7 @@ TOPIC_OF = {"CpuSamples": "cpu.samples", "GpuSamples": "gpu.samples", "GpuMetric
 WRITTEN = {"frames": sink.FRAME_COLUMNS, "stacks": sink.STACK_COLUMNS, "cpu_samples": sink.CPU_SAMPLE_COLUMNS,
            "gpu_device_metrics": sink.DEVICE_COLUMNS, "gpu_process_metrics": sink.PROCESS_COLUMNS,
            "gpu_kernel_samples": sink.GPU_SAMPLE_COLUMNS, "gpu_unmatched": sink.GPU_UNMATCHED_COLUMNS,
-           "alerts": sink.ALERT_COLUMNS}
+           "alerts": sink.ALERT_COLUMNS, "process_names": sink.PROCESS_NAME_COLUMNS}
 INTEGER_RANGES = {f"{s}Int{b}": ((0, 2**b - 1) if s == "U" else (-(2 ** (b - 1)), 2 ** (b - 1) - 1))
                   for s in ("U", "") for b in (8, 16, 32, 64)}
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from fleetprof.process_ids import PROCESS_ID_SQL, process_id
 from fleetprof.store import migration_files, split_statements
+from processors.process_ids import PROCESS_ID_SQL, process_id
 from tests.test_rollup import first_hour
 from tests.test_table_rebuilds import drop, migrated_to
 
@@ -80,7 +80,7 @@ def test_a_store_before_0025_keeps_its_rows_names_and_sums(chdb_dir):
 
 
 def test_rows_written_after_it_read_their_names_at_once(store):
-    """The sink writes a process's names, reloads the dictionary, then the rows: a query right after names them.
+    """The sink writes a process's names (the store loads them), then the rows: a query right after names them.
     Rows given with their strings (a tool, an older writer) are stored the same way."""
     cpu, gpu = _rows()
     store.insert("cpu_samples", cpu[:12], CPU)  # with strings: names written and loaded by the store
@@ -90,7 +90,6 @@ def test_rows_written_after_it_read_their_names_at_once(store):
     fresh = process_id("new-process", "", "")
     store.insert("process_names", [[fresh, "new-process", "", "", h]], ["proc_id", "comm", "container_id",
                                                                         "identity", "last_seen"])
-    store.reload_process_names()
     store.insert("cpu_samples", [[h, "n2", 5, fresh, 7, 11]], ["ts", "node", "pid", "proc_id", "stack_id", "count"])
     _, rows = store.query_sql("SELECT comm, sum(count) FROM cpu_samples WHERE node = 'n2' GROUP BY comm")
     assert rows == [("new-process", 11)]

@@ -5,8 +5,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from fleetprof.process_ids import process_id
 from processors.messages import Message
+from processors.process_ids import process_id
 from processors.sink import Rows, check_ranges, cpu_samples_rows, gpu_metrics_rows, identity_rows, rows_for
 from producers.workload_identity import Identity
 
@@ -122,8 +122,7 @@ def test_samples_read_as_columns_give_the_rows_their_records_give(store) -> None
         rows_for([Message("cpu.samples", 0, 9, None, "fleetprof.CpuSamples",
                           columnar | {"samples": columnar["samples"] | {"pid": [3, -1]}})])
     names = rows_for([msgs[0], msgs[2]])["process_names"]
-    store.insert("process_names", names.rows, names.columns)  # as the sink does: the names, loaded, then the rows
-    store.reload_process_names()
+    store.insert("process_names", names.rows, names.columns)  # as the sink does: the names (loaded), then the rows
     store.insert("cpu_samples", merged.by_column, merged.columns, column_oriented=True)
     _, found = store.query_sql("SELECT node, pid, stack_id, count, identity FROM cpu_samples WHERE node IN "
                                "('n0', 'n2') ORDER BY node, pid", {})

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from confluent_kafka import KafkaError, TopicPartition
 
 import processors.store_writer as sw
+from processors.process_ids import process_id
 from processors.store_writer import StoreRunner, batch_key
 from schemas.single_object import encode
 
@@ -111,12 +112,14 @@ def test_one_batch_spans_the_buffered_partitions_with_one_insert_per_table(monke
     clock[0] += 0.25
     r.run_once()  # a poll without samples: write everything buffered as one batch
     tables = [t for t, _, _ in store.inserts]
-    assert tables == ["sink_state", "cpu_samples", "profile_windows", "sink_state"]
-    (_, before, _), (_, samples, token), *_, (_, after, _) = store.inserts
+    # a process's names once (a definition, no token; the store loads them), before the rows carrying its id
+    assert tables == ["sink_state", "process_names", "cpu_samples", "profile_windows", "sink_state"]
+    (_, before, _), (_, names, no_token), (_, samples, token), *_, (_, after, _) = store.inserts
+    assert [n[:4] for n in names] == [[process_id("c", "", ""), "c", "", ""]] and no_token is None
     assert [r[:5] for r in before] == [["cpu.samples", 0, 10, 11, "BEFORE"], ["cpu.samples", 2, 4, 5, "BEFORE"]]
     assert [r[:5] for r in after] == [["cpu.samples", 0, 10, 11, "AFTER"], ["cpu.samples", 2, 4, 5, "AFTER"]]
     assert len({r[5] for r in before}) == 1 and after[0][5] == before[0][5] + timedelta(microseconds=1)
-    assert [(s[1], s[6]) for s in samples] == [("a", 3), ("a", 1), ("b", 5), ("b", 2)]  # partition, then offset
+    assert [(s[1], s[5]) for s in samples] == [("a", 3), ("a", 1), ("b", 5), ("b", 2)]  # partition, then offset
     assert token == f"{batch_key({('cpu.samples', 0): (10, 11), ('cpu.samples', 2): (4, 5)})}:cpu_samples"
     assert consumer.commits == [[("cpu.samples", 0, 12), ("cpu.samples", 2, 6)]]
 
@@ -209,10 +212,10 @@ def test_an_interrupted_batch_is_read_again_whole_and_written_with_its_tokens(mo
     r._on_assign(consumer, [TopicPartition("cpu.samples", 0), TopicPartition("cpu.samples", 1)])
     assert asked == [ranges]
     assert [(tp.partition, tp.offset) for tp in consumer.assigned] == [(0, 12), (1, 5)]
-    again = store.inserts[1:]
-    assert [t for t, _, _ in again] == ["cpu_samples", "profile_windows", "sink_state"]
+    again = store.inserts[2:]  # after the BEFORE rows and the names (written again: a new instance knows none)
+    assert [t for t, _, _ in store.inserts[1:]] == ["process_names", "cpu_samples", "profile_windows", "sink_state"]
     assert again[0][2] == f"{batch_key(ranges)}:cpu_samples"
-    assert [s[6] for s in again[0][1]] == [3, 4, 5]
+    assert [s[5] for s in again[0][1]] == [3, 4, 5]
     assert [row[:5] + [row[5] - stamp] for row in again[-1][1]] == [
         ["cpu.samples", 0, 10, 11, "AFTER", timedelta(microseconds=1)],
         ["cpu.samples", 3, 7, 7, "AFTER", timedelta(microseconds=1)]]

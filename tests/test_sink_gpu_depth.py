@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from processors.messages import Message
+from processors.process_ids import process_id
 from processors.sink import gpu_samples_rows, rows_for
 
 # a window start, Unix ns: an hour ago, inside the tables' TTL (older rows are dropped on insert)
@@ -42,11 +43,13 @@ def v3_record() -> dict:
 
 def test_v3_samples_copies_and_timeline_rows():
     rows = gpu_samples_rows(v3_record())
+    train, unnamed = process_id("train", "k", ""), process_id("", "k", "")  # migration 0025: ids, names apart
     assert rows["gpu_kernel_samples"].as_rows() == [
-        [TS, "n1", 7, "train", "k", 1, 13, 5, "gemm", 6000, 3, "step > forward", ""],
-        [TS, "n1", 7, "train", "k", 1, 13, 2**64 - 5, "[memcpy HtoD]", 800, 2, "step > forward", ""],
-        [TS, "n1", 7, "train", "k", 1, 13, 6, "[memset]", 100, 1, "", ""],
-        [TS, "n1", 8, "", "k", 1, 13, 5, "gemm", 10, 1, "", ""]]
+        [TS, "n1", 7, train, 1, 13, 5, "gemm", 6000, 3, "step > forward"],
+        [TS, "n1", 7, train, 1, 13, 2**64 - 5, "[memcpy HtoD]", 800, 2, "step > forward"],
+        [TS, "n1", 7, train, 1, 13, 6, "[memset]", 100, 1, ""],
+        [TS, "n1", 8, unnamed, 1, 13, 5, "gemm", 10, 1, ""]]
+    assert rows["process_names"].rows == [[train, "train", "k", "", TS], [unnamed, "", "k", "", TS]]
     copies = rows["gpu_copy_samples"]
     assert copies.columns[-6:] == ["memory_kinds", "nvtx_range", "duration_ns", "bytes", "launches", "identity"]
     assert copies.as_rows() == [
@@ -69,13 +72,13 @@ def test_v2_records_store_without_range_copies_or_timeline():
                       for s in rec["samples"]]
     del rec["timeline"]
     rows = gpu_samples_rows(rec)
-    assert [r[-2] for r in rows["gpu_kernel_samples"].as_rows()] == ["", "", "", ""]  # nvtx_range; identity last
+    assert [r[-1] for r in rows["gpu_kernel_samples"].as_rows()] == ["", "", "", ""]  # nvtx_range
     assert [r[-6:-1] for r in rows["gpu_copy_samples"].as_rows()] == [["", "", 800, 0, 2], ["", "", 100, 0, 1]]
     assert rows["gpu_timeline"].as_rows() == []
 
 
 def write(store, rows: dict, token: str) -> None:
-    for table in ("gpu_kernel_samples", "gpu_copy_samples", "gpu_timeline"):
+    for table in ("process_names", "gpu_kernel_samples", "gpu_copy_samples", "gpu_timeline"):
         store.insert(table, rows[table].as_rows(), rows[table].columns, dedup_token=f"{token}:{table}")
 
 

@@ -8,6 +8,8 @@ from collections.abc import Iterable
 from functools import lru_cache
 from hashlib import md5
 
+# process_names (migration 0025): a process's strings, written before the first sample rows that carry its id
+PROCESS_NAME_COLUMNS = ["proc_id", "comm", "container_id", "identity", "last_seen"]
 # the SQL the migration copies existing rows with; tests/test_process_ids.py checks both agree
 PROCESS_ID_SQL = "reinterpretAsUInt64(MD5(concat(comm, '\\0', container_id, '\\0', identity)))"
 
