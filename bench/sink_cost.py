@@ -348,7 +348,7 @@ def main() -> None:
                     help="a statement run after the migrations (a table setting or codec to try); repeatable")
     ap.add_argument("--alter-file", type=Path, action="append", default=[], metavar="SQL_FILE",
                     help="statements to run after the migrations, split as a migration file is (a layout to try, "
-                         "e.g. bench/sql/sink_layout_*.sql); repeatable, after --alter")
+                         "before a migration is written); repeatable, after --alter")
     ap.add_argument("--code", type=Path, default=ROOT, help="the checkout whose sink and store run")
     args = ap.parse_args()
     from fleetprof.store import split_statements  # the migrations' own splitter, from the checkout that runs

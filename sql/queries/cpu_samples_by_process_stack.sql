@@ -16,10 +16,15 @@ WITH
     -- [first_hour, end_hour): the whole UTC hours inside the range; empty (first_hour >= end_hour) for a short one
     toStartOfHour({since:DateTime} + INTERVAL 3599 SECOND, 'UTC') AS first_hour,
     toStartOfHour({until:DateTime}, 'UTC') AS end_hour
-SELECT node, pid, comm, stack_id, sum(count) AS count
+-- Summed per process id first and named after (migration 0025): one dictionary lookup per summed row, not per stored
+-- one; then summed again per name, as processes of one pid and comm with other containers or identities were before.
+SELECT node, pid, dictGet('process_names_by_id', 'comm', proc_id) AS comm, stack_id, sum(count) AS count
 FROM
 (
-    SELECT node, pid, comm, stack_id, count
+SELECT node, pid, proc_id, stack_id, sum(count) AS count
+FROM
+(
+    SELECT node, pid, proc_id, stack_id, count
     FROM cpu_samples_1h
     WHERE hour >= first_hour AND hour < end_hour
       AND ({node:String} = '' OR node = {node:String})
@@ -27,12 +32,14 @@ FROM
       AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
       AND ({comm:String} = '' OR comm = {comm:String})
     UNION ALL
-    SELECT node, pid, comm, stack_id, count
+    SELECT node, pid, proc_id, stack_id, count
     FROM cpu_samples
     WHERE ts >= {since:DateTime} AND ts < {until:DateTime} AND (ts < first_hour OR ts >= end_hour)
       AND ({node:String} = '' OR node = {node:String})
       -- @include workload_filter
       AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
       AND ({comm:String} = '' OR comm = {comm:String})
+)
+GROUP BY node, pid, proc_id, stack_id
 )
 GROUP BY node, pid, comm, stack_id

@@ -38,10 +38,16 @@ WITH
         WHERE ts >= {since:DateTime} AND ts < {until:DateTime} AND (ts < first_hour OR ts >= end_hour)
           AND comm = {comm:String}
     )
-SELECT node, pid, comm, stack_id, nvtx_path AS nvtx_range, sum(duration_ns) AS duration_ns
+-- Summed per process id first and named after (migration 0025), as cpu_samples_by_process_stack.
+SELECT node, pid, dictGet('process_names_by_id', 'comm', proc_id) AS comm, stack_id, nvtx_path AS nvtx_range,
+       sum(duration_ns) AS duration_ns
 FROM
 (
-    SELECT node, pid, comm, stack_id, if({nvtx_level:UInt8} = 1, toString(nvtx_range), '') AS nvtx_path, duration_ns
+SELECT node, pid, proc_id, stack_id, nvtx_path, sum(duration_ns) AS duration_ns
+FROM
+(
+    SELECT node, pid, proc_id, stack_id, if({nvtx_level:UInt8} = 1, toString(nvtx_range), '') AS nvtx_path,
+           duration_ns
     FROM gpu_kernel_samples_1h
     WHERE hour >= first_hour AND hour < end_hour
       AND ({node:String} = '' OR node = {node:String})
@@ -50,7 +56,8 @@ FROM
       AND ({comm:String} = '' OR comm = {comm:String} OR (node, pid) IN comm_processes)
       -- @include gpu_kernel_filters
     UNION ALL
-    SELECT node, pid, comm, stack_id, if({nvtx_level:UInt8} = 1, toString(nvtx_range), '') AS nvtx_path, duration_ns
+    SELECT node, pid, proc_id, stack_id, if({nvtx_level:UInt8} = 1, toString(nvtx_range), '') AS nvtx_path,
+           duration_ns
     FROM gpu_kernel_samples
     WHERE ts >= {since:DateTime} AND ts < {until:DateTime} AND (ts < first_hour OR ts >= end_hour)
       AND ({node:String} = '' OR node = {node:String})
@@ -58,5 +65,7 @@ FROM
       AND ({pid:UInt32} = 0 OR pid = {pid:UInt32})
       AND ({comm:String} = '' OR comm = {comm:String} OR (node, pid) IN comm_processes)
       -- @include gpu_kernel_filters
+)
+GROUP BY node, pid, proc_id, stack_id, nvtx_path
 )
 GROUP BY node, pid, comm, stack_id, nvtx_path
