@@ -351,10 +351,10 @@ def main() -> None:
                          "before a migration is written); repeatable, after --alter")
     ap.add_argument("--code", type=Path, default=ROOT, help="the checkout whose sink and store run")
     args = ap.parse_args()
-    from fleetprof.store import split_statements  # the migrations' own splitter, from the checkout that runs
+    sys.path.insert(0, str(args.code.resolve()))  # before any import of the project: the checkout that runs
+    from fleetprof.store import split_statements  # the migrations' own splitter, from that checkout
 
     args.alter += [statement for path in args.alter_file for statement in split_statements(path.read_text())]
-    sys.path.insert(0, str(args.code.resolve()))
     raws, samples, per_topic = build_input(args.input, args.nodes, args.windows)
     result = run(args, raws, samples)
     result["code"] = str(args.code)
