@@ -15,20 +15,30 @@ import fcntl
 import logging
 import os
 import re
-import textwrap
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetprof import dedup_records
 from fleetprof.rebuild_guard import rebuild_refusal
-from fleetprof.settings import SQL_DIR
-from fleetprof.store_params import _unwrap, coerce_param, parse_time  # noqa: F401 - parse_time: the store's API
+from fleetprof.sql_files import (  # noqa: F401 - the store's API: the SQL files it runs
+    MIGRATIONS_DIR,
+    PARTS_DIR,
+    QUERIES_DIR,
+    NamedQuery,
+    bind_named,
+    migration_files,
+    named_queries,
+    named_query,
+    parse_query,
+    query_file,
+    split_statements,
+)
+from fleetprof.store_errors import ParamError, StoreError, UnknownQuery  # noqa: F401 - the store's API
+from fleetprof.store_params import _unwrap, coerce_param, parse_time  # noqa: F401 - the store's API
 from fleetprof.store_statements import store_sql
 from processors.process_ids import NAME_COLUMNS, NAMED_TABLES, PROCESS_NAME_COLUMNS, rows_with_process_ids
 
@@ -38,27 +48,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MIGRATIONS_DIR = SQL_DIR / "migrations"
-QUERIES_DIR = SQL_DIR / "queries"
-PARTS_DIR = SQL_DIR / "parts"
-
 CHDB_PREFIX = "chdb://"
 USER_ENV = "FLEETPROF_CLICKHOUSE_USER"
 PASSWORD_ENV = "FLEETPROF_CLICKHOUSE_PASSWORD"
 
-_NAME_RE = re.compile(r"^[a-z0-9_]+$")
 _TABLE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DATABASE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*$")
-_PLACEHOLDER_RE = re.compile(r"\{(\w+):([^{}]+)\}")
-_DEFAULT_RE = re.compile(r"^--\s*@default\s+(\w+)\s*=[ \t]*(.*?)\s*$", re.MULTILINE)
-_INCLUDE_RE = re.compile(r"^([ \t]*)--\s*@include\s+(\S+)\s*$", re.MULTILINE)
-_HEADER_RE = re.compile(r"\A(?:[ \t]*(?:--.*)?\n)*")
-_STATEMENT_END_RE = re.compile(r";[ \t]*$", re.MULTILINE)
-_MIGRATION_RE = re.compile(r"^(\d{4})_\w+\.sql$")
-
-
-class StoreError(RuntimeError):
-    """A store failure with a one-line message meant for people."""
 
 
 class StoreBusy(StoreError):
@@ -69,112 +64,6 @@ class StoreBusy(StoreError):
         self.pid = pid
         owner = f"process {pid}" if pid else "another process"
         super().__init__(f"the chDB store at {path} is in use by {owner}")
-
-
-class UnknownQuery(StoreError):
-    """No sql/queries/<name>.sql."""
-
-
-class ParamError(StoreError, ValueError):
-    """A named query's parameter is missing, unknown, or not of the placeholder's type."""
-
-
-# --- SQL files ------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class NamedQuery:
-    """One sql/queries/<name>.sql: its text, its placeholders' ClickHouse types, and the defaults it declares."""
-
-    name: str
-    sql: str
-    params: dict[str, str]
-    defaults: dict[str, str]
-
-
-def named_queries() -> list[str]:
-    """Names of the queries under sql/queries/."""
-    return sorted(p.stem for p in QUERIES_DIR.glob("*.sql") if _NAME_RE.match(p.stem))
-
-
-def named_query(name: str) -> NamedQuery:
-    """Load sql/queries/<name>.sql; placeholders are `{name:Type}`, defaults are `-- @default name = text` lines."""
-    path = QUERIES_DIR / f"{name}.sql"
-    # The name comes from URLs and command lines: never let it walk out of sql/queries/
-    if not _NAME_RE.match(name) or not path.is_file():
-        raise UnknownQuery(f"no named query {name!r} (known: {', '.join(named_queries())})")
-    return _load_named(path, _newest_sql())
-
-
-def parse_query(name: str, sql: str) -> NamedQuery:
-    """Any statement read the way named queries are: each `-- @include <name>` line replaced by that named query's
-    statement or by sql/parts/<name>.sql (without its comment header, indented like the line), then its `{name:Type}`
-    placeholders, its own and the included ones, and its own `-- @default` lines."""
-    expanded = _INCLUDE_RE.sub(
-        lambda line: textwrap.indent(_HEADER_RE.sub("", _included(line.group(2))).rstrip(), line.group(1)), sql)
-    params: dict[str, str] = {}
-    for pname, ptype in _PLACEHOLDER_RE.findall(expanded):
-        params.setdefault(pname, ptype.strip())
-    return NamedQuery(name, expanded, params, dict(_DEFAULT_RE.findall(sql)))
-
-
-def query_file(path: Path) -> NamedQuery:
-    """A .sql file anywhere (`fleetprof sql --file`) read like a named query, named after the file."""
-    return parse_query(path.name, path.read_text())
-
-
-@cache
-def _load_named(path: Path, _mtime: int) -> NamedQuery:
-    return parse_query(path.stem, path.read_text())
-
-
-def _included(name: str) -> str:  # sql/parts/<name>.sql (a filter, a join: no statement of its own) or a named query
-    part = PARTS_DIR / f"{name}.sql"
-    return (_load_named(part, _newest_sql()) if _NAME_RE.match(name) and part.is_file() else named_query(name)).sql
-
-
-def _newest_sql() -> int:  # the cache key: an edit to a query or a part that a query includes shows at once
-    return max(p.stat().st_mtime_ns for d in (QUERIES_DIR, PARTS_DIR) for p in d.glob("*.sql"))
-
-
-def split_statements(text: str) -> list[str]:
-    """Split a migration file at `;` ending a line; drop pieces that hold only comments."""
-    pieces = _STATEMENT_END_RE.split(text)
-    return [p.strip() for p in pieces if any(ln.strip() and not ln.strip().startswith("--") for ln in p.splitlines())]
-
-
-def migration_files() -> list[tuple[int, str, Path]]:
-    """(version, name, path) of every sql/migrations/NNNN_name.sql, in order."""
-    found = []
-    for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
-        match = _MIGRATION_RE.match(path.name)
-        if match:
-            found.append((int(match.group(1)), path.stem, path))
-    return found
-
-
-# --- parameters -----------------------------------------------------------------------------------------------------
-
-def bind_named(query: NamedQuery, params: dict[str, Any]) -> dict[str, Any]:
-    """The values for every placeholder: given ones (text coerced by type), then declared defaults."""
-    unknown = sorted(set(params) - set(query.params))
-    if unknown:
-        raise ParamError(f"{query.name} has no parameter {', '.join(unknown)} (takes {', '.join(query.params)})")
-    bound: dict[str, Any] = {}
-    for pname, ptype in query.params.items():
-        if pname in params:
-            value = params[pname]
-        elif pname in query.defaults:
-            value = query.defaults[pname]
-        else:
-            raise ParamError(f"{query.name} needs parameter {pname} ({ptype})")
-        if isinstance(value, str) and not _unwrap(ptype).startswith(("String", "FixedString")):
-            try:
-                value = coerce_param(ptype, value)
-            except ValueError as exc:
-                raise ParamError(f"parameter {pname}: {exc}") from None
-        bound[pname] = value
-    return bound
 
 
 def clickhouse_error() -> type[Exception]:

@@ -4,7 +4,6 @@ in process_names; the sample rows carry the id."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from functools import lru_cache
 from hashlib import md5
 
@@ -20,9 +19,12 @@ def process_id(comm: str, container_id: str, identity: str) -> int:
     return int.from_bytes(md5(f"{comm}\0{container_id}\0{identity}".encode()).digest()[:8], "little")
 
 
-def process_ids(comms: Iterable[str], container_ids: Iterable[str], identities: Iterable[str]) -> list[int]:
-    """The ids of rows given as columns."""
-    return list(map(process_id, comms, container_ids, identities))
+def process_ids(comms: list[str], container_ids: list[str],
+                identities: list[str]) -> tuple[list[int], list[list]]:
+    """The ids of rows given as columns, and the names of each id once: [proc_id, comm, container_id, identity]."""
+    ids = list(map(process_id, comms, container_ids, identities))
+    first = dict(zip(ids, zip(comms, container_ids, identities, strict=True), strict=True))
+    return ids, [[i, *names] for i, names in first.items()]
 
 
 # the tables that store proc_id in place of the strings, which they read back as ALIAS columns
@@ -41,9 +43,7 @@ def rows_with_process_ids(rows: list, columns: list[str],
     if not by_column:
         by_column = [[] for _ in columns]
     n = len(by_column[0])
-    names = [by_column[at[c]] if c in at else [""] * n for c in NAME_COLUMNS]
-    ids = process_ids(*names)
+    ids, names = process_ids(*(by_column[at[c]] if c in at else [""] * n for c in NAME_COLUMNS))
     out = [*(by_column[i] for i in kept), ids]
-    first = dict(zip(ids, zip(*names, strict=True), strict=True))
     stored = out if column_oriented else [list(r) for r in zip(*out, strict=True)]
-    return stored, [*(columns[i] for i in kept), "proc_id"], [[i, *n] for i, n in first.items()]
+    return stored, [*(columns[i] for i in kept), "proc_id"], names

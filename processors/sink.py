@@ -207,9 +207,8 @@ def _process_names(comms: list[str], container_ids: list[str], identities: list[
                    ts: int) -> tuple[Rows, list[int]]:
     """Each sample's process id, and the names row of each id (a definition: written before the rows that carry
     it)."""
-    ids = process_ids(comms, container_ids, identities)
-    first = dict(zip(ids, zip(comms, container_ids, identities, strict=True), strict=True))
-    return Rows(PROCESS_NAME_COLUMNS, [[i, *names, ts] for i, names in first.items()]), ids
+    ids, names = process_ids(comms, container_ids, identities)
+    return Rows(PROCESS_NAME_COLUMNS, [[*row, ts] for row in names]), ids
 
 
 def gpu_metrics_rows(rec: dict) -> dict[str, Rows]:
