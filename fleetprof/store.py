@@ -37,6 +37,7 @@ from fleetprof.sql_files import (  # noqa: F401 - the store's API: the SQL files
     query_file,
     split_statements,
 )
+from fleetprof.store_columns import native_columns
 from fleetprof.store_errors import ParamError, StoreError, UnknownQuery  # noqa: F401 - the store's API
 from fleetprof.store_params import _unwrap, coerce_param, parse_time  # noqa: F401 - the store's API
 from fleetprof.store_statements import store_sql
@@ -322,6 +323,8 @@ class Store:
                 self._column_types(table, ["proc_id"]) is not None:
             rows, column_names = self._store_process_names(rows, column_names, column_oriented)
         types = self._column_types(table, column_names)
+        if column_oriented:
+            rows = native_columns(rows, types)
         try:
             with self._writers.lease() as client:
                 context = client.create_insert_context(table, column_names, column_type_names=types,

@@ -8,6 +8,8 @@ from datetime import datetime
 from functools import lru_cache
 from itertools import chain
 
+import numpy as np
+
 from processors.messages import Message
 from processors.process_ids import process_ids
 from processors.sink_columns import (  # noqa: F401 - the sink's column lists, used here and by its users
@@ -43,27 +45,65 @@ REFRESHED = {"frames": ("last_seen", 1), "stacks": ("last_seen", 1), "process_na
 
 @dataclass
 class Rows:
-    """A table's rows: as lists of values (`rows`), or, where the record came as columns, as one list per column
-    (`by_column`, inserted column-oriented: no list per row, no pivot in clickhouse-connect)."""
+    """A table's rows: as lists of values (`rows`), or, where the record came as columns, as one column per table
+    column (`by_column`, inserted column-oriented: no list per row, no pivot in clickhouse-connect). An integer
+    column is an int64 or uint64 numpy array (the compiled reader's are), any other a list."""
 
     columns: list[str]
     rows: list[list] = field(default_factory=list)
-    by_column: list[list] | None = None
+    by_column: list[list | np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.by_column[0]) if self.by_column is not None else len(self.rows)
 
     def extend(self, more: Rows) -> None:
         """`more`'s rows after these (the same table, built the same way: rows or columns)."""
-        if self.by_column is None:
-            self.rows.extend(more.rows)
-            return
-        for mine, theirs in zip(self.by_column, more.by_column, strict=True):
-            mine.extend(theirs)
+        joined = Rows.joined([self, more])
+        self.rows, self.by_column = joined.rows, joined.by_column
+
+    @staticmethod
+    def joined(parts: list[Rows]) -> Rows:
+        """The rows of `parts` (one table's, built the same way) one after the other, each column joined once."""
+        first = parts[0]
+        if first.by_column is None:
+            return Rows(first.columns, list(chain.from_iterable(p.rows for p in parts)))
+        return Rows(first.columns, by_column=[_joined([p.by_column[i] for p in parts])
+                                              for i in range(len(first.columns))])
 
     def as_rows(self) -> list[list]:
-        """The rows as lists of values, whichever way they are held."""
-        return self.rows if self.by_column is None else [list(r) for r in zip(*self.by_column, strict=True)]
+        """The rows as lists of Python values, whichever way they are held."""
+        if self.by_column is None:
+            return self.rows
+        return [list(r) for r in zip(*map(_as_list, self.by_column), strict=True)]
+
+
+def _as_list(column: list | np.ndarray) -> list:
+    return column.tolist() if isinstance(column, np.ndarray) else column
+
+
+def _joined(columns: list[list | np.ndarray]) -> list | np.ndarray:
+    """Parts of a column as one: an array where every part is one, else a list."""
+    if all(isinstance(c, np.ndarray) for c in columns):
+        return columns[0] if len(columns) == 1 else np.concatenate(columns)
+    return list(chain.from_iterable(map(_as_list, columns)))
+
+
+def _ints(column: list | np.ndarray) -> np.ndarray:
+    """An int or long field's column as int64 (the compiled reader's is; fastavro's and a list of records' are
+    lists)."""
+    return column if isinstance(column, np.ndarray) else np.array(column, dtype=np.int64)
+
+
+def _u64(column: list | np.ndarray) -> np.ndarray:
+    """The unsigned 64-bit values a column of Avro longs carries (ids: the same bits)."""
+    return _ints(column).view(np.uint64)
+
+
+def _take(column: list | np.ndarray, at: list[int]) -> list | np.ndarray:
+    """The values of `column` at the indexes `at`."""
+    if isinstance(column, np.ndarray):
+        return column[np.array(at, dtype=np.intp)]
+    return [column[i] for i in at]
 
 
 # The unsigned and narrow integer columns of the tables (sql/migrations). Avro's int and long are signed and wider: a
@@ -119,6 +159,11 @@ def check_ranges(table: str, rows: Rows) -> Rows:
             continue
         lo, hi = ranges[name]
         column = rows.by_column[i] if rows.by_column is not None else [row[i] for row in rows.rows]
+        if isinstance(column, np.ndarray):  # never None; uint64 arrays are ids, in range by construction
+            if column.dtype == np.uint64 or (lo <= int(column.min()) and int(column.max()) <= hi):
+                continue
+            bad = next(int(v) for v in column if not lo <= v <= hi)
+            raise ValueError(f"{table}.{name} = {bad} lies outside [{lo}, {hi}]")
         try:  # a whole column at C speed: an array column's elements, a nullable column's values
             values = list(chain.from_iterable(column)) if isinstance(column[0], list) else column
             if _within(values, lo, hi):
@@ -165,9 +210,10 @@ def _profile_window(rec: dict, ts: int, kind: str, samples: int) -> Rows:
 
 
 def _columns(items: list[dict] | dict[str, list], fields: tuple[str, ...],
-             defaults: dict[str, object]) -> tuple[dict[str, list], int]:
-    """An array of records as {field: [values]} and its length: as the sink reads it (READ_AS_COLUMNS), or made from
-    a list of records. `defaults`: the fields a record may predate, with the value it stands for."""
+             defaults: dict[str, object]) -> tuple[dict[str, list | np.ndarray], int]:
+    """An array of records as {field: column} and its length: as the sink reads it (READ_AS_COLUMNS: int fields as
+    int64 arrays), or made from a list of records (lists: the row builders take int fields through _ints).
+    `defaults`: the fields a record may predate, with the value it stands for."""
     if isinstance(items, dict):
         columns = dict(items)
         n = len(next(iter(columns.values()), ()))
@@ -183,8 +229,12 @@ def _columns(items: list[dict] | dict[str, list], fields: tuple[str, ...],
     return columns, n
 
 
-def _identity_column(ids: list[int]) -> list[str]:
-    # a window's rows carry a handful of identities: each formatted once
+def _identity_column(ids: list[int] | np.ndarray) -> list[str]:
+    # a window's rows carry a handful of identities, most often one: each formatted once
+    if isinstance(ids, np.ndarray):
+        if not len(ids) or (ids == ids[0]).all():
+            return [identity_key(int(ids[0]))] * len(ids) if len(ids) else []
+        ids = ids.tolist()
     keys = {i: identity_key(i) for i in set(ids)}
     return list(map(keys.__getitem__, ids))
 
@@ -198,7 +248,7 @@ def cpu_samples_rows(rec: dict) -> dict[str, Rows]:
     s, n = _columns(rec["samples"], _CPU_SAMPLE_FIELDS, {"identity_id": 0})
     names, ids = _process_names(s["comm"], s["container_id"], _identity_column(s["identity_id"]), ts)
     table = Rows(CPU_SAMPLE_COLUMNS, by_column=[
-        [ts] * n, [node] * n, s["pid"], ids, longs_to_u64(s["stack_id"]), s["count"]])
+        [ts] * n, [node] * n, _ints(s["pid"]), ids, _u64(s["stack_id"]), _ints(s["count"])])
     return {**_definitions(rec, ts), "process_names": names, "cpu_samples": table,
             "profile_windows": _profile_window(rec, ts, "cpu", n)}
 
@@ -240,12 +290,14 @@ def gpu_samples_rows(rec: dict) -> dict[str, Rows]:
     bytes too (migration 0014)."""
     ts, node = _ts(rec["window_start_ns"]), rec["node"]
     s, n = _columns(rec["samples"], _GPU_SAMPLE_FIELDS, _GPU_SAMPLE_DEFAULTS)
-    stack, ident = longs_to_u64(s["stack_id"]), _identity_column(s["identity_id"])
+    stack, ident = _u64(s["stack_id"]), _identity_column(s["identity_id"])
+    for f in ("pid", "device", "stream", "duration_ns", "launches", "bytes"):
+        s[f] = _ints(s[f])
     names, ids = _process_names(s["comm"], s["container_id"], ident, ts)
     kernels = [[ts] * n, [node] * n, s["pid"], ids, s["device"], s["stream"], stack, s["kernel_name"],
                s["duration_ns"], s["launches"], s["nvtx_range"]]
     at = [i for i, name in enumerate(s["kernel_name"]) if name.startswith(COPY_LABEL_PREFIXES)]
-    copies = [[ts] * len(at), [node] * len(at), *([column[i] for i in at] for column in (
+    copies = [[ts] * len(at), [node] * len(at), *(_take(column, at) for column in (
         s["pid"], s["comm"], s["container_id"], s["device"], s["stream"], stack, s["kernel_name"], s["memory_kinds"],
         s["nvtx_range"], s["duration_ns"], s["bytes"], s["launches"], ident))]
     return {
@@ -265,21 +317,24 @@ def _timeline(items: list[dict] | dict[str, list], samples: dict[str, list], nod
     """One row per matched record, stamped (ts) with its own start second: the timeline reads a time range by it.
     Timeline records carry no comm: a process's is the one its samples in the same record carry."""
     comms: dict[int, str] = {}
-    for pid, comm in zip(samples["pid"], samples["comm"], strict=True):
+    for pid, comm in zip(_as_list(samples["pid"]), samples["comm"], strict=True):
         if comm:
             comms.setdefault(pid, comm)
     t, n = _columns(items, _TIMELINE_FIELDS, _TIMELINE_DEFAULTS)
-    starts = t["start_ns"]
+    starts, ends, pids = _ints(t["start_ns"]), _ints(t["end_ns"]), _ints(t["pid"])
     if n:  # every start a DateTime, checked at its ends (ns fit in a long: seconds are monotone in them)
-        _ts(min(starts))
-        _ts(max(starts))
-    # the table keeps durations (migration 0020): an end before its start is a negative one, refused by the checks
+        _ts(int(starts.min()))
+        _ts(int(starts.max()))
+    # the table keeps durations (migration 0020): an end before its start is a negative one, refused by the checks;
+    # an end below 0 could wrap int64 in the subtraction: those in Python ints
+    durations = ends - starts
+    if n and ends.min() < 0:
+        durations = [end - start for start, end in zip(starts.tolist(), ends.tolist(), strict=True)]
     return Rows(GPU_TIMELINE_COLUMNS, by_column=[
-        [start // 1_000_000_000 for start in starts], [node] * n, t["pid"], [comms.get(p, "") for p in t["pid"]],
-        t["device"], t["stream"], starts, [end - start for start, end in zip(starts, t["end_ns"], strict=True)],
-        t["activity"], t["name"], longs_to_u64(t["stack_id"]),
-        t["weight"], t["bytes"], t["nvtx_range"], t["graph_id"], longs_to_u64(t["graph_node_id"]),
-        t["correlation_id"], _identity_column(t["identity_id"])])
+        (starts // 1_000_000_000).tolist(), [node] * n, pids, [comms.get(p, "") for p in pids.tolist()],
+        _ints(t["device"]), _ints(t["stream"]), starts, durations, t["activity"], t["name"], _u64(t["stack_id"]),
+        _ints(t["weight"]), _ints(t["bytes"]), t["nvtx_range"], _ints(t["graph_id"]), _u64(t["graph_node_id"]),
+        _ints(t["correlation_id"]), _identity_column(t["identity_id"])])
 
 
 def identity_rows(rec: dict) -> dict[str, Rows]:
@@ -318,16 +373,15 @@ READ_AS_COLUMNS = {"fleetprof.CpuSamples": ("samples",), "fleetprof.GpuMetrics":
 def rows_for(messages: list[Message], written_at: datetime | None = None) -> dict[str, Rows]:
     """All rows of a batch, merged per table, in message order. `written_at`: when the batch is written; no
     definition's last_seen is older (see _not_older_than)."""
-    out: dict[str, Rows] = {}
+    parts: dict[str, list[Rows]] = {}
     written_s = None if written_at is None else int(written_at.timestamp())
     for m in messages:
         for table, rows in ROW_BUILDERS[m.name](m.record).items():
             if written_s is not None and table in REFRESHED:
                 column, per_second = REFRESHED[table]
                 _not_older_than(rows, written_s * per_second, column)
-            if table not in out:
-                out[table] = Rows(rows.columns, [], None if rows.by_column is None else [[] for _ in rows.columns])
-            out[table].extend(rows)
+            parts.setdefault(table, []).append(rows)
+    out = {table: Rows.joined(rows) for table, rows in parts.items()}
     # once per table and batch, not per message (a message is one node's window or poll: checked one by one, the
     # checks were 13% of the sink's CPU in a 1,000-node fleet run, py-spy). A bad value fails the whole batch here
     # as it did there, and the store writer builds the batch again message by message to dead-letter the one.

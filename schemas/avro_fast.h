@@ -3,8 +3,9 @@
  *
  * Type tree: a primitive is a Python int (T_NULL .. T_STRING); a complex type is a tuple whose first item is its
  * kind: (T_RECORD, names, types, {name: default}), (T_ENUM, symbols), (T_ARRAY, items), (T_MAP, values),
- * (T_UNION, branches), (T_FIXED, size); and (T_COLUMNS, record), an array of records read as one list per field
- * ({name: [values]}: what a consumer that wants whole columns reads, see avro_fast.columns_reader_for).
+ * (T_UNION, branches), (T_FIXED, size); and (T_COLUMNS, record), an array of records read as one column per field
+ * ({name: column}: an int or long field's the bytes of its int64 values, any other's a list; what a consumer that
+ * wants whole columns reads, see avro_fast.columns_reader_for).
  */
 #ifndef FLEETPROF_AVRO_FAST_H
 #define FLEETPROF_AVRO_FAST_H

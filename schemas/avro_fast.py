@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 HERE = Path(__file__).parent
 # the extension module, reading, writing; and what they share
 SOURCES = tuple(HERE / name for name in ("avro_fast.c", "avro_read.c", "avro_write.c", "avro_varints.c"))
@@ -191,9 +193,9 @@ def batch_reader_for(parsed_schema: Any, tail_from: int | None = None, max_tails
 
 
 def columns_reader_for(parsed_schema: Any, fields: tuple[str, ...]) -> Callable[[bytes, int], Any] | None:
-    """As reader_for, but each of the record's arrays of records `fields` comes as {item field: [values]} (one list
-    per column, in item order) instead of a list of dicts; None as for reader_for, or where one of `fields` is not
-    such an array."""
+    """As reader_for, but each of the record's arrays of records `fields` comes as {item field: column} (in item
+    order) instead of a list of dicts: an int or long item field's column a read-only int64 numpy array, any other's
+    a list; None as for reader_for, or where one of `fields` is not such an array."""
     found = _tree(parsed_schema)
     if found is None:
         return None
@@ -201,14 +203,26 @@ def columns_reader_for(parsed_schema: Any, fields: tuple[str, ...]) -> Callable[
     if tree[0] != T_RECORD:
         return None
     types = list(tree[2])
+    numeric: dict[str, tuple[str, ...]] = {}  # each array's int and long item fields: int64 bytes from read()
     for field in fields:
         array = types[tree[1].index(field)] if field in tree[1] else None
         if not (isinstance(array, tuple) and array[0] == T_ARRAY and isinstance(array[1], tuple)
                 and array[1][0] == T_RECORD):
             return None
         types[tree[1].index(field)] = (T_COLUMNS, array[1])
+        numeric[field] = tuple(name for name, kind in zip(array[1][1], array[1][2], strict=True)
+                               if kind in (T_INT, T_LONG))
     columnar = (T_RECORD, tree[1], tuple(types), tree[3])
-    return lambda data, offset: read(columnar, data, offset)
+
+    def read_columns(data: bytes, offset: int) -> Any:
+        record = read(columnar, data, offset)
+        for field, names in numeric.items():
+            columns = record[field]
+            for name in names:
+                columns[name] = np.frombuffer(columns[name], dtype=np.int64)
+        return record
+
+    return read_columns
 
 
 def varints_reader() -> Callable[[bytes], tuple[bytes, bytes, bytes]] | None:

@@ -139,17 +139,36 @@ static PyObject *read_array(cursor *c, PyObject *type, int depth) {
     }
 }
 
-/* An array of records as {field name: [values]}: the lists are filled a record at a time, no dict per record. */
+/* An int or long field of an array of records, its values as they are read (returned as int64 bytes). */
+typedef struct {
+    int64_t *values;
+    Py_ssize_t n, cap;
+} int64_column;
+
+/* An array of records as {field name: column}: an int or long field's column is the bytes of its values as int64
+ * (avro_fast.py views them as a numpy array: no Python int per value), any other field's a list, filled a record
+ * at a time (no dict per record). A string equal to the same field's in the record before is that string again:
+ * a window's samples repeat their process's names row after row. */
 static PyObject *read_columns(cursor *c, PyObject *type, int depth) {
     PyObject *record = PyTuple_GET_ITEM(type, 1);
     PyObject *names = PyTuple_GET_ITEM(record, 1), *types = PyTuple_GET_ITEM(record, 2);
     Py_ssize_t n = PyTuple_GET_SIZE(names);
     PyObject *columns = PyDict_New(), *lists = PyTuple_New(n);  /* the tuple holds the lists while they fill */
-    int64_t count;
-    if (columns == NULL || lists == NULL)
+    long *kinds = PyMem_Calloc(n ? n : 1, sizeof(long));
+    int64_column *ints = PyMem_Calloc(n ? n : 1, sizeof(int64_column));
+    const unsigned char **last = PyMem_Calloc(n ? n : 1, sizeof(*last));  /* each string field's last bytes */
+    Py_ssize_t *last_len = PyMem_Calloc(n ? n : 1, sizeof(Py_ssize_t));
+    int64_t count, v;
+    if (columns == NULL || lists == NULL || kinds == NULL || ints == NULL || last == NULL || last_len == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
         goto failed;
+    }
     for (Py_ssize_t f = 0; f < n; f++) {
-        PyObject *list = PyList_New(0);
+        PyObject *t = PyTuple_GET_ITEM(types, f);
+        kinds[f] = PyLong_CheckExact(t) ? PyLong_AsLong(t) : -1;
+        /* every field in the dict now, in the record's order: an int field's bytes replace its None at the end */
+        PyObject *list = (kinds[f] == T_INT || kinds[f] == T_LONG) ? Py_NewRef(Py_None) : PyList_New(0);
         if (list == NULL)
             goto failed;
         PyTuple_SET_ITEM(lists, f, list);
@@ -163,22 +182,77 @@ static PyObject *read_columns(cursor *c, PyObject *type, int depth) {
         }
         if (count == 0)
             break;
+        for (Py_ssize_t f = 0; f < n; f++) {  /* room for the block (read_block bounds count by the bytes left) */
+            if ((kinds[f] != T_INT && kinds[f] != T_LONG) || ints[f].n + count <= ints[f].cap)
+                continue;
+            Py_ssize_t cap = ints[f].n + (Py_ssize_t)count;
+            int64_t *grown = PyMem_Realloc(ints[f].values, (size_t)cap * sizeof(int64_t));
+            if (grown == NULL) {
+                PyErr_NoMemory();
+                goto failed;
+            }
+            ints[f].values = grown;
+            ints[f].cap = cap;
+        }
         for (int64_t i = 0; i < count; i++)
             for (Py_ssize_t f = 0; f < n; f++) {
-                PyObject *value = read_value(c, PyTuple_GET_ITEM(types, f), depth + 2);
-                if (value == NULL || PyList_Append(PyTuple_GET_ITEM(lists, f), value) < 0) {
+                if (kinds[f] == T_INT || kinds[f] == T_LONG) {
+                    if (read_long(c, &v) < 0 || (kinds[f] == T_INT && (v < INT32_MIN || v > INT32_MAX))) {
+                        fail(kinds[f] == T_INT ? "corrupt int" : "corrupt long");
+                        goto failed;
+                    }
+                    ints[f].values[ints[f].n++] = v;
+                    continue;
+                }
+                PyObject *list = PyTuple_GET_ITEM(lists, f), *value;
+                if (kinds[f] == T_STRING) {
+                    Py_ssize_t len;
+                    if (read_length(c, &len) < 0) {
+                        fail("corrupt string length");
+                        goto failed;
+                    }
+                    if (last[f] != NULL && len == last_len[f] && memcmp(c->p, last[f], (size_t)len) == 0) {
+                        value = Py_NewRef(PyList_GET_ITEM(list, PyList_GET_SIZE(list) - 1));
+                    } else {
+                        value = PyUnicode_DecodeUTF8((const char *)c->p, len, NULL);
+                        last[f] = c->p;
+                        last_len[f] = len;
+                    }
+                    c->p += len;
+                } else {
+                    value = read_value(c, PyTuple_GET_ITEM(types, f), depth + 2);
+                }
+                if (value == NULL || PyList_Append(list, value) < 0) {
                     Py_XDECREF(value);
                     goto failed;
                 }
                 Py_DECREF(value);
             }
     }
-    Py_DECREF(lists);
-    return columns;
+    for (Py_ssize_t f = 0; f < n; f++) {
+        if (kinds[f] != T_INT && kinds[f] != T_LONG)
+            continue;
+        PyObject *bytes = PyBytes_FromStringAndSize((const char *)ints[f].values,
+                                                    ints[f].n * (Py_ssize_t)sizeof(int64_t));
+        if (bytes == NULL || PyDict_SetItem(columns, PyTuple_GET_ITEM(names, f), bytes) < 0) {
+            Py_XDECREF(bytes);
+            goto failed;
+        }
+        Py_DECREF(bytes);
+    }
+    goto done;
 failed:
-    Py_XDECREF(columns);
+    Py_CLEAR(columns);
+done:
     Py_XDECREF(lists);
-    return NULL;
+    if (ints != NULL)
+        for (Py_ssize_t f = 0; f < n; f++)
+            PyMem_Free(ints[f].values);
+    PyMem_Free(ints);
+    PyMem_Free(kinds);
+    PyMem_Free(last);
+    PyMem_Free(last_len);
+    return columns;
 }
 
 static PyObject *read_string(cursor *c) {

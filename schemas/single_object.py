@@ -292,8 +292,9 @@ def read_body(data: bytes, writer: SchemaVersion, reader: SchemaVersion) -> dict
 def decode(data: bytes, expect: str | None = None, registry: SchemaRegistry | None = None,
            columns: Mapping[str, tuple[str, ...]] | None = None) -> tuple[str, dict]:
     """Decode one message into (record name, record) read with the newest version of its schema. columns: record
-    name -> its arrays of records that come as {item field: [values]} (read_columns). For CPU stack batches with
-    their stacks left columnar, see schemas/cpu_batch_reader.py."""
+    name -> its arrays of records that come as {item field: column} (read_columns: an int or long field's an int64
+    numpy array, any other's a list). For CPU stack batches with their stacks left columnar, see
+    schemas/cpu_batch_reader.py."""
     writer, reader = writer_and_reader(data, expect, registry)
     fields = columns.get(writer.name) if columns else None
     if not fields:
@@ -306,8 +307,9 @@ _COLUMNS_READERS: dict[tuple[bytes, tuple[str, ...]], Callable[[bytes, int], Any
 
 
 def read_columns(data: bytes, writer: SchemaVersion, reader: SchemaVersion, fields: tuple[str, ...]) -> dict:
-    """As read_body, with each of the record's arrays of records `fields` as {item field: [values]}: the compiled
-    codec fills the lists without a dict per item; otherwise the items are read as usual and turned into columns."""
+    """As read_body, with each of the record's arrays of records `fields` as {item field: column}: the compiled
+    codec fills the columns without a dict per item; otherwise the items are read as usual and turned into the same
+    columns (int and long fields as int64 numpy arrays)."""
     if writer is reader:
         key = (writer.fingerprint, fields)
         if key not in _COLUMNS_READERS:
@@ -324,8 +326,29 @@ def read_columns(data: bytes, writer: SchemaVersion, reader: SchemaVersion, fiel
     for field in fields:
         items = record[field]
         names = list(items[0]) if items else _item_fields(reader.parsed, field)
-        record[field] = {name: [item[name] for item in items] for name in names}
+        ints = _item_int_fields(reader.parsed, field)
+        record[field] = {name: _column([item[name] for item in items], name in ints) for name in names}
     return record
+
+
+def _column(values: list, ints: bool) -> Any:
+    """An item field's column as the compiled reader gives it: an int or long field's as an int64 numpy array."""
+    if not ints:
+        return values
+    import numpy as np  # only the sink reads columns; the stages that never do need not load numpy
+
+    return np.array(values, dtype=np.int64)
+
+
+def _item_int_fields(parsed: dict, field: str) -> frozenset[str]:
+    """The int and long fields of the records in the array `field` of a parsed record schema."""
+    for f in parsed["fields"]:
+        if f["name"] == field and isinstance(f["type"], dict) and isinstance(f["type"].get("items"), dict):
+            return frozenset(g["name"] for g in f["type"]["items"].get("fields", [])
+                             if g["type"] in ("int", "long") or (isinstance(g["type"], dict) and
+                                                                g["type"].get("type") in ("int", "long")
+                                                                and "logicalType" not in g["type"]))
+    raise ValueError(f"{parsed.get('name')}.{field} is not an array of records")
 
 
 def _item_fields(parsed: dict, field: str) -> list[str]:

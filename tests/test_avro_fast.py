@@ -8,6 +8,7 @@ import io
 import os
 
 import fastavro
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
@@ -25,6 +26,8 @@ def same(a: object, b: object) -> bool:
     """Equal values of the same types all the way down (True is not 1 here), dicts in the same key order."""
     if type(a) is not type(b):
         return False
+    if isinstance(a, np.ndarray):  # a column of ints: int64 both, the same values
+        return a.dtype == b.dtype == np.int64 and np.array_equal(a, b)
     if isinstance(a, dict):
         return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
     if isinstance(a, list):
@@ -161,9 +164,15 @@ def test_a_cached_tail_is_shared_and_the_cache_stays_within_its_bound():
     assert len(tails) == 1
 
 
-def as_columns(record: dict, fields: tuple[str, ...], names: dict[str, list[str]]) -> dict:
-    """`record` with each of its arrays of records `fields` as {item field: [values]}."""
-    return {**record, **{f: {n: [item[n] for item in record[f]] for n in names[f]} for f in fields}}
+def as_columns(record: dict, fields: tuple[str, ...], names: dict[str, list[str]],
+               ints: dict[str, frozenset[str]]) -> dict:
+    """`record` with each of its arrays of records `fields` as {item field: column}: an int or long field's an
+    int64 array, any other's a list."""
+    def column(f: str, n: str) -> list | np.ndarray:
+        values = [item[n] for item in record[f]]
+        return np.array(values, dtype=np.int64) if n in ints[f] else values
+
+    return {**record, **{f: {n: column(f, n) for n in names[f]} for f in fields}}
 
 
 @pytest.mark.parametrize("name, fields", [("CpuSamples", ("samples",)), ("GpuSamples", ("samples",)),
@@ -173,6 +182,8 @@ def test_arrays_read_as_columns_hold_what_their_records_hold_and_refuse_what_the
     one = compiled(single_object.fast_reader(schema))
     columns = compiled(avro_fast.columns_reader_for(schema.parsed, fields))
     names = {f: single_object._item_fields(schema.parsed, f) for f in fields}
+    ints = {f: single_object._item_int_fields(schema.parsed, f) for f in fields}
+    assert ints["samples" if "samples" in ints else "devices"]  # the arrays hold int or long fields to read so
     seen = {"empty": 0, "refused": 0}
 
     @settings(FUZZ, max_examples=60)
@@ -181,10 +192,10 @@ def test_arrays_read_as_columns_hold_what_their_records_hold_and_refuse_what_the
         data = single_object.encode(name, record)
         seen["empty"] += not record[fields[0]]
         assert same(columns(data, single_object.HEADER_LEN), as_columns(one(data, single_object.HEADER_LEN),
-                                                                       fields, names))
+                                                                       fields, names, ints))
         for body in (mutate(data, edits), data[:-1], data + b"\0"):
             try:
-                want = as_columns(one(body, single_object.HEADER_LEN), fields, names)
+                want = as_columns(one(body, single_object.HEADER_LEN), fields, names, ints)
             except ValueError:
                 seen["refused"] += 1
                 with pytest.raises(ValueError):
@@ -197,6 +208,14 @@ def test_arrays_read_as_columns_hold_what_their_records_hold_and_refuse_what_the
     assert avro_fast.columns_reader_for(schema.parsed, (*fields, "node")) is None  # not an array of records
 
 
+def lists(columns: dict) -> dict:
+    """Columns as lists, each int or long field's checked to be an int64 array first."""
+    ints = {"pid", "identity_id", "stack_id", "count"}
+    assert all(isinstance(v, np.ndarray) and v.dtype == np.int64 for k, v in columns.items() if k in ints)
+    assert all(isinstance(v, list) for k, v in columns.items() if k not in ints)
+    return {k: v.tolist() if k in ints else v for k, v in columns.items()}
+
+
 def test_decoding_as_columns_gives_the_same_columns_on_every_path(monkeypatch):
     record = {"node": "n", "window_start_ns": 10**18, "window_ns": 10**10, "frames": [], "stacks": [],
               "samples": [{"pid": 1, "comm": "a", "container_id": "", "identity_id": -5, "stack_id": -2, "count": 3},
@@ -207,18 +226,33 @@ def test_decoding_as_columns_gives_the_same_columns_on_every_path(monkeypatch):
     columns = {"fleetprof.CpuSamples": ("samples",)}
     data = single_object.encode("CpuSamples", record)
     compiled(single_object.fast_reader(REGISTRY.latest("fleetprof.CpuSamples")))
-    assert single_object.decode(data, columns=columns)[1]["samples"] == want  # the compiled reader
+    assert lists(single_object.decode(data, columns=columns)[1]["samples"]) == want  # the compiled reader
     monkeypatch.setattr(single_object, "_COLUMNS_READERS", {})
     monkeypatch.setattr(avro_fast, "columns_reader_for", lambda schema, fields: None)
-    assert single_object.decode(data, columns=columns)[1]["samples"] == want  # fastavro, then turned into columns
+    assert lists(single_object.decode(data, columns=columns)[1]["samples"]) == want  # fastavro, then as columns
     empty = single_object.decode(single_object.encode("CpuSamples", record | {"samples": []}), columns=columns)
-    assert empty[1]["samples"] == {name: [] for name in want}
+    assert lists(empty[1]["samples"]) == {name: [] for name in want}
     v2 = single_object.encode_as(REGISTRY.version("fleetprof.CpuSamples", 2),  # an older writer: read as the newest
                                  {**record, "samples": [{k: v for k, v in s.items() if k != "identity_id"}
                                                         for s in record["samples"]]})
-    assert single_object.decode(v2, columns=columns)[1]["samples"] == want | {"identity_id": [0, 0]}
+    assert lists(single_object.decode(v2, columns=columns)[1]["samples"]) == want | {"identity_id": [0, 0]}
     with pytest.raises(single_object.DecodeError):
         single_object.decode(data[:-3], columns=columns)
+
+
+def test_a_string_repeated_from_the_row_before_reads_as_itself():
+    # the compiled reader gives the row before's string object again where the bytes are the same: only there
+    comms = ["worker", "worker", "bee", "worker", "", "", "ab", "a", "\u00e9t\u00e9", "\u00e9t\u00e9", "\u00e9t\u00e8"]
+    record = {"node": "n", "window_start_ns": 10**18, "window_ns": 10**10, "frames": [], "stacks": [],
+              "samples": [{"pid": i, "comm": c, "container_id": "k" if i % 3 else "", "identity_id": 0,
+                           "stack_id": i, "count": 1} for i, c in enumerate(comms)],
+              "simulated": False, "frequency_hz": 19}
+    compiled(single_object.fast_reader(REGISTRY.latest("fleetprof.CpuSamples")))
+    got = single_object.decode(single_object.encode("CpuSamples", record),
+                               columns={"fleetprof.CpuSamples": ("samples",)})[1]["samples"]
+    assert got["comm"] == comms and got["container_id"] == ["k" if i % 3 else "" for i in range(len(comms))]
+    assert got["comm"][1] is got["comm"][0] and got["comm"][3] is not got["comm"][1]
+    assert got["pid"].tolist() == list(range(len(comms)))
 
 
 @pytest.mark.parametrize("body, why", [

@@ -3,6 +3,7 @@
 import time
 from datetime import UTC, datetime
 
+import numpy as np
 import pytest
 
 from processors.messages import Message
@@ -116,6 +117,10 @@ def test_samples_read_as_columns_give_the_rows_their_records_give(store) -> None
     assert [r[1] for r in rows_for(msgs)["cpu_samples"].as_rows()] == ["n0", "n0", "n1", "n1", "n2", "n2"]
     merged = rows_for([msgs[0], msgs[2]])["cpu_samples"]
     assert merged.by_column[1] == ["n0", "n0", "n2", "n2"] and len(merged) == 4
+    # integer columns as arrays, ids as the unsigned values their longs carry (the store casts them to the column)
+    pid, stack, count = (merged.by_column[merged.columns.index(c)] for c in ("pid", "stack_id", "count"))
+    assert pid.dtype == count.dtype == np.int64 and stack.dtype == np.uint64
+    assert stack.tolist() == [2**64 - 2, 7, 2**64 - 2, 7] and count.tolist() == [9, 1, 9, 1]
     with pytest.raises(KeyError):  # a record without a field it must have: row building fails (a dead letter)
         cpu_samples_rows(rec | {"samples": [{"pid": 1}]})
     with pytest.raises(ValueError, match="pid"):  # a column is range-checked as a whole
