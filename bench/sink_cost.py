@@ -15,7 +15,8 @@ the run takes only the CPU it costs. Not measured: fetching from a broker (a pla
 bench/fleet.py's peer) and the offset commits' round trips.
 
 Prints, per run: CPU samples stored, µs CPU per sample for the sink thread's Python, chDB on that thread (time
-inside the engine's query calls), chDB's other threads, and all of them; ms per node-second; batches and inserts;
+inside the engine's query calls; also per statement: `INSERT INTO <table>` and the like), chDB's other threads, and
+all of them; ms per node-second; batches and inserts;
 the sink's share of latency (a CpuSamples message's arrival to its batch written, simulated seconds, p50/p95),
 and its window's end to written (arrival there is 0.3-1.65 s after the end: the upstream part, simulated).
 --code DIR runs another checkout's processors and fleetprof packages (A/B against a base).
@@ -213,17 +214,24 @@ def run(args: argparse.Namespace, raws: list[Raw], samples: int, keep: Path | No
     from processors.gc_policy import tune_collector
 
     engine = {"s": 0.0, "calls": 0}
+    by_statement: dict[str, list[float]] = {}  # "INSERT INTO <table>" or the statement's first words: [s, calls]
     original = chdb_backend.ChdbBackend._query_locked
 
-    def timed(self, *a, **kw):  # chDB's work on the calling thread
+    def timed(self, sql, *a, **kw):  # chDB's work on the calling thread
         if threading.current_thread().name != "sink":
-            return original(self, *a, **kw)
+            return original(self, sql, *a, **kw)
         t = time.thread_time()
         try:
-            return original(self, *a, **kw)
+            return original(self, sql, *a, **kw)
         finally:
-            engine["s"] += time.thread_time() - t
+            spent = time.thread_time() - t
+            engine["s"] += spent
             engine["calls"] += 1
+            text = sql.decode(errors="replace") if isinstance(sql, bytes) else str(sql)
+            key = " ".join(text.split()[:3]).strip("`")
+            entry = by_statement.setdefault(key, [0.0, 0])
+            entry[0] += spent
+            entry[1] += 1
 
     chdb_backend.ChdbBackend._query_locked = timed
     clock = SimClock()
@@ -309,6 +317,9 @@ def run(args: argparse.Namespace, raws: list[Raw], samples: int, keep: Path | No
             "cpu_s": {"sink_thread": round(sink_s, 2), "bench_bookkeeping": round(bookkeeping["s"], 2),
                       "engine_in_sink_thread": round(engine["s"], 2),
                       "pool": round(pool, 2), "rdkafka_idle": round(rdk, 2), "main_idle": round(main, 2)},
+            "engine_sink_thread_by_statement": {  # µs per stored CPU sample, and calls
+                k: [round(v / stored * 1e6, 3), c]
+                for k, (v, c) in sorted(by_statement.items(), key=lambda kv: -kv[1][0]) if v / stored * 1e6 >= 0.005},
             "top_pool_threads": dict(sorted(((k, round(v, 2)) for k, v in others.items() if v > 0.05),
                                             key=lambda kv: -kv[1])[:8]),
             "sink_latency_s": {"p50": round(lat[len(lat) // 2], 3), "p95": round(lat[int(len(lat) * 0.95)], 3),
