@@ -56,11 +56,6 @@ class Rows:
     def __len__(self) -> int:
         return len(self.by_column[0]) if self.by_column is not None else len(self.rows)
 
-    def extend(self, more: Rows) -> None:
-        """`more`'s rows after these (the same table, built the same way: rows or columns)."""
-        joined = Rows.joined([self, more])
-        self.rows, self.by_column = joined.rows, joined.by_column
-
     @staticmethod
     def joined(parts: list[Rows]) -> Rows:
         """The rows of `parts` (one table's, built the same way) one after the other, each column joined once."""
@@ -232,8 +227,10 @@ def _columns(items: list[dict] | dict[str, list], fields: tuple[str, ...],
 def _identity_column(ids: list[int] | np.ndarray) -> list[str]:
     # a window's rows carry a handful of identities, most often one: each formatted once
     if isinstance(ids, np.ndarray):
-        if not len(ids) or (ids == ids[0]).all():
-            return [identity_key(int(ids[0]))] * len(ids) if len(ids) else []
+        if not len(ids):
+            return []
+        if (ids == ids[0]).all():
+            return [identity_key(int(ids[0]))] * len(ids)
         ids = ids.tolist()
     keys = {i: identity_key(i) for i in set(ids)}
     return list(map(keys.__getitem__, ids))

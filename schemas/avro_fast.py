@@ -23,12 +23,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 HERE = Path(__file__).parent
 # the extension module, reading, writing; and what they share
-SOURCES = tuple(HERE / name for name in ("avro_fast.c", "avro_read.c", "avro_write.c", "avro_varints.c"))
-HEADER = HERE / "avro_fast.h"
+SOURCES = tuple(HERE / name for name in ("avro_fast.c", "avro_read.c", "avro_read_columns.c", "avro_write.c",
+                                          "avro_varints.c"))
+HEADERS = (HERE / "avro_fast.h", HERE / "avro_read.h")
 MODULE = "schemas._avro_fast"
 
 # the type codes of avro_fast.h
@@ -58,7 +57,7 @@ def _build() -> Path:
     if not (include / "Python.h").exists():
         raise BuildError(f"no Python.h in {include} (Debian libpython3-dev)")
     cmd = [gcc, "-O2", "-g", "-fPIC", "-shared", "-fvisibility=hidden", "-Wall", "-Werror", f"-I{include}"]
-    code = b"".join(path.read_bytes() for path in (*SOURCES, HEADER))
+    code = b"".join(path.read_bytes() for path in (*SOURCES, *HEADERS))
     digest = hashlib.sha256(code + repr((cmd, sys.version)).encode()).hexdigest()[:16]
     out_dir = BUILD_DIR / f"avro_fast-{digest}"
     target = out_dir / "_avro_fast.so"
@@ -213,6 +212,7 @@ def columns_reader_for(parsed_schema: Any, fields: tuple[str, ...]) -> Callable[
         numeric[field] = tuple(name for name, kind in zip(array[1][1], array[1][2], strict=True)
                                if kind in (T_INT, T_LONG))
     columnar = (T_RECORD, tree[1], tuple(types), tree[3])
+    import numpy as np  # only the sink reads columns: the other stages need not load numpy
 
     def read_columns(data: bytes, offset: int) -> Any:
         record = read(columnar, data, offset)

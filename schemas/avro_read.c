@@ -5,20 +5,15 @@
  * ValueError and the caller reads the message with fastavro instead, which decides what it is. So this file never
  * has to match fastavro's error behaviour, only its values.
  */
-#include "avro_fast.h"
+#include "avro_read.h"
 
-typedef struct {
-    const unsigned char *p;
-    const unsigned char *end;
-} cursor;
-
-static PyObject *fail(const char *why) {
+PyObject *fail(const char *why) {
     PyErr_SetString(PyExc_ValueError, why);
     return NULL;
 }
 
 /* A zig-zag varint of at most 64 bits; -1 when the body ends first or it is longer. */
-static int read_long(cursor *c, int64_t *out) {
+int read_long(cursor *c, int64_t *out) {
     uint64_t v = 0;
     for (int shift = 0;; shift += 7) {
         if (c->p >= c->end)
@@ -35,7 +30,7 @@ static int read_long(cursor *c, int64_t *out) {
 }
 
 /* A length (bytes, string) that the rest of the body can hold. */
-static int read_length(cursor *c, Py_ssize_t *out) {
+int read_length(cursor *c, Py_ssize_t *out) {
     int64_t n;
     if (read_long(c, &n) < 0 || n < 0 || n > c->end - c->p)
         return -1;
@@ -43,7 +38,6 @@ static int read_length(cursor *c, Py_ssize_t *out) {
     return 0;
 }
 
-static PyObject *read_value(cursor *c, PyObject *type, int depth);
 static PyObject *read_primitive(cursor *c, long kind);
 
 /* A dict sized for `n` keys up front: a record's dict is filled without growing (CPython 3.11 and 3.12 export the
@@ -84,7 +78,7 @@ static PyObject *read_record(cursor *c, PyObject *type, int depth) {
 }
 
 /* The count of the next block of an array or map (0: the end); a negative count is followed by the block's size. */
-static int read_block(cursor *c, int64_t *count) {
+int read_block(cursor *c, int64_t *count) {
     int64_t size;
     if (read_long(c, count) < 0)
         return -1;
@@ -137,122 +131,6 @@ static PyObject *read_array(cursor *c, PyObject *type, int depth) {
             }
         }
     }
-}
-
-/* An int or long field of an array of records, its values as they are read (returned as int64 bytes). */
-typedef struct {
-    int64_t *values;
-    Py_ssize_t n, cap;
-} int64_column;
-
-/* An array of records as {field name: column}: an int or long field's column is the bytes of its values as int64
- * (avro_fast.py views them as a numpy array: no Python int per value), any other field's a list, filled a record
- * at a time (no dict per record). A string equal to the same field's in the record before is that string again:
- * a window's samples repeat their process's names row after row. */
-static PyObject *read_columns(cursor *c, PyObject *type, int depth) {
-    PyObject *record = PyTuple_GET_ITEM(type, 1);
-    PyObject *names = PyTuple_GET_ITEM(record, 1), *types = PyTuple_GET_ITEM(record, 2);
-    Py_ssize_t n = PyTuple_GET_SIZE(names);
-    PyObject *columns = PyDict_New(), *lists = PyTuple_New(n);  /* the tuple holds the lists while they fill */
-    long *kinds = PyMem_Calloc(n ? n : 1, sizeof(long));
-    int64_column *ints = PyMem_Calloc(n ? n : 1, sizeof(int64_column));
-    const unsigned char **last = PyMem_Calloc(n ? n : 1, sizeof(*last));  /* each string field's last bytes */
-    Py_ssize_t *last_len = PyMem_Calloc(n ? n : 1, sizeof(Py_ssize_t));
-    int64_t count, v;
-    if (columns == NULL || lists == NULL || kinds == NULL || ints == NULL || last == NULL || last_len == NULL) {
-        if (!PyErr_Occurred())
-            PyErr_NoMemory();
-        goto failed;
-    }
-    for (Py_ssize_t f = 0; f < n; f++) {
-        PyObject *t = PyTuple_GET_ITEM(types, f);
-        kinds[f] = PyLong_CheckExact(t) ? PyLong_AsLong(t) : -1;
-        /* every field in the dict now, in the record's order: an int field's bytes replace its None at the end */
-        PyObject *list = (kinds[f] == T_INT || kinds[f] == T_LONG) ? Py_NewRef(Py_None) : PyList_New(0);
-        if (list == NULL)
-            goto failed;
-        PyTuple_SET_ITEM(lists, f, list);
-        if (PyDict_SetItem(columns, PyTuple_GET_ITEM(names, f), list) < 0)
-            goto failed;
-    }
-    for (;;) {
-        if (read_block(c, &count) < 0) {
-            fail("corrupt array block");
-            goto failed;
-        }
-        if (count == 0)
-            break;
-        for (Py_ssize_t f = 0; f < n; f++) {  /* room for the block (read_block bounds count by the bytes left) */
-            if ((kinds[f] != T_INT && kinds[f] != T_LONG) || ints[f].n + count <= ints[f].cap)
-                continue;
-            Py_ssize_t cap = ints[f].n + (Py_ssize_t)count;
-            int64_t *grown = PyMem_Realloc(ints[f].values, (size_t)cap * sizeof(int64_t));
-            if (grown == NULL) {
-                PyErr_NoMemory();
-                goto failed;
-            }
-            ints[f].values = grown;
-            ints[f].cap = cap;
-        }
-        for (int64_t i = 0; i < count; i++)
-            for (Py_ssize_t f = 0; f < n; f++) {
-                if (kinds[f] == T_INT || kinds[f] == T_LONG) {
-                    if (read_long(c, &v) < 0 || (kinds[f] == T_INT && (v < INT32_MIN || v > INT32_MAX))) {
-                        fail(kinds[f] == T_INT ? "corrupt int" : "corrupt long");
-                        goto failed;
-                    }
-                    ints[f].values[ints[f].n++] = v;
-                    continue;
-                }
-                PyObject *list = PyTuple_GET_ITEM(lists, f), *value;
-                if (kinds[f] == T_STRING) {
-                    Py_ssize_t len;
-                    if (read_length(c, &len) < 0) {
-                        fail("corrupt string length");
-                        goto failed;
-                    }
-                    if (last[f] != NULL && len == last_len[f] && memcmp(c->p, last[f], (size_t)len) == 0) {
-                        value = Py_NewRef(PyList_GET_ITEM(list, PyList_GET_SIZE(list) - 1));
-                    } else {
-                        value = PyUnicode_DecodeUTF8((const char *)c->p, len, NULL);
-                        last[f] = c->p;
-                        last_len[f] = len;
-                    }
-                    c->p += len;
-                } else {
-                    value = read_value(c, PyTuple_GET_ITEM(types, f), depth + 2);
-                }
-                if (value == NULL || PyList_Append(list, value) < 0) {
-                    Py_XDECREF(value);
-                    goto failed;
-                }
-                Py_DECREF(value);
-            }
-    }
-    for (Py_ssize_t f = 0; f < n; f++) {
-        if (kinds[f] != T_INT && kinds[f] != T_LONG)
-            continue;
-        PyObject *bytes = PyBytes_FromStringAndSize((const char *)ints[f].values,
-                                                    ints[f].n * (Py_ssize_t)sizeof(int64_t));
-        if (bytes == NULL || PyDict_SetItem(columns, PyTuple_GET_ITEM(names, f), bytes) < 0) {
-            Py_XDECREF(bytes);
-            goto failed;
-        }
-        Py_DECREF(bytes);
-    }
-    goto done;
-failed:
-    Py_CLEAR(columns);
-done:
-    Py_XDECREF(lists);
-    if (ints != NULL)
-        for (Py_ssize_t f = 0; f < n; f++)
-            PyMem_Free(ints[f].values);
-    PyMem_Free(ints);
-    PyMem_Free(kinds);
-    PyMem_Free(last);
-    PyMem_Free(last_len);
-    return columns;
 }
 
 static PyObject *read_string(cursor *c) {
@@ -347,7 +225,7 @@ static PyObject *read_primitive(cursor *c, long kind) {
     return fail("unknown primitive type");
 }
 
-static PyObject *read_value(cursor *c, PyObject *type, int depth) {
+PyObject *read_value(cursor *c, PyObject *type, int depth) {
     if (depth > MAX_DEPTH)
         return fail("nested too deep");
     if (PyLong_CheckExact(type))

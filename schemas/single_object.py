@@ -340,20 +340,22 @@ def _column(values: list, ints: bool) -> Any:
     return np.array(values, dtype=np.int64)
 
 
-def _item_int_fields(parsed: dict, field: str) -> frozenset[str]:
-    """The int and long fields of the records in the array `field` of a parsed record schema."""
-    for f in parsed["fields"]:
-        if f["name"] == field and isinstance(f["type"], dict) and isinstance(f["type"].get("items"), dict):
-            return frozenset(g["name"] for g in f["type"]["items"].get("fields", [])
-                             if g["type"] in ("int", "long") or (isinstance(g["type"], dict) and
-                                                                g["type"].get("type") in ("int", "long")
-                                                                and "logicalType" not in g["type"]))
-    raise ValueError(f"{parsed.get('name')}.{field} is not an array of records")
 
 
 def _item_fields(parsed: dict, field: str) -> list[str]:
     """The field names of the records in the array `field` of a parsed record schema."""
+    return [g["name"] for g in _item_schema_fields(parsed, field)]
+
+
+def _item_int_fields(parsed: dict, field: str) -> frozenset[str]:
+    """The int and long fields (no logical type) of the records in the array `field` of a parsed record schema."""
+    return frozenset(g["name"] for g in _item_schema_fields(parsed, field)
+                     if g["type"] in ("int", "long") or (isinstance(g["type"], dict) and "logicalType" not in g["type"]
+                                                         and g["type"].get("type") in ("int", "long")))
+
+
+def _item_schema_fields(parsed: dict, field: str) -> list[dict]:
     for f in parsed["fields"]:
         if f["name"] == field and isinstance(f["type"], dict) and isinstance(f["type"].get("items"), dict):
-            return [g["name"] for g in f["type"]["items"].get("fields", [])]
+            return f["type"]["items"].get("fields", [])
     raise ValueError(f"{parsed.get('name')}.{field} is not an array of records")
