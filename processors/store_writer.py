@@ -42,6 +42,11 @@ LATENCY_TOPICS = frozenset({topics.CPU_SAMPLES.name, topics.GPU_SAMPLES.name})
 # they wait for them, at most flush_interval, so that the window is one batch, whole once its CPU samples are
 # queryable, not two: each batch is a part per table for the engine to write and merge (bench/RESULTS.md).
 CPU_ROUND_S = 5.0  # half the agents' 10 s window: the CPU samples of the round before are not this round's
+# NVML polls come once a second per node and their inserts cost the engine per insert as much as per row (half of its
+# time on the sink thread, for a tenth of the rows: bench/RESULTS.md). A partition of these topics joins a batch once
+# its oldest message has waited this long (at most max_delay): at the agents' 10 s windows its polls go with every
+# other window's burst, two windows' readings per insert, queryable at most ~25 s after the poll instead of ~15.
+RIDE_AFTER_S = {topics.GPU_METRICS.name: 15.0}
 STATE_COLUMNS = ["topic", "partition", "min_offset", "max_offset", "state", "updated"]
 # commit errors meaning the partition went to another member: retrying cannot succeed, and need not
 _NOT_OURS = (KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS,
@@ -81,23 +86,26 @@ class StoreRunner:
     """Consumes result topics and writes them into the store, each message exactly once."""
 
     def __init__(self, store, kafka: dict, *, name: str = "sink", inputs: tuple[str, ...] = SINK_INPUTS,
-                 batch_messages: int = 2000, flush_interval: float = 2.0, max_delay: float = 15.0,
-                 poll_timeout: float = 0.2, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 batch_messages: int = 2000, batch_bytes: int = 64 << 20, flush_interval: float = 2.0,
+                 max_delay: float = 25.0, poll_timeout: float = 0.2, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  group: str | None = None, stop: threading.Event | None = None) -> None:
-        """flush_interval: the longest a message of a LATENCY_TOPICS topic waits (a batch goes out sooner, once a
-        poll brings no more of them); max_delay: the longest any other message waits.
+        """batch_messages: the most messages one poll takes; batch_bytes: buffered message bytes that make a batch
+        full (whatever the topic: a CpuSamples message is ~25 times an NVML poll's bytes); flush_interval: the
+        longest a message of a LATENCY_TOPICS topic waits (a batch goes out sooner, once a poll brings no more of
+        them); max_delay: the longest any other message waits.
 
-        The defaults make a node window's burst one batch and let NVML polls, alerts and identities ride with the
-        next burst (agents send a window every 10 s; 15 s, not 10, so that a poll just after a burst does not go
-        out alone just before the next) instead of forcing batches of their own: 19 -> 6 batches over 6 windows of
-        100 nodes in bench/sink_cost.py, 27.2 -> 18.4 us of CPU per stored sample (fewer parts to write and
-        merge), a window's end to written unchanged (p95 2.0 s, the burst's end decides it). NVML readings are
-        queryable ~10 s after their poll (at most 15) instead of at most 5."""
+        The defaults make a node window's burst one batch and let alerts and identities ride with the next burst,
+        NVML polls with every other one (RIDE_AFTER_S; agents send a window every 10 s, and 25 s, not 20, so that a
+        poll just after a burst does not go out alone just before the one it waits for), instead of forcing
+        batches of their own: 19 -> 6 batches over 6 windows of 100 nodes in bench/sink_cost.py, 27.2 -> 18.4 us of
+        CPU per stored sample (fewer parts to write and merge), a window's end to written unchanged (the burst's
+        end decides it)."""
         self.store = store
         self.kafka = kafka
         self.name = name
         self.inputs = inputs
         self.batch_messages = batch_messages
+        self.batch_bytes = batch_bytes
         self.flush_interval = flush_interval
         self.max_delay = max_delay
         self.poll_timeout = poll_timeout
@@ -109,6 +117,7 @@ class StoreRunner:
         self.producer = Producer(pcfg)
         self.buffers: dict[tuple[str, int], list] = {}
         self.first_seen: dict[tuple[str, int], float] = {}
+        self.buffered_bytes = 0
         self.known = {table: KnownIds() for table in DEFINITION_TABLES}  # definitions already written
         self.stamps = Stamps()
         self.batches = 0
@@ -146,7 +155,7 @@ class StoreRunner:
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for p in partitions:
             tp = (p.topic, p.partition)
-            self.buffers.pop(tp, None)
+            self.buffered_bytes -= sum(len(raw.value() or b"") for raw in self.buffers.pop(tp, ()))
             self.first_seen.pop(tp, None)
             self.to_commit.pop(tp, None)  # its new owner resumes from sink_state
 
@@ -198,22 +207,24 @@ class StoreRunner:
         for raw in raws:
             tp = (raw.topic(), raw.partition())
             self.buffers.setdefault(tp, []).append(raw)
+            self.buffered_bytes += len(raw.value() or b"")
             self.first_seen.setdefault(tp, now)
             fresh = fresh or tp[0] in LATENCY_TOPICS
         if self._due(now, fresh):
             with batch_in_hand():  # the batch's columns and rows are gone when _flush returns
-                self._flush()
+                self._flush(now, everything=self.buffered_bytes >= self.batch_bytes)
         return len(raws)
 
     def _due(self, now: float, fresh: bool) -> bool:
         """Whether to write what is buffered now: a full batch; messages of LATENCY_TOPICS once a poll brings no
         more of them (the end of a burst: every node sends at its window's end; GPU samples once this round's CPU
         samples came too, see CPU_ROUND_S) or after flush_interval; any
-        message after max_delay. One batch holds every buffered partition: each insert costs the engine a part
-        (milliseconds of CPU whatever its size), so fewer, larger batches are what makes the sink cheap."""
+        message after max_delay. One batch holds every buffered partition but those of RIDE_AFTER_S still waiting:
+        each insert costs the engine a part (milliseconds of CPU whatever its size), so fewer, larger batches are
+        what makes the sink cheap."""
         if not self.buffers:
             return False
-        if sum(len(b) for b in self.buffers.values()) >= self.batch_messages:
+        if self.buffered_bytes >= self.batch_bytes:
             return True
         cpu_came = now - self._cpu_written_at < CPU_ROUND_S
         for tp, first in self.first_seen.items():
@@ -228,10 +239,19 @@ class StoreRunner:
 
     def flush_all(self) -> None:
         if self.buffers:
-            self._flush()
+            self._flush(time.monotonic(), everything=True)
 
-    def _flush(self) -> None:
-        batch, self.buffers, self.first_seen = self.buffers, {}, {}
+    def _flush(self, now: float, everything: bool) -> None:
+        """Write the buffered partitions as one batch: all of them if `everything` (a full batch, or stopping),
+        else all but those of RIDE_AFTER_S whose oldest message has waited less than its time."""
+        if everything:
+            batch, self.buffers, self.first_seen = self.buffers, {}, {}
+        else:
+            batch = {tp: self.buffers.pop(tp) for tp, first in list(self.first_seen.items())
+                     if now - first >= min(RIDE_AFTER_S.get(tp[0], 0.0), self.max_delay)}
+            for tp in batch:
+                del self.first_seen[tp]
+        self.buffered_bytes = sum(len(raw.value() or b"") for raws in self.buffers.values() for raw in raws)
         if any(topic == topics.CPU_SAMPLES.name for topic, _ in batch):
             self._cpu_written_at = time.monotonic()
         self._write(batch)

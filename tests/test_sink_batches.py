@@ -230,36 +230,91 @@ def test_a_one_partition_batch_keeps_the_tokens_of_the_sink_before_batches_spann
     assert two.startswith("batch:") and two != batch_key({("cpu.samples", 4): (10, 21), ("gpu.metrics", 0): (1, 2)})
 
 
-def test_by_default_a_window_burst_is_one_batch_and_nvml_polls_ride_with_it(monkeypatch):
-    """The defaults (flush_interval 2 s, max_delay 15 s): ten seconds of NVML polls between windows forces no batch of
-    its own, and a node window's burst, 1.5 s of sample messages, goes out once, with the polls, at its end."""
-    from tests.fuzz.make_corpus import RECORDS
-
-    clock = [100.0]
-    monkeypatch.setattr(sw.time, "monotonic", lambda: clock[0])
-    store, consumer = Store(), Consumer()
+def default_runner(store: Store, consumer: Consumer) -> StoreRunner:
     r = StoreRunner(store, {"bootstrap.servers": "127.0.0.1:1"})
     r.consumer.close()
     r.consumer = consumer
-    poll = {**RECORDS["GpuMetrics"], "node": "a"}
-    for s in range(10):  # polls once a second after the last window: 10 s, no batch
-        consumer.polls = [[Raw("gpu.metrics", 0, s, encode("GpuMetrics", {**poll, "time_ns": T + s * 10**9}))]]
-        for _ in range(4):
+    return r
+
+
+def nvml_poll(second: int, node: str = "a") -> bytes:
+    from tests.fuzz.make_corpus import RECORDS
+
+    return encode("GpuMetrics", {**RECORDS["GpuMetrics"], "node": node, "time_ns": T + second * 10**9})
+
+
+def test_by_default_a_window_burst_is_one_batch_and_nvml_polls_ride_with_every_other_one(monkeypatch):
+    """The defaults (flush_interval 2 s, max_delay 25 s, NVML riding after 15 s): ten seconds of NVML polls between
+    windows force no batch of their own; a node window's burst, 1.5 s of sample messages, goes out once, at its end,
+    without the polls of 10 s; the next burst takes them with the 10 s after: 20 polls in one insert."""
+    clock = [100.0]
+    monkeypatch.setattr(sw.time, "monotonic", lambda: clock[0])
+    store, consumer = Store(), Consumer()
+    r = default_runner(store, consumer)
+    offsets = {"cpu": 0, "nvml": 0}
+
+    def ten_seconds_of_polls() -> None:
+        for _ in range(10):  # polls once a second after the last window: no batch
+            consumer.polls = [[Raw("gpu.metrics", 0, offsets["nvml"], nvml_poll(offsets["nvml"]))]]
+            offsets["nvml"] += 1
+            for _ in range(4):
+                r.run_once()
+                clock[0] += 0.25
+
+    def burst() -> None:
+        for i in range(6):  # the next window's burst: samples in every poll for 1.5 s
+            consumer.polls.append([Raw("cpu.samples", 1 + i % 3, offsets["cpu"], cpu(f"n{i}", 1, 1))])
+            offsets["cpu"] += 1
+        for _ in range(6):
             r.run_once()
             clock[0] += 0.25
+
+    ten_seconds_of_polls()
+    burst()
     assert r.batches == 0
-    for i in range(6):  # the next window's burst: samples in every poll for 1.5 s
-        consumer.polls.append([Raw("cpu.samples", 1 + i % 3, i, cpu(f"n{i}", 1, 1))])
-    for _ in range(6):
-        r.run_once()
-        clock[0] += 0.25
-    assert r.batches == 0
-    r.run_once()  # the burst is over
+    r.run_once()  # the burst is over: written without the polls, which have waited 11.5 s
     assert r.batches == 1
+    assert "cpu_samples" in [t for t, _, _ in store.inserts]
+    assert "gpu_device_metrics" not in [t for t, _, _ in store.inserts]
+    assert consumer.commits == [[("cpu.samples", 1, 4), ("cpu.samples", 2, 5), ("cpu.samples", 3, 6)]]
+    ten_seconds_of_polls()
+    assert r.batches == 1  # 21.5 s: the polls still wait (max_delay 25 s)
+    burst()
+    r.run_once()
+    assert r.batches == 2
     tables = [t for t, _, _ in store.inserts]
-    assert tables.count("cpu_samples") == 1 and "gpu_device_metrics" in tables
-    assert consumer.commits == [[("cpu.samples", 1, 4), ("cpu.samples", 2, 5), ("cpu.samples", 3, 6),
-                                 ("gpu.metrics", 0, 10)]]
+    assert tables.count("cpu_samples") == 2 and tables.count("gpu_device_metrics") == 1
+    devices = next(rows for t, rows, _ in store.inserts if t == "gpu_device_metrics")
+    assert len(devices) == 20 * len(nvml_rows_per_poll())
+    assert consumer.commits[-1] == [("cpu.samples", 1, 10), ("cpu.samples", 2, 11), ("cpu.samples", 3, 12),
+                                    ("gpu.metrics", 0, 20)]
+
+
+def nvml_rows_per_poll() -> list:
+    from tests.fuzz.make_corpus import RECORDS
+
+    return RECORDS["GpuMetrics"]["devices"]
+
+
+def test_nvml_polls_alone_go_out_after_max_delay_and_a_full_batch_takes_every_partition(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(sw.time, "monotonic", lambda: clock[0])
+    store, consumer = Store(), Consumer()
+    r = default_runner(store, consumer)
+    for s in range(26):  # no window comes: the polls go out alone once the first has waited max_delay
+        consumer.polls = [[Raw("gpu.metrics", 0, s, nvml_poll(s))]]
+        r.run_once()
+        clock[0] += 1.0
+    assert r.batches == 1 and consumer.commits == [[("gpu.metrics", 0, 26)]]
+    # a batch is full by its bytes, whatever the topic: the polls then go with the samples at once
+    r.batch_bytes = 2 * len(nvml_poll(0)) + len(cpu("a", 0, 1))
+    consumer.polls = [[Raw("gpu.metrics", 0, 26, nvml_poll(26)), Raw("cpu.samples", 0, 0, cpu("a", 0, 1))]]
+    r.run_once()
+    assert r.batches == 1 and r.buffered_bytes == len(nvml_poll(26)) + len(cpu("a", 0, 1))
+    consumer.polls = [[Raw("gpu.metrics", 0, 27, nvml_poll(27))]]
+    r.run_once()
+    assert r.batches == 2 and r.buffers == {} and r.buffered_bytes == 0
+    assert sorted(consumer.commits[-1]) == [("cpu.samples", 0, 1), ("gpu.metrics", 0, 28)]
 
 
 def test_gpu_samples_wait_for_their_rounds_cpu_samples_unless_those_went_out_already(monkeypatch):
