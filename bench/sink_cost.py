@@ -256,6 +256,8 @@ def run(args: argparse.Namespace, raws: list[Raw], samples: int, keep: Path | No
         extra = {} if args.flush_interval is None else {"flush_interval": args.flush_interval}
         if args.max_delay is not None:
             extra["max_delay"] = args.max_delay
+        if getattr(args, "batch_mib", None) is not None:
+            extra["batch_bytes"] = args.batch_mib << 20
         runner = sw.StoreRunner(store, {"bootstrap.servers": "127.0.0.1:1"}, **extra)
         tune_collector()  # as the runner's start() does (not called here: the consumer is a stand-in)
         runner.consumer.close()
@@ -355,6 +357,7 @@ def main() -> None:
     ap.add_argument("--no-rollups", action="store_true", help="drop the hourly rollups' materialized views first")
     ap.add_argument("--flush-interval", type=float, default=None, help="the runner's flush_interval (its default)")
     ap.add_argument("--max-delay", type=float, default=None, help="the runner's max_delay (its default)")
+    ap.add_argument("--batch-mib", type=int, default=None, help="the runner's batch_bytes in MiB (its default)")
     ap.add_argument("--alter", action="append", default=[], metavar="SQL",
                     help="a statement run after the migrations (a table setting or codec to try); repeatable")
     ap.add_argument("--alter-file", type=Path, action="append", default=[], metavar="SQL_FILE",

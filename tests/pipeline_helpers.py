@@ -142,7 +142,7 @@ def symbolizer(bootstrap: str, group: str) -> Running:
 
 def sink(store, bootstrap: str, group: str, **kw) -> Running:
     stop = threading.Event()
-    kw.setdefault("max_delay", 5.0)  # tests wait for alerts and NVML rows: not the production default's 15 s
+    kw.setdefault("max_delay", 5.0)  # tests wait for alerts and NVML rows: not the production default's 25 s
     return Running(StoreRunner(store, {"bootstrap.servers": bootstrap}, group=group, stop=stop,
                                flush_interval=0.3, **kw), stop)
 

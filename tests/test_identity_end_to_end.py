@@ -103,8 +103,11 @@ def test_processes_in_pod_slurm_and_docker_cgroups_are_profiled_as_their_workloa
 
         def stored() -> bool:
             _, rows = store.query_sql("SELECT count() FROM workload_identities WHERE node = {n:String}", {"n": node})
-            return all(identities_of(p) for p in pids.values()) and rows[0][0] >= 3
-        wait_for(stored, timeout=90, what="the three workloads' samples and identities", running=[sym, snk])
+            _, gpus = store.query_sql("SELECT uniqExact(uuid) FROM gpu_device_metrics WHERE node = {n:String}",
+                                      {"n": node})  # NVML polls go out after the samples (StoreRunner.max_delay)
+            return all(identities_of(p) for p in pids.values()) and rows[0][0] >= 3 and gpus[0][0] == 2
+        wait_for(stored, timeout=90, what="the three workloads' samples, identities and GPU readings",
+                 running=[sym, snk])
 
         # one identity per process, each defined in the dimension table exactly as the cgroup and kubelet say
         ids = {}
