@@ -54,6 +54,11 @@ _NOT_OURS = (KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION, KafkaE
 COMMIT_FIRST_DELAY, COMMIT_MAX_DELAY = 0.2, 5.0  # seconds before a failed offset commit is sent again
 
 
+def _bytes(raws) -> int:
+    """The message bytes of `raws` (what batch_bytes counts)."""
+    return sum(len(raw.value() or b"") for raw in raws)
+
+
 def batch_key(ranges: dict[tuple[str, int], tuple[int, int]]) -> str:
     """The deduplication token's stem for a batch of these offset ranges: the same ranges, the same tokens, whoever
     writes them. One partition's batch keeps the form of the sink before batches spanned partitions, so a batch
@@ -155,7 +160,7 @@ class StoreRunner:
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for p in partitions:
             tp = (p.topic, p.partition)
-            self.buffered_bytes -= sum(len(raw.value() or b"") for raw in self.buffers.pop(tp, ()))
+            self.buffered_bytes -= _bytes(self.buffers.pop(tp, ()))
             self.first_seen.pop(tp, None)
             self.to_commit.pop(tp, None)  # its new owner resumes from sink_state
 
@@ -207,7 +212,7 @@ class StoreRunner:
         for raw in raws:
             tp = (raw.topic(), raw.partition())
             self.buffers.setdefault(tp, []).append(raw)
-            self.buffered_bytes += len(raw.value() or b"")
+            self.buffered_bytes += _bytes((raw,))
             self.first_seen.setdefault(tp, now)
             fresh = fresh or tp[0] in LATENCY_TOPICS
         if self._due(now, fresh):
@@ -245,13 +250,13 @@ class StoreRunner:
         """Write the buffered partitions as one batch: all of them if `everything` (a full batch, or stopping),
         else all but those of RIDE_AFTER_S whose oldest message has waited less than its time."""
         if everything:
-            batch, self.buffers, self.first_seen = self.buffers, {}, {}
+            batch, self.buffers, self.first_seen, self.buffered_bytes = self.buffers, {}, {}, 0
         else:
             batch = {tp: self.buffers.pop(tp) for tp, first in list(self.first_seen.items())
                      if now - first >= min(RIDE_AFTER_S.get(tp[0], 0.0), self.max_delay)}
-            for tp in batch:
+            for tp, raws in batch.items():
                 del self.first_seen[tp]
-        self.buffered_bytes = sum(len(raw.value() or b"") for raws in self.buffers.values() for raw in raws)
+                self.buffered_bytes -= _bytes(raws)
         if any(topic == topics.CPU_SAMPLES.name for topic, _ in batch):
             self._cpu_written_at = time.monotonic()
         self._write(batch)

@@ -340,8 +340,6 @@ def _column(values: list, ints: bool) -> Any:
     return np.array(values, dtype=np.int64)
 
 
-
-
 def _item_fields(parsed: dict, field: str) -> list[str]:
     """The field names of the records in the array `field` of a parsed record schema."""
     return [g["name"] for g in _item_schema_fields(parsed, field)]

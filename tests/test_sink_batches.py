@@ -237,10 +237,14 @@ def default_runner(store: Store, consumer: Consumer) -> StoreRunner:
     return r
 
 
-def nvml_poll(second: int, node: str = "a") -> bytes:
+def gpu_metrics_record() -> dict:
     from tests.fuzz.make_corpus import RECORDS
 
-    return encode("GpuMetrics", {**RECORDS["GpuMetrics"], "node": node, "time_ns": T + second * 10**9})
+    return RECORDS["GpuMetrics"]
+
+
+def nvml_poll(second: int, node: str = "a") -> bytes:
+    return encode("GpuMetrics", {**gpu_metrics_record(), "node": node, "time_ns": T + second * 10**9})
 
 
 def test_by_default_a_window_burst_is_one_batch_and_nvml_polls_ride_with_every_other_one(monkeypatch):
@@ -285,15 +289,9 @@ def test_by_default_a_window_burst_is_one_batch_and_nvml_polls_ride_with_every_o
     tables = [t for t, _, _ in store.inserts]
     assert tables.count("cpu_samples") == 2 and tables.count("gpu_device_metrics") == 1
     devices = next(rows for t, rows, _ in store.inserts if t == "gpu_device_metrics")
-    assert len(devices) == 20 * len(nvml_rows_per_poll())
+    assert len(devices) == 20 * len(gpu_metrics_record()["devices"])
     assert consumer.commits[-1] == [("cpu.samples", 1, 10), ("cpu.samples", 2, 11), ("cpu.samples", 3, 12),
                                     ("gpu.metrics", 0, 20)]
-
-
-def nvml_rows_per_poll() -> list:
-    from tests.fuzz.make_corpus import RECORDS
-
-    return RECORDS["GpuMetrics"]["devices"]
 
 
 def test_nvml_polls_alone_go_out_after_max_delay_and_a_full_batch_takes_every_partition(monkeypatch):
