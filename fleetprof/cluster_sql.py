@@ -68,8 +68,10 @@ EXCHANGE = "EXCHANGE TABLES {first} AND {second}{on_cluster}"
 COPY_ROWS = """INSERT INTO {into} SELECT * FROM {source}
 SETTINGS insert_deduplicate = 0, distributed_foreground_insert = 1"""
 # what an ALTER of a sharded table may do: add columns and keys (the new columns reach the Distributed table too), and
-# change what only the local tables have (settings, TTL)
-LOCAL_ALTERS = ("ADD COLUMN ", "MODIFY ORDER BY ", "MODIFY SETTING ", "MODIFY TTL ")
+# change what only the local tables have (settings, TTL, a column's codec)
+LOCAL_ALTERS = ("ADD COLUMN ", "MODIFY ORDER BY ", "MODIFY SETTING ", "MODIFY TTL ", "MODIFY COLUMN ")
+# a MODIFY COLUMN of a sharded table changes the codec only: a new type would have to reach the Distributed table too
+_CODEC_ONLY_RE = re.compile(r"^MODIFY COLUMN \w+ CODEC\([^;]*\)$")
 RECORD = "INSERT INTO schema_migrations (version, name, applied_at) VALUES ({version}, '{name}', now())"
 # first in a file that rebuilds tables (EXCHANGE TABLES), as `fleetprof db migrate` refuses on one node
 # (fleetprof/rebuild_guard.py), over the same sink_batches statement, every topic: clickhouse-client stops the file at
@@ -258,6 +260,9 @@ def _sharded_alter(alter: re.Match, code: str, where: str) -> list[str]:
     if not all(c.startswith(LOCAL_ALTERS) for c in clauses):
         raise ClusterSqlError(f"{where}: an ALTER of a sharded table may only "
                               f"{', '.join(c.strip() for c in LOCAL_ALTERS)}")
+    if not all(_CODEC_ONLY_RE.match(c) for c in clauses if c.startswith("MODIFY COLUMN ")):
+        raise ClusterSqlError(f"{where}: a MODIFY COLUMN of a sharded table may only change its codec "
+                              "(`MODIFY COLUMN name CODEC(...)`)")
     local = ALTER_LOCAL.format(name=name, on_cluster=ON_CLUSTER) + code[alter.end():]
     if not added:
         return [local]

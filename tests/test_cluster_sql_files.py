@@ -114,6 +114,16 @@ def test_a_sharded_table_becomes_a_replicated_local_table_behind_a_distributed_o
     assert layout.every_node == {"all_totals"}
 
 
+def test_a_sharded_table_s_codecs_change_on_its_local_tables_only():
+    # a Distributed table stores nothing: only the local tables take the codec
+    migration = SHARDED + ";\nALTER TABLE tallies\n    MODIFY COLUMN total CODEC(Delta, ZSTD(1)),\n" \
+                          "    MODIFY COLUMN key CODEC(ZSTD(3))"
+    generated = generate_file(42, "0042_tallies", migration, Layout())
+    assert ("ALTER TABLE tallies_local ON CLUSTER '{cluster}'\n    MODIFY COLUMN total CODEC(Delta, ZSTD(1)),\n"
+            "    MODIFY COLUMN key CODEC(ZSTD(3));") in generated
+    assert "ALTER TABLE tallies ON CLUSTER" not in generated
+
+
 REBUILD = """DROP TABLE IF EXISTS tallies_0042 SYNC;
 
 -- @cluster sharded by cityHash64(key)
@@ -177,9 +187,13 @@ def test_a_copy_given_its_table_s_parts_on_one_node_gets_the_rows_copied_on_a_cl
     (SHARDED.replace("-- @cluster on every node\n", "-- @cluster on every node\n-- @cluster on every node\n"),
      "0042_tallies.sql: CREATE VIEW IF NOT EXISTS all_totals AS: two `-- @cluster` lines"),
     (SHARDED + ";\n-- @cluster on every node\n", "a `-- @cluster` line belongs in the comment lines right above"),
+    (SHARDED + ";\nALTER TABLE tallies DROP COLUMN total",
+     "ALTER TABLE tallies DROP COLUMN total: an ALTER of a sharded table may only ADD COLUMN, MODIFY "
+     "ORDER BY, MODIFY SETTING, MODIFY TTL, MODIFY COLUMN"),
     (SHARDED + ";\nALTER TABLE tallies MODIFY COLUMN total UInt32",
-     "ALTER TABLE tallies MODIFY COLUMN total UInt32: an ALTER of a sharded table may only ADD COLUMN, MODIFY "
-     "ORDER BY, MODIFY SETTING, MODIFY TTL"),
+     "ALTER TABLE tallies MODIFY COLUMN total UInt32: a MODIFY COLUMN of a sharded table may only change its codec"),
+    (SHARDED + ";\nALTER TABLE tallies MODIFY COLUMN total UInt32 CODEC(ZSTD(1))",
+     "a MODIFY COLUMN of a sharded table may only change its codec"),
     (SHARDED + ";\n-- @cluster on every node\nINSERT INTO tallies SELECT 'a', 1",
      "`-- @cluster` places a table or a view, nothing else"),
     (SHARDED + ";\nCREATE MATERIALIZED VIEW IF NOT EXISTS mv TO tallies AS SELECT 'a' AS key, 1 AS total FROM t",
