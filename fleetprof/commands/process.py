@@ -32,7 +32,9 @@ ALERT_STAGES = ", ".join(entry.name for entry in STAGES if entry.alert_options)
                     f"`fleetprof up` runs every stage on one machine). The --alert-* options apply to the "
                     f"{ALERT_STAGES} stage.")
 @click.argument("stage", type=click.Choice([entry.name for entry in STAGES]))
-@click.option("--batch-size", type=click.IntRange(1, 100_000), default=None, help="Messages per batch.")
+@click.option("--batch-size", type=click.IntRange(1, 100_000), default=None,
+              help="Messages per batch; for the sink, messages per poll (its batches end at 64 MiB of messages or "
+                   "after their wait, see README).")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=0,
               help="Serve Prometheus /metrics on 127.0.0.1:PORT (0: off).")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, envvar="FLEETPROF_METRICS_HOST",
