@@ -2,11 +2,9 @@
 -- The migration says why the columns, codecs, keys, partitions, TTL and settings are what they are;
 -- sql/cluster/README.md says how a cluster differs from one node.
 ALTER TABLE cpu_samples_local ON CLUSTER '{cluster}'
-    MODIFY COLUMN ts CODEC(GCD, Delta(4), T64, ZSTD(1)),
     MODIFY COLUMN pid CODEC(ZSTD(1));
 
 ALTER TABLE gpu_kernel_samples_local ON CLUSTER '{cluster}'
-    MODIFY COLUMN ts CODEC(GCD, Delta(4), T64, ZSTD(1)),
     MODIFY COLUMN pid CODEC(ZSTD(1));
 
 ALTER TABLE gpu_timeline_local ON CLUSTER '{cluster}'
