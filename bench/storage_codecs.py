@@ -51,12 +51,14 @@ def sweep(store: Store, table: str, codecs: tuple[str, ...]) -> dict[str, dict[s
         store.query_sql("DROP TABLE IF EXISTS {t:Identifier}", {"t": copy}, readonly=False)
         # names and codecs are the bench's own text (its tables, candidates or --codec), formatted in: CREATE ... AS
         # and MODIFY COLUMN take no bound identifiers
-        store.query_sql(sql("storage_codecs_copy").format(copy=copy, table=table), readonly=False)
+        create = sql("storage_codecs_copy").format(copy=copy, table=table)
+        store.query_sql(create, readonly=False)
         store.query_sql("ALTER TABLE {t:Identifier} MODIFY SETTING min_bytes_for_wide_part = 0, "
                         "min_rows_for_wide_part = 0", {"t": copy}, readonly=False)
         for name in out if codec != "now" else ():
+            alter = sql("storage_codecs_codec").format(copy=copy, column=name, codec=codec)
             try:
-                store.query_sql(f"ALTER TABLE {copy} MODIFY COLUMN {name} CODEC({codec})", readonly=False)
+                store.query_sql(alter, readonly=False)
             except Exception:  # noqa: BLE001 - a codec the type does not take (T64 of a float, Delta of a tuple)
                 out[name][codec] = "ERR"
         store.query_sql(sql("storage_codecs_fill"), {"copy": copy, "table": table}, readonly=False)
@@ -78,6 +80,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "storage_codecs.json")
     args = ap.parse_args()
     codecs = tuple(args.codec or CODECS)
+    if not all(re.fullmatch(r"[\w(), ]+", codec) for codec in codecs):
+        raise SystemExit("a codec is names, numbers, commas and parentheses: ZSTD(1), T64, Delta(4), ...")
     store = open_store(f"chdb://{args.reuse / 'chdb'}", "bench")
     try:
         samples = int(store.query_sql("SELECT sum(count) FROM cpu_samples")[1][0][0])
@@ -91,7 +95,9 @@ def main() -> None:
         for name, cell in cells.items():
             sizes = {c: cell[c] for c in codecs if isinstance(cell.get(c), float)}
             best = min(sizes, key=sizes.get) if sizes else None
-            if best is not None and sizes[best] < cell["now"]:
+            if best is None or sizes[best] >= cell["now"]:
+                best = "now"
+            else:
                 saved += (cell["now"] - sizes[best]) * cell["rows"] / samples
             print(f"  {name:22} {cell['now']:>7}  " + "  ".join(f"{cell.get(c, ''):>14}" for c in codecs)
                   + f"  {best}")
