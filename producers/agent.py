@@ -110,6 +110,7 @@ class Agent:
         self.report = AgentReport()
         self._begun = False
         self._wake = threading.Event()  # set by a collector, or by `stop`
+        self._last_end_ns: int | None = None  # where the last window ended (Unix ns)
 
     def _put(self, found: list[Records]) -> None:
         for records in found:
@@ -139,20 +140,32 @@ class Agent:
             if once or stop.is_set():
                 return self.report
 
-    def _length(self, start_ns: int) -> float:
+    def _length_ns(self, start_ns: int) -> int:
         """This window's length: up to the next multiple of window_s in Unix time when aligned (every node's windows
         then cover the same 10 s), at least a second; the first one at most FIRST_WINDOW_S."""
+        window_ns = round(self.window_s * 1e9)
         if not self.align:
-            return self.window_s
-        window_ns = int(self.window_s * 1e9)
-        left = (window_ns - start_ns % window_ns) / 1e9
-        if self.report.windows == 0 and left > FIRST_WINDOW_S:  # a first look at the node soon after start
-            return FIRST_WINDOW_S
-        return left if left >= min(1.0, self.window_s / 2) else left + self.window_s
+            return window_ns
+        left = window_ns - start_ns % window_ns
+        if self.report.windows == 0 and left > FIRST_WINDOW_S * 1e9:  # a first look at the node soon after start
+            return round(FIRST_WINDOW_S * 1e9)
+        return left if left >= min(1e9, window_ns / 2) else left + window_ns
+
+    def _start_ns(self, now_ns: int) -> int:
+        """Where the last window ended: the sampler's maps hold what it counted while that window's batch was being
+        built (half a second when a storm of new processes must be read on a busy node), so the windows cover the
+        node's time without gaps. Now, for the first window, after the wall clock stepped back, or after a stall of
+        more than two windows (such a window would say little about when its samples were taken)."""
+        last = self._last_end_ns
+        if last is None or not last <= now_ns <= last + 2 * round(self.window_s * 1e9):
+            return now_ns
+        return last
 
     def _window(self, stop: Event) -> Window:
-        start_ns, now = time.time_ns(), time.monotonic()
-        deadline, next_look = now + self._length(start_ns), now + self.look_every_s
+        now_ns, now = time.time_ns(), time.monotonic()
+        start_ns = self._start_ns(now_ns)
+        end_by_ns = start_ns + self._length_ns(start_ns)
+        deadline, next_look = now + (end_by_ns - now_ns) / 1e9, now + self.look_every_s
         while (left := deadline - time.monotonic()) > 0:
             due = [d for c in self.collectors if (d := c.due_in()) is not None]
             if self.outbox.pending:
@@ -171,7 +184,14 @@ class Agent:
                 for c in self.collectors:
                     c.look()
             self.outbox.pump()
-        window = Window(self.report.windows + 1, start_ns, time.time_ns())
+        end_ns = time.time_ns()
+        if end_ns < end_by_ns and not stop.is_set():
+            # the monotonic deadline came a little before the wall clock's: end on the boundary's side, or the next
+            # window would start (and its rows be labelled) a second early
+            time.sleep((end_by_ns - end_ns) / 1e9)
+            end_ns = time.time_ns()
+        window = Window(self.report.windows + 1, start_ns, end_ns)
+        self._last_end_ns = end_ns
         for c in self.collectors:
             self._put(c.drain())
             self._put(c.end_window(window))
