@@ -41,8 +41,7 @@ from simulate.synthetic_binaries import op_class  # noqa: E402
 from simulate.synthetic_fleet import SyntheticFleet  # noqa: E402
 from simulate.synthetic_workload import GPU_KERNELS, TRUE_LAUNCH_RATE  # noqa: E402
 
-RATE, WINDOW_S, GPUS, LAUNCH_RATE = 152.0, 10.0, 8, 2.0
-SAMPLES_PER_NODE_S = RATE
+RATE, WINDOW_S, GPUS, LAUNCH_RATE = 152.0, 10.0, 8, 2.0  # CPU samples/s, s, GPUs and sampled launches/s per node
 GAUSS = math.log2(math.sqrt(2 * math.pi * math.e))  # bits of N(0, 1) read to whole units, ~2.05
 KERNEL_ROWS_PER_LAUNCH = 128_121 / 192_000  # bench/storage_day.py's run: rows of gpu_kernel_samples per launch
 
@@ -106,13 +105,13 @@ def main() -> None:
     cpu, keys = cpu_samples_bits_per_sample(fleet)
     duration, weight, start = launch_bits(fleet)
     reading, bucket = nvml_bits()
-    launches_per_sample = GPUS * LAUNCH_RATE / SAMPLES_PER_NODE_S
+    launches_per_sample = GPUS * LAUNCH_RATE / RATE
     floors = {  # bytes per CPU sample over a day
         "cpu_samples": cpu / 8,
         "gpu_kernel_samples": KERNEL_ROWS_PER_LAUNCH * (duration + weight) / 8 * launches_per_sample,
         "gpu_timeline": (start + duration + weight) / 8 * launches_per_sample * detail,
-        "gpu_device_metrics": reading / 8 * GPUS / SAMPLES_PER_NODE_S * detail,
-        "gpu_device_metrics_10s": bucket / 8 * GPUS / WINDOW_S / SAMPLES_PER_NODE_S,
+        "gpu_device_metrics": reading / 8 * GPUS / RATE * detail,
+        "gpu_device_metrics_10s": bucket / 8 * GPUS / WINDOW_S / RATE,
         "gpu_process_metrics": 0.0,
         "gpu_process_metrics_10s": 0.0,
     }
