@@ -103,6 +103,7 @@ class Agent:
         self.collectors = collectors
         self.outbox = outbox
         self.window_s = window_s
+        self._window_ns = round(window_s * 1e9)
         self.tick_s = tick_s
         self.look_every_s = look_every_s
         self.on_window = on_window
@@ -143,7 +144,7 @@ class Agent:
     def _length_ns(self, start_ns: int) -> int:
         """This window's length: up to the next multiple of window_s in Unix time when aligned (every node's windows
         then cover the same 10 s), at least a second; the first one at most FIRST_WINDOW_S."""
-        window_ns = round(self.window_s * 1e9)
+        window_ns = self._window_ns
         if not self.align:
             return window_ns
         left = window_ns - start_ns % window_ns
@@ -157,7 +158,7 @@ class Agent:
         node's time without gaps. Now, for the first window, after the wall clock stepped back, or after a stall of
         more than two windows (such a window would say little about when its samples were taken)."""
         last = self._last_end_ns
-        if last is None or not last <= now_ns <= last + 2 * round(self.window_s * 1e9):
+        if last is None or not last <= now_ns <= last + 2 * self._window_ns:
             return now_ns
         return last
 
